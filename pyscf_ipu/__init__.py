@@ -1,0 +1,26 @@
+"""pyscf-ipu: float32 restricted Kohn-Sham DFT in JAX, with PySCF as host-side integral engine and reference.
+
+The public API::
+
+    from pyscf_ipu import RKSConfig, parse_molecule, run_rks
+    result = run_rks(parse_molecule(mol="water"), RKSConfig(xc="b3lyp", basis="sto-3g"))
+    result.energy, result.homo, result.lumo, result.gap_ev
+"""
+
+from .config import RKSConfig
+from .molecule import Molecule, MoleculeError, from_atom_string, from_name, from_xyz, parse_molecule
+from .results import SCFResult
+from .rks import run_rks
+
+__all__ = [
+    "Molecule",
+    "MoleculeError",
+    "RKSConfig",
+    "SCFResult",
+    "from_atom_string",
+    "from_name",
+    "from_xyz",
+    "parse_molecule",
+    "run_rks",
+]
+__version__ = "0.1.0"

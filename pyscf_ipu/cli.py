@@ -1,0 +1,135 @@
+"""The ``pyscf-ipu`` command line; its ``run`` options are generated from :class:`RKSConfig`.
+
+    pyscf-ipu run --mol benzene
+    pyscf-ipu run --xyz molecule.xyz --xc b3lyp --basis 6-31g --json
+    pyscf-ipu run --atoms "O 0 0 0; H 0 0.76 0.59" --check
+
+Bad input (unknown element, odd electron count, unknown basis, ...) exits with code 2 and one line
+that names the problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+
+from .config import ConfigError, RKSConfig, add_config_arguments, config_from_arguments, enable_compilation_cache
+from .molecule import NAMED_MOLECULES, Molecule, MoleculeError, parse_molecule
+from .units import HARTREE_TO_EV, HARTREE_TO_MEV
+
+EXIT_BAD_INPUT = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pyscf-ipu", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="one restricted Kohn-Sham single point")
+    source = run.add_argument_group("molecule (give exactly one)")
+    source.add_argument("--xyz", metavar="FILE", help="XYZ file, Angstrom")
+    source.add_argument("--atoms", metavar="STR", help='atom string, e.g. "O 0 0 0; H 0 0.76 0.59"')
+    source.add_argument("--mol", metavar="NAME", help=f"a named molecule: {', '.join(NAMED_MOLECULES)}")
+    source.add_argument("--unit", default="angstrom", choices=("angstrom", "bohr"), help="unit of --atoms")
+    source.add_argument("--charge", type=int, default=0, help="total charge (default: 0)")
+    source.add_argument("--spin", type=int, default=0, help="2S; restricted Kohn-Sham needs 0")
+    add_config_arguments(run.add_argument_group("settings"), RKSConfig)
+    output = run.add_argument_group("output")
+    output.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    output.add_argument("--check", action="store_true", help="also run PySCF in float64 and print the differences")
+    return parser
+
+
+def summary(molecule: Molecule, result, config: RKSConfig) -> str:
+    name = molecule.name or molecule.formula
+    lines = [
+        f"{name}: {molecule.natom} atoms, {result.nao} AOs, {result.grid_points} grid points "
+        f"(padded to {result.shapes[0]} AOs, {result.shapes[1]} points)",
+        f"{config.xc}/{config.basis}, grid level {config.grid_level}, {config.precision}, J-K backend {config.jk}",
+        f"energy   {result.energy:18.10f} Hartree",
+        f"HOMO     {result.homo:18.10f} Hartree  {result.homo * HARTREE_TO_EV:10.4f} eV",
+        f"LUMO     {result.lumo:18.10f} Hartree  {result.lumo * HARTREE_TO_EV:10.4f} eV",
+        f"gap      {result.gap:18.10f} Hartree  {result.gap_ev:10.4f} eV",
+        f"SCF      {'converged' if result.converged else 'NOT converged'} after {result.iterations} iterations "
+        f"(energy std over the last 5: {result.energy_std_ev:.2e} eV, "
+        f"max|FDS-SDF| {result.commutator_history[-1]:.1e})",
+        f"grid     {result.electrons_on_grid:.6f} electrons integrated (exact: {molecule.nelectron})",
+        "time     "
+        + ", ".join(f"{k} {v:.3f}s" for k, v in result.timings.items())
+        + f"; total {result.seconds:.2f}s",
+    ]
+    return "\n".join(lines)
+
+
+def check_lines(result, reference) -> list[str]:
+    diffs = {
+        "energy": result.energy - reference.energy,
+        "HOMO": result.homo - reference.homo,
+        "LUMO": result.lumo - reference.lumo,
+        "gap": result.gap - reference.gap,
+    }
+    lines = [
+        f"PySCF float64: energy {reference.energy:.10f} Hartree, {reference.cycles} cycles, "
+        f"{'converged' if reference.converged else 'NOT converged'}, {reference.seconds:.2f}s"
+    ]
+    lines += [f"  difference {k:6s} {v * HARTREE_TO_MEV:+10.4f} meV" for k, v in diffs.items()]
+    return lines
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from .jk import get_jk_backend  # imported here: importing JAX takes a moment
+    from .rks import run_rks
+    from .xc.functionals import get_functional
+
+    molecule = parse_molecule(
+        xyz=args.xyz, atoms=args.atoms, mol=args.mol, unit=args.unit, charge=args.charge, spin=args.spin
+    )
+    try:
+        config = config_from_arguments(args, RKSConfig)
+        get_functional(config.xc)
+        get_jk_backend(config.jk)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    enable_compilation_cache()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        result = run_rks(molecule, config)
+    reference = None
+    if args.check:
+        from .reference import pyscf_reference
+
+        reference = pyscf_reference(molecule, config)
+    if args.json:
+        out = result.to_dict()
+        out["molecule"] = {"name": molecule.name, "atoms": molecule.formula, "natom": molecule.natom}
+        if reference is not None:
+            out["check_mev"] = {
+                "energy": (result.energy - reference.energy) * HARTREE_TO_MEV,
+                "homo": (result.homo - reference.homo) * HARTREE_TO_MEV,
+                "lumo": (result.lumo - reference.lumo) * HARTREE_TO_MEV,
+                "gap": (result.gap - reference.gap) * HARTREE_TO_MEV,
+            }
+            out["reference"] = {"energy_hartree": reference.energy, "cycles": reference.cycles}
+        print(json.dumps(out, indent=1))
+    else:
+        print(summary(molecule, result, config))
+        if reference is not None:
+            print("\n".join(check_lines(result, reference)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "run":
+            return run_command(args)
+    except (MoleculeError, ConfigError) as err:
+        print(f"pyscf-ipu: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    parser.error(f"unknown command {args.command!r}")
+    return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

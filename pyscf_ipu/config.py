@@ -1,0 +1,121 @@
+"""Typed run configuration, and the command-line options generated from it.
+
+Every setting a run depends on lives in one frozen dataclass, :class:`RKSConfig`. The CLI is built
+from its fields (name, type, default, and the ``help``/``choices`` in each field's metadata), so a
+new setting appears on the command line, in ``--help`` and in the recorded run config at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PRECISIONS = ("float32", "float64")
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message names it and the allowed values."""
+
+
+def _opt(default, help: str, choices=None, metavar=None):
+    return field(default=default, metadata={"help": help, "choices": choices, "metavar": metavar})
+
+
+@dataclass(frozen=True)
+class RKSConfig:
+    """Settings of one restricted Kohn-Sham single point."""
+
+    basis: str = _opt("sto-3g", "Gaussian basis set, any name PySCF knows (QM1B: sto-3g)")
+    xc: str = _opt("b3lyp", "functional: b3lyp (PySCF's, VWN-RPA), b3lyp5 (VWN5), pbe or hf")
+    grid_level: int = _opt(0, "PySCF Becke grid level, 0 (coarse, QM1B) to 9")
+    precision: str = _opt("float32", "floating-point precision of the SCF loop", choices=PRECISIONS)
+    jk: str = _opt("dense", "J-K contraction backend (see pyscf_ipu.jk.JK_BACKENDS)")
+    max_iterations: int = _opt(20, "maximum SCF iterations (QM1B: 20)")
+    eri_threshold: float = _opt(0.0, "Schwarz screening: drop (ij|kl) with sqrt((ij|ij)(kl|kl)) below this")
+    diis_space: int = _opt(8, "number of Fock matrices kept for DIIS extrapolation")
+    convergence_std_ev: float = _opt(
+        0.01, "QM1B convergence: std of the energy over the last 5 iterations below this (eV)"
+    )
+    stop_commutator: float | None = _opt(
+        None,
+        "stop early once max|FDS-SDF| is below this; default 1e-5 (float32) or 1e-7 (float64); 0 never stops early",
+    )
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if not 0 <= self.grid_level <= 9:
+            raise ConfigError(f"grid level must be 0 to 9, got {self.grid_level}")
+        if self.max_iterations < 1:
+            raise ConfigError(f"max iterations must be at least 1, got {self.max_iterations}")
+        if self.diis_space < 2:
+            raise ConfigError(f"the DIIS space must hold at least 2 matrices, got {self.diis_space}")
+        if self.eri_threshold < 0:
+            raise ConfigError(f"the ERI threshold must be >= 0, got {self.eri_threshold}")
+
+    @property
+    def stop_threshold(self) -> float:
+        """The early-stopping threshold on max|FDS-SDF| (0 disables early stopping)."""
+        if self.stop_commutator is not None:
+            return self.stop_commutator
+        return 1e-5 if self.precision == "float32" else 1e-7
+
+    def replace(self, **changes) -> RKSConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _base_type(tp):
+    """``float | None`` -> float; plain types unchanged."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if args else tp
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls) -> None:
+    """Add one ``--option`` per field of the dataclass ``cls``."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = _base_type(hints[f.name])
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default
+        help_text = f.metadata.get("help", "")
+        if default is not None:
+            help_text += f" (default: {default})"
+        if tp is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        else:
+            parser.add_argument(
+                flag,
+                type=tp,
+                default=default,
+                choices=f.metadata.get("choices"),
+                metavar=f.metadata.get("metavar"),
+                help=help_text,
+            )
+
+
+def config_from_arguments(args: argparse.Namespace, cls):
+    """Build ``cls`` from the parsed options that :func:`add_config_arguments` added."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+def default_cache_dir() -> Path:
+    """Where the persistent JAX compilation cache lives: $PYSCF_IPU_CACHE or ~/.cache/pyscf-ipu."""
+    return Path(os.environ.get("PYSCF_IPU_CACHE", Path.home() / ".cache" / "pyscf-ipu"))
+
+
+def enable_compilation_cache(path: str | Path | None = None) -> Path:
+    """Turn on JAX's persistent compilation cache, so a new process does not recompile.
+
+    Called by the command-line entry points and the tests, never at import.
+    """
+    import jax
+
+    cache = Path(path) if path is not None else default_cache_dir() / "jax"
+    cache.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(cache))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    return cache

@@ -1,0 +1,79 @@
+"""The device-side SCF problem: host arrays padded to shared shapes and cast to the run's precision.
+
+Padding rules (so that one compiled SCF loop serves every molecule in a shape bucket):
+
+- grid points beyond G carry zero weight and zero AO values;
+- AOs beyond N have zero integrals, zero AO values and unit overlap;
+- columns of the orthogonaliser X beyond its M kept columns (padded AOs and projected-out linear
+  dependencies alike) are zero, and the Fock matrix in the orthogonal basis gets
+  :data:`VIRTUAL_SHIFT` on their diagonal. They become exactly decoupled empty orbitals far above
+  the LUMO. The value is moderate on purpose: a float32 eigensolver's absolute error grows with the
+  largest eigenvalue, so a huge shift (1e6) would ruin the real orbital energies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .host import HostProblem
+from .jk import JKBackend
+from .padding import bucket, pad_to
+
+VIRTUAL_SHIFT = 10.0  # Hartree; above any real orbital energy of the supported bases
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class SCFProblem:
+    """Everything the jitted SCF loop reads, as arrays of padded shape (Np AOs, Gp grid points)."""
+
+    hcore: jax.Array  # (Np, Np)
+    overlap: jax.Array  # (Np, Np)
+    orthogonaliser: jax.Array  # (Np, Np)  X, zero beyond the kept columns
+    virtual_shift: jax.Array  # (Np,)  added to diag(X^T F X)
+    density_guess: jax.Array  # (Np, Np)
+    occupation: jax.Array  # (Np,)  2 for the nocc lowest orbitals, else 0
+    nuclear_repulsion: jax.Array  # ()
+    ao: jax.Array  # (4, Gp, Np)
+    weights: jax.Array  # (Gp,)
+    jk: dict  # the backend's arrays
+
+    @property
+    def shapes(self) -> tuple[int, int]:
+        """(Np, Gp): the key under which compiled code is shared."""
+        return self.hcore.shape[0], self.weights.shape[0]
+
+
+def padded_sizes(host: HostProblem) -> tuple[int, int]:
+    """(Np, Gp): the bucketed AO count (a multiple of 8 at least) and grid size."""
+    return bucket(host.nao, minimum=8, steps_per_octave=4), bucket(host.grid_points, minimum=256)
+
+
+def build_problem(host: HostProblem, backend: JKBackend, dtype, sizes: tuple[int, int] | None = None) -> SCFProblem:
+    """Pad ``host`` to ``sizes`` (default :func:`padded_sizes`) and cast to ``dtype``."""
+    n, g = host.nao, host.grid_points
+    npad, gpad = sizes or padded_sizes(host)
+    if npad < n or gpad < g:
+        raise ValueError(f"padded sizes {(npad, gpad)} are smaller than the problem's {(n, g)}")
+    m = host.orthogonaliser.shape[1]
+    overlap = pad_to(host.overlap, (npad, npad))
+    overlap[n:, n:] = np.eye(npad - n)
+    shift = np.where(np.arange(npad) < m, 0.0, VIRTUAL_SHIFT)
+    occupation = np.where(np.arange(npad) < host.nocc, 2.0, 0.0)
+    arrays = dict(
+        hcore=pad_to(host.hcore, (npad, npad)),
+        overlap=overlap,
+        orthogonaliser=pad_to(host.orthogonaliser, (npad, npad)),
+        virtual_shift=shift,
+        density_guess=pad_to(host.density_guess, (npad, npad)),
+        occupation=occupation,
+        nuclear_repulsion=np.asarray(host.nuclear_repulsion),
+        ao=pad_to(host.ao, (4, gpad, npad)),
+        weights=pad_to(host.grid_weights, (gpad,)),
+    )
+    jk = backend.prepare(host.eri_s8, n, npad, dtype)
+    return SCFProblem(**{k: jnp.asarray(v, dtype) for k, v in arrays.items()}, jk=jax.tree.map(jnp.asarray, jk))

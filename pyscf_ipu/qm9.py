@@ -1,0 +1,89 @@
+"""Real molecules from QM9, read offline from the PyPI package ``qm9pack``.
+
+``qm9pack`` ships QM9 (130,831 molecules) as CSV files. Its own loader imports ``pkg_resources``,
+which current setuptools no longer has, so we read the CSV files through ``importlib.resources``.
+Positions are in Angstrom there; HOMO and LUMO in Hartree (B3LYP/6-31G(2df,p), for orientation only:
+our labels are B3LYP/STO-3G).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+
+import numpy as np
+
+from .molecule import Molecule, atomic_number, validate
+from .units import BOHR_PER_ANGSTROM
+
+_PARTS = ("qm9_part1.csv", "qm9_part2.csv", "qm9_part3.csv")
+
+
+@dataclass(frozen=True, eq=False)
+class QM9Record:
+    index: int  # QM9's own 1-based index
+    smiles: str
+    molecule: Molecule
+    homo_hartree: float
+    lumo_hartree: float
+
+    @property
+    def heavy_atoms(self) -> int:
+        return int(np.count_nonzero(self.molecule.atomic_numbers > 1))
+
+
+def _rows() -> Iterator[dict]:
+    try:
+        data = resources.files("qm9pack") / "data"
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError("QM9 needs the package qm9pack: pip install qm9pack") from None
+    csv.field_size_limit(1 << 24)
+    for part in _PARTS:
+        with (data / part).open(newline="") as handle:
+            yield from csv.DictReader(handle)
+
+
+def _numbers(text: str) -> np.ndarray:
+    """'[[0.5,0.,1.],...]' -> array. The CSV writes floats like '0.' and '1.2*^-6', which JSON rejects."""
+    tokens = re.findall(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:(?:[eE]|\*\^)[-+]?\d+)?", text)
+    return np.array([float(t.replace("*^", "e")) for t in tokens], float)
+
+
+def _record(row: dict) -> QM9Record:
+    symbols = json.loads(row["Elements"].replace("'", '"'))
+    positions = _numbers(row["XYZ_Ang"]).reshape(len(symbols), 3) * BOHR_PER_ANGSTROM
+    numbers = np.array([atomic_number(s) for s in symbols], int)
+    molecule = validate(Molecule(numbers, positions, name=f"qm9_{int(row['Index']):06d}"))
+    return QM9Record(int(row["Index"]), row["SMILES"], molecule, float(row["HOMO_au"]), float(row["LUMO_au"]))
+
+
+def iter_qm9(heavy_atoms: int | None = None, start: int = 1) -> Iterator[QM9Record]:
+    """QM9 records in index order from ``start``, optionally only those with ``heavy_atoms`` heavy atoms."""
+    for row in _rows():
+        if int(row["Index"]) < start:
+            continue
+        if heavy_atoms is not None:
+            symbols = json.loads(row["Elements"].replace("'", '"'))
+            if sum(s != "H" for s in symbols) != heavy_atoms:
+                continue
+        yield _record(row)
+
+
+def qm9_molecules(indices: list[int]) -> list[QM9Record]:
+    """The records with the given QM9 indices, in the order asked."""
+    wanted = set(indices)
+    found: dict[int, QM9Record] = {}
+    for row in _rows():
+        index = int(row["Index"])
+        if index in wanted:
+            found[index] = _record(row)
+            if len(found) == len(wanted):
+                break
+    missing = wanted - found.keys()
+    if missing:
+        raise KeyError(f"QM9 indices not found: {sorted(missing)}")
+    return [found[i] for i in indices]

@@ -1,0 +1,35 @@
+"""Closed-shell exchange-correlation functionals in JAX (float32/float64).
+
+Every *piece* is a pure function ``piece(rho, sigma) -> e`` of the total
+density ``rho`` and ``sigma = |grad rho|^2`` returning the energy density per
+unit volume (libxc's ``exc * rho``) with the shape and dtype of ``rho``.
+Densities at or below :data:`DENSITY_CUTOFF` contribute exactly 0, and values
+and gradients are free of NaN/inf for any non-negative input.
+
+Pieces: :func:`slater_x` (LDA_X), :func:`b88_x` (GGA_X_B88),
+:func:`vwn5_c` (LDA_C_VWN), :func:`vwn_rpa_c` (LDA_C_VWN_RPA),
+:func:`lyp_c` (GGA_C_LYP), :func:`pbe_x` (GGA_X_PBE), :func:`pbe_c`
+(GGA_C_PBE).  Composite functionals: :data:`FUNCTIONALS`,
+:func:`get_functional`.
+"""
+from ._common import DENSITY_CUTOFF
+from .b88 import b88_x
+from .functionals import FUNCTIONALS, Functional, get_functional
+from .lyp import lyp_c
+from .pbe import pbe_c, pbe_x
+from .slater import slater_x
+from .vwn import vwn5_c, vwn_rpa_c
+
+__all__ = [
+    "DENSITY_CUTOFF",
+    "slater_x",
+    "b88_x",
+    "vwn5_c",
+    "vwn_rpa_c",
+    "lyp_c",
+    "pbe_x",
+    "pbe_c",
+    "Functional",
+    "FUNCTIONALS",
+    "get_functional",
+]

@@ -1,0 +1,85 @@
+"""Composite exchange-correlation functionals and their registry."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import jax.numpy as jnp
+
+from .b88 import b88_x
+from .lyp import lyp_c
+from .pbe import pbe_c, pbe_x
+from .slater import slater_x
+from .vwn import vwn5_c, vwn_rpa_c
+
+
+@dataclass(frozen=True)
+class Functional:
+    """A (possibly hybrid) closed-shell XC functional.
+
+    Attributes:
+      name: registry name.
+      pieces: ``(weight, piece)`` pairs; each piece is ``piece(rho, sigma) -> e``
+        (energy density per volume), see :mod:`pyscf_ipu.xc`.
+      hf_exchange: fraction a_x of exact (Hartree-Fock) exchange the SCF code
+        must add (0.2 for B3LYP, 1.0 for HF, 0.0 for PBE).
+      libxc_code: the string that makes PySCF (``mf.xc`` / ``eval_xc``) use
+        the same functional.
+    """
+
+    name: str
+    pieces: tuple[tuple[float, Callable], ...]
+    hf_exchange: float
+    libxc_code: str
+
+    def energy_density(self, rho, sigma=None):
+        """Sum of ``weight * piece(rho, sigma)``: the semi-local XC energy
+        density per volume (zeros, with ``rho``'s dtype, for pure HF)."""
+        rho = jnp.asarray(rho)
+        e = jnp.zeros_like(rho)
+        for weight, piece in self.pieces:
+            e = e + weight * piece(rho, sigma)
+        return e
+
+    @property
+    def needs_gradient(self) -> bool:
+        """True if any piece is a GGA (the caller must then supply sigma)."""
+        return any(getattr(p, "family", "GGA") == "GGA" for _, p in self.pieces)
+
+
+FUNCTIONALS: dict[str, Functional] = {
+    # PySCF >= 2.3 / libxc HYB_GGA_XC_B3LYP (code 402): VWN *RPA* correlation.
+    "b3lyp": Functional(
+        name="b3lyp",
+        pieces=((0.08, slater_x), (0.72, b88_x), (0.19, vwn_rpa_c), (0.81, lyp_c)),
+        hf_exchange=0.2,
+        libxc_code="b3lyp",
+    ),
+    # PySCF alias B3LYP5: '.2*HF + .08*SLATER + .72*B88, .81*LYP + .19*VWN' (VWN5).
+    "b3lyp5": Functional(
+        name="b3lyp5",
+        pieces=((0.08, slater_x), (0.72, b88_x), (0.19, vwn5_c), (0.81, lyp_c)),
+        hf_exchange=0.2,
+        libxc_code="b3lyp5",
+    ),
+    # PySCF alias PBE -> 'PBE,PBE' = GGA_X_PBE + GGA_C_PBE.
+    "pbe": Functional(
+        name="pbe",
+        pieces=((1.0, pbe_x), (1.0, pbe_c)),
+        hf_exchange=0.0,
+        libxc_code="pbe,pbe",
+    ),
+    "hf": Functional(name="hf", pieces=(), hf_exchange=1.0, libxc_code="hf"),
+}
+
+
+def get_functional(name: str) -> Functional:
+    """Look up a functional by (case-insensitive) name; ValueError if unknown."""
+    key = str(name).strip().lower()
+    try:
+        return FUNCTIONALS[key]
+    except KeyError:
+        choices = ", ".join(sorted(FUNCTIONALS))
+        raise ValueError(
+            f"unknown functional {name!r}; choose one of: {choices}"
+        ) from None

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create or refresh .venv, install pyscf-ipu with its test extra, and run the test suite.
+#   ./test.sh              the suite CI runs (about 10 minutes on 2 cores, less with a warm cache)
+#   ./test.sh --slow       also the full acceptance matrix against PySCF (tens of minutes)
+#   ./test.sh -k scf -x    any other arguments go to pytest
+set -euo pipefail
+cd "$(dirname "$0")"
+PYSCF_IPU_EXTRAS=test source tools/venv.sh
+args=()
+for a in "$@"; do
+    if [ "$a" = "--slow" ]; then args+=(-m "slow or not slow"); else args+=("$a"); fi
+done
+exec "$PY" -m pytest "${args[@]}"
