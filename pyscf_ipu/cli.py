@@ -14,16 +14,25 @@ import argparse
 import json
 import sys
 import warnings
+from pathlib import Path
 
 from .config import ConfigError, RKSConfig, add_config_arguments, config_from_arguments, enable_compilation_cache
+from .ipu.plan import TileMemoryError
 from .molecule import NAMED_MOLECULES, Molecule, MoleculeError, parse_molecule
 from .units import HARTREE_TO_EV, HARTREE_TO_MEV
 
 EXIT_BAD_INPUT = 2
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and a pointer to --help), not the whole usage."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pyscf-ipu", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="pyscf-ipu", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="one restricted Kohn-Sham single point")
     source = run.add_argument_group("molecule (give exactly one)")
@@ -37,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     output = run.add_argument_group("output")
     output.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     output.add_argument("--check", action="store_true", help="also run PySCF in float64 and print the differences")
+    output.add_argument("--profile", metavar="FILE.json", help="write the simulated IPU's profile report (--jk ipu)")
+    output.add_argument("--profile-plot", metavar="FILE.png", help="write the IPU tile memory map (--jk ipu)")
     return parser
 
 
@@ -77,7 +88,8 @@ def check_lines(result, reference) -> list[str]:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from .jk import get_jk_backend  # imported here: importing JAX takes a moment
+    from .ipu.profile import plot_tile_map, summary_lines  # imported here: importing JAX takes a moment
+    from .jk import get_jk_backend
     from .rks import run_rks
     from .xc.functionals import get_functional
 
@@ -87,13 +99,20 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         config = config_from_arguments(args, RKSConfig)
         get_functional(config.xc)
-        get_jk_backend(config.jk)
+        get_jk_backend(config.jk, config)
+        if (args.profile or args.profile_plot) and config.jk != "ipu":
+            raise ValueError(f"--profile and --profile-plot describe the ipu backend; this run uses --jk {config.jk}")
     except ValueError as err:
         raise ConfigError(str(err)) from None
     enable_compilation_cache()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         result = run_rks(molecule, config)
+    if result.jk_profile is not None:
+        if args.profile:
+            Path(args.profile).write_text(json.dumps(result.jk_profile, indent=1))
+        if args.profile_plot:
+            plot_tile_map(result.jk_profile, args.profile_plot)
     reference = None
     if args.check:
         from .reference import pyscf_reference
@@ -101,6 +120,7 @@ def run_command(args: argparse.Namespace) -> int:
         reference = pyscf_reference(molecule, config)
     if args.json:
         out = result.to_dict()
+        out["jk_profile"] = result.jk_profile
         out["molecule"] = {"name": molecule.name, "atoms": molecule.formula, "natom": molecule.natom}
         if reference is not None:
             out["check_mev"] = {
@@ -113,6 +133,8 @@ def run_command(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
     else:
         print(summary(molecule, result, config))
+        if result.jk_profile is not None:
+            print("\n".join(summary_lines(result.jk_profile)))
         if reference is not None:
             print("\n".join(check_lines(result, reference)))
     return 0
@@ -124,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return run_command(args)
-    except (MoleculeError, ConfigError) as err:
+    except (MoleculeError, ConfigError, TileMemoryError) as err:
         print(f"pyscf-ipu: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     parser.error(f"unknown command {args.command!r}")

@@ -33,7 +33,12 @@ class RKSConfig:
     xc: str = _opt("b3lyp", "functional: b3lyp (PySCF's, VWN-RPA), b3lyp5 (VWN5), pbe or hf")
     grid_level: int = _opt(0, "PySCF Becke grid level, 0 (coarse, QM1B) to 9")
     precision: str = _opt("float32", "floating-point precision of the SCF loop", choices=PRECISIONS)
-    jk: str = _opt("dense", "J-K contraction backend (see pyscf_ipu.jk.JK_BACKENDS)")
+    jk: str = _opt("ipu", "J-K contraction backend: ipu (simulated IPU tiles), dense (reference) or s8")
+    jk_strategy: str = _opt("auto", "tile strategy of the ipu backend", choices=("auto", "rows", "s8"))
+    ipu_model: str = _opt("bow", "simulated IPU model", choices=("bow", "mk2"))
+    ipus: int = _opt(1, "number of simulated IPUs the ipu backend may spread over")
+    tiles: int | None = _opt(None, "tiles per simulated IPU (default: the model's 1472)")
+    ipu_memory_proportion: float = _opt(0.6, "share of each tile's memory the contraction may use")
     max_iterations: int = _opt(20, "maximum SCF iterations (QM1B: 20)")
     eri_threshold: float = _opt(0.0, "Schwarz screening: drop (ij|kl) with sqrt((ij|ij)(kl|kl)) below this")
     diis_space: int = _opt(8, "number of Fock matrices kept for DIIS extrapolation")
@@ -54,6 +59,10 @@ class RKSConfig:
             raise ConfigError(f"max iterations must be at least 1, got {self.max_iterations}")
         if self.diis_space < 2:
             raise ConfigError(f"the DIIS space must hold at least 2 matrices, got {self.diis_space}")
+        if self.ipus < 1 or (self.tiles is not None and self.tiles < 1):
+            raise ConfigError(f"--ipus and --tiles must be at least 1, got {self.ipus} and {self.tiles}")
+        if not 0 < self.ipu_memory_proportion <= 1:
+            raise ConfigError(f"the IPU memory proportion must be in (0, 1], got {self.ipu_memory_proportion}")
         if self.eri_threshold < 0:
             raise ConfigError(f"the ERI threshold must be >= 0, got {self.eri_threshold}")
 

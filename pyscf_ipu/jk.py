@@ -12,12 +12,17 @@ A backend is a frozen (hashable) object with two methods:
   The arrays' shapes may depend only on padded sizes, so molecules in one bucket share compiled code.
 - ``contract(data, dm) -> (J, K)``: pure JAX, traced inside the jitted SCF step.
 
-Backends are chosen by name from :data:`JK_BACKENDS`; nothing inspects array shapes to pick one.
+- ``profile(eri_s8, nao, nao_padded, dtype, iterations) -> dict | None``: how the work is spread.
+
+Backends are chosen by name from :data:`JK_BACKENDS` (each entry builds the backend from the run's
+:class:`RKSConfig`); nothing inspects array shapes to pick one. ``ipu`` (the default) is the
+tile-partitioned contraction on a simulated IPU (:mod:`pyscf_ipu.ipu`); ``dense`` is the reference.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from functools import partial
 from typing import Protocol
 
@@ -26,6 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 from pyscf import ao2mo
 
+from .config import RKSConfig
+from .eri import degeneracy_weights, s8_accumulate, symmetrise, unique_quartets
+from .ipu import IPUJK, ipu_model
 from .padding import bucket, pad_to
 
 
@@ -35,6 +43,9 @@ class JKBackend(Protocol):
     def prepare(self, eri_s8: np.ndarray, nao: int, nao_padded: int, dtype) -> dict[str, np.ndarray]: ...
 
     def contract(self, data: dict, dm: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]: ...
+
+    def profile(self, eri_s8: np.ndarray, nao: int, nao_padded: int, dtype, iterations: int) -> dict | None:
+        """A report of how the backend spreads the work (None if it has nothing to say)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +60,9 @@ class DenseJK:
     def prepare(self, eri_s8, nao, nao_padded, dtype):
         eri = ao2mo.restore(1, eri_s8, nao).astype(dtype)  # (N, N, N, N)
         return _dense_matrices(jnp.asarray(eri), nao_padded)
+
+    def profile(self, eri_s8, nao, nao_padded, dtype, iterations):
+        return None
 
     def contract(self, data, dm):
         n = dm.shape[0]
@@ -65,53 +79,6 @@ def _dense_matrices(eri, nao_padded):
         "eri_j": eri.reshape(n2, n2),  # [(kl), (ij)]; symmetric
         "eri_k": eri.transpose(0, 3, 1, 2).reshape(n2, n2),  # [(il), (jk)]
     }
-
-
-def unique_quartets(eri_s8: np.ndarray, nao: int) -> tuple[np.ndarray, np.ndarray]:
-    """The non-zero unique integrals of an s8-packed ERI: values (nnz,) and indices (nnz, 4) = i>=j, k>=l, ij>=kl."""
-    t = np.flatnonzero(eri_s8)
-    p, q = _tril_unpack(t)
-    i, j = _tril_unpack(p)
-    k, l = _tril_unpack(q)
-    assert nao < 2**15, "int16 AO indices"
-    return eri_s8[t], np.stack([i, j, k, l], axis=1).astype(np.int16)
-
-
-def degeneracy_weights(index: np.ndarray) -> np.ndarray:
-    """1/degeneracy of each unique quartet: the share of its 8 permutations that are distinct, /8.
-
-    Summing all 8 permutations of every unique quartet, weighted so, counts each element of the full
-    tensor exactly once.
-    """
-    i, j, k, l = (index[:, a].astype(np.int64) for a in range(4))
-    p, q = i * (i + 1) // 2 + j, k * (k + 1) // 2 + l
-    return 1.0 / ((1.0 + (i == j)) * (1.0 + (k == l)) * (1.0 + (p == q)))
-
-
-def s8_accumulate(values, index, dm):
-    """Unsymmetrised J and K partials of unique quartets (values already divided by degeneracy).
-
-    For each quartet (ij|kl) with weight w, the 8 permutations reduce, for symmetric D, to
-    ``A_J[ij] += 4w D[kl]; A_J[kl] += 4w D[ij]`` and ``A_K[il] += 2w D[jk]`` (and its three
-    images). ``J = (A_J + A_J^T) / 2``, ``K = (A_K + A_K^T) / 2``: see :func:`symmetrise`.
-    One gather and one scatter-add over a (2, N, N) buffer; returns that buffer.
-    """
-    n = dm.shape[0]
-    i, j, k, l = (index[:, a].astype(jnp.int32) for a in range(4))
-    flat = dm.reshape(-1)
-    w2 = 2 * values
-    src = jnp.concatenate([k * n + l, i * n + j, j * n + k, i * n + k, j * n + l, i * n + l])
-    nn = n * n  # K partials live in the second half of the buffer
-    dst = jnp.concatenate([i * n + j, k * n + l, i * n + l + nn, j * n + l + nn, i * n + k + nn, j * n + k + nn])
-    coef = jnp.concatenate([2 * w2, 2 * w2, w2, w2, w2, w2])
-    acc = jnp.zeros(2 * n * n, dm.dtype).at[dst].add(coef * flat[src])
-    return acc.reshape(2, n, n)
-
-
-def symmetrise(partials):
-    """(2, N, N) partial sums -> (J, K), each (A + A^T) / 2."""
-    sym = 0.5 * (partials + jnp.swapaxes(partials, -1, -2))
-    return sym[0], sym[1]
 
 
 @dataclass(frozen=True)
@@ -132,25 +99,34 @@ class S8JK:
             "index": pad_to(index, (size, 4)),
         }
 
+    def profile(self, eri_s8, nao, nao_padded, dtype, iterations):
+        return None
+
     def contract(self, data, dm):
         return symmetrise(s8_accumulate(data["values"], data["index"], dm))
 
 
-def _tril_unpack(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Packed lower-triangle index t = a(a+1)/2 + b (b <= a) -> (a, b), exactly in integers."""
-    t = t.astype(np.int64)
-    a = ((np.sqrt(8.0 * t + 1.0) - 1.0) / 2.0).astype(np.int64)
-    a -= a * (a + 1) // 2 > t  # float rounding: fix up by one either way
-    a += (a + 1) * (a + 2) // 2 <= t
-    return a, t - a * (a + 1) // 2
+def _ipu_backend(config: RKSConfig) -> IPUJK:
+    model = ipu_model(
+        config.ipu_model,
+        num_ipus=config.ipus,
+        tiles=config.tiles,
+        available_memory_proportion=config.ipu_memory_proportion,
+    )
+    return IPUJK(model, config.jk_strategy)
 
 
-JK_BACKENDS: dict[str, JKBackend] = {"dense": DenseJK(), "s8": S8JK()}
+JK_BACKENDS: dict[str, Callable[[RKSConfig], JKBackend]] = {
+    "ipu": _ipu_backend,
+    "dense": lambda config: DenseJK(),
+    "s8": lambda config: S8JK(),
+}
 
 
-def get_jk_backend(name: str) -> JKBackend:
-    """The J-K backend registered under ``name``."""
+def get_jk_backend(name: str, config: RKSConfig | None = None) -> JKBackend:
+    """The J-K backend registered under ``name``, set up from ``config`` (default settings if None)."""
     try:
-        return JK_BACKENDS[name]
+        factory = JK_BACKENDS[name]
     except KeyError:
         raise ValueError(f"unknown J-K backend {name!r}: choose one of {', '.join(JK_BACKENDS)}") from None
+    return factory(config or RKSConfig())

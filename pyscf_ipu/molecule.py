@@ -66,7 +66,8 @@ class Molecule:
         )
 
 
-# Reference geometries in Angstrom (experimental or standard bond lengths).
+# Reference geometries in Angstrom (experimental or standard bond lengths; paracetamol, 11 heavy
+# atoms and 172 AOs in 6-31g*, is an RDKit ETKDG conformer relaxed with MMFF94).
 NAMED_MOLECULES: dict[str, str] = {
     "h2": "H 0 0 0; H 0 0 0.74",
     "water": "O 0 0 0.1173; H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692",
@@ -77,6 +78,15 @@ NAMED_MOLECULES: dict[str, str] = {
     "benzene": "; ".join(
         [f"C {1.3915 * math.cos(k * math.pi / 3):.6f} {1.3915 * math.sin(k * math.pi / 3):.6f} 0" for k in range(6)]
         + [f"H {2.4715 * math.cos(k * math.pi / 3):.6f} {2.4715 * math.sin(k * math.pi / 3):.6f} 0" for k in range(6)]
+    ),
+    "paracetamol": (
+        "C -3.6645 -0.5774 -0.0163; C -2.2115 -0.8955 -0.2688; O -1.8819 -1.9716 -0.7542; "
+        "N -1.3791 0.1527 0.0800; C 0.0262 0.2051 -0.0235; C 0.8145 -0.8440 -0.5033; "
+        "C 2.2065 -0.7144 -0.5745; C 2.8084 0.4685 -0.1636; O 4.1596 0.6358 -0.2164; "
+        "C 2.0426 1.5214 0.3165; C 0.6534 1.3898 0.3866; H -4.0643 -0.0139 -0.8633; "
+        "H -4.2257 -1.5094 0.0977; H -3.7841 0.0040 0.9025; H -1.8247 0.9846 0.4455; "
+        "H 0.3767 -1.7816 -0.8314; H 2.7931 -1.5462 -0.9517; H 4.5570 -0.1767 -0.5711; "
+        "H 2.5236 2.4416 0.6352; H 0.0743 2.2273 0.7657"
     ),
 }
 

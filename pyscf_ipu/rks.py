@@ -55,4 +55,5 @@ def run_rks(
     t = time.perf_counter()
     result = finalise(host, trace, settings.functional, config, problem.shapes)
     timings["finalise"] = time.perf_counter() - t
-    return dataclasses.replace(result, timings=timings, seconds=time.perf_counter() - start)
+    profile = settings.backend.profile(host.eri_s8, host.nao, problem.shapes[0], dtype, result.iterations)
+    return dataclasses.replace(result, timings=timings, seconds=time.perf_counter() - start, jk_profile=profile)

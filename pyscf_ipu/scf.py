@@ -53,7 +53,7 @@ class LoopSettings:
     def from_config(cls, config: RKSConfig, backend: JKBackend | None = None) -> LoopSettings:
         return cls(
             functional=get_functional(config.xc),
-            backend=backend or get_jk_backend(config.jk),
+            backend=backend or get_jk_backend(config.jk, config),
             max_iterations=config.max_iterations,
             diis_space=config.diis_space,
             stop_threshold=config.stop_threshold,

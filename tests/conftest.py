@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 
 from pyscf_ipu.config import RKSConfig, default_cache_dir, enable_compilation_cache
-from pyscf_ipu.molecule import Molecule, from_name
+from pyscf_ipu.host import HostProblem, prepare
+from pyscf_ipu.molecule import Molecule
 from pyscf_ipu.reference import Reference, pyscf_reference
 
-# Five 9-heavy-atom QM9 molecules: a pyridine oxime, a fluorinated one, an aromatic bicycle, a cage
-# with a nitrile and an alkyne, and an open chain with three oxygens.
-QM9_NINE_HEAVY = [21989, 22032, 24320, 33818, 53938]
+from .molecules import QM9_NINE_HEAVY, molecule_by_name
 
 
 def pytest_configure(config):
@@ -36,11 +35,21 @@ def qm9_nine_heavy() -> dict[int, Molecule]:
     return {rec.index: rec.molecule for rec in qm9_molecules(QM9_NINE_HEAVY)}
 
 
-def molecule_by_name(name: str, qm9: dict[int, Molecule] | None = None) -> Molecule:
-    """'water', 'benzene', ... or 'qm9:21989'."""
-    if name.startswith("qm9:"):
-        return qm9[int(name[4:])]
-    return from_name(name)
+@pytest.fixture(scope="session")
+def host_of(qm9_nine_heavy):
+    """host_of(name, basis, grid_level) -> HostProblem, the last few kept (level 3 ones are large)."""
+    cache: dict[tuple, HostProblem] = {}
+
+    def get(name: str, basis: str, grid_level: int) -> HostProblem:
+        key = (name, basis, grid_level)
+        if key not in cache:
+            if len(cache) >= 8:
+                cache.pop(next(iter(cache)))
+            config = RKSConfig(basis=basis, grid_level=grid_level)
+            cache[key] = prepare(molecule_by_name(name, qm9_nine_heavy), config)
+        return cache[key]
+
+    return get
 
 
 def _key(molecule: Molecule, config: RKSConfig) -> str:

@@ -8,7 +8,8 @@ from pyscf import scf
 
 from pyscf_ipu.config import RKSConfig
 from pyscf_ipu.host import prepare
-from pyscf_ipu.jk import JK_BACKENDS, degeneracy_weights, get_jk_backend, unique_quartets
+from pyscf_ipu.eri import degeneracy_weights, unique_quartets
+from pyscf_ipu.jk import JK_BACKENDS, get_jk_backend
 from pyscf_ipu.molecule import from_name
 
 
@@ -81,5 +82,5 @@ def test_degeneracy_weights_count_every_element_once():
 
 
 def test_unknown_backend():
-    with pytest.raises(ValueError, match="choose one of dense, s8"):
+    with pytest.raises(ValueError, match="choose one of ipu, dense, s8"):
         get_jk_backend("gpu-magic")

@@ -1,0 +1,48 @@
+"""The ``ipu`` J-K backend: plan the tiles, lay out the integrals, contract tile by tile."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .contract import contract, layout, place
+from .model import IPUModel
+from ..padding import bucket
+from .plan import TilePlan, Workload, plan, plan_on
+
+
+@dataclass(frozen=True)
+class IPUJK:
+    """J and K on a simulated IPU; ``strategy`` is ``auto``, ``rows`` or ``s8``.
+
+    Frozen and hashable: it is part of the SCF loop's static settings, so one compiled loop serves
+    every molecule whose padded shapes and plan layout agree.
+    """
+
+    model: IPUModel = field(default_factory=IPUModel)
+    strategy: str = "auto"
+    name: str = "ipu"
+
+    def plans(self, eri_s8: np.ndarray, nao: int, nao_padded: int, dtype) -> tuple[TilePlan, TilePlan]:
+        """(shape plan, real plan): the padded problem's plan, which picks the strategy, the IPUs and
+        the array shapes shared by a shape bucket (and raises TileMemoryError if nothing fits), and
+        the molecule's own plan on the same strategy and IPUs, which places the work and is profiled.
+        """
+        value_bytes = np.dtype(dtype).itemsize
+        kept = int(np.count_nonzero(eri_s8))
+        shape = plan(Workload(nao_padded, bucket(kept, minimum=1024), value_bytes), self.model, self.strategy)
+        real = plan_on(Workload(nao, kept, value_bytes), self.model, shape.strategy.name, shape.num_ipus)
+        return shape, real
+
+    def prepare(self, eri_s8, nao, nao_padded, dtype):
+        shape, real = self.plans(eri_s8, nao, nao_padded, dtype)
+        return place(layout(shape, real, eri_s8, nao, dtype), shape.num_ipus)
+
+    def contract(self, data, dm):
+        return contract(data, dm)
+
+    def profile(self, eri_s8, nao, nao_padded, dtype, iterations: int) -> dict:
+        from .profile import profile_report
+
+        return profile_report(self.plans(eri_s8, nao, nao_padded, dtype)[1], iterations)

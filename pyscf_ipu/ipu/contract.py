@@ -1,0 +1,143 @@
+"""The executor: a tile plan laid out as arrays, and its bulk-synchronous steps in JAX.
+
+Every array has a leading (IPU, tile) pair of axes: ``(num_ipus, T, L, ...)`` where T is the number
+of tiles an IPU uses and L the largest per-tile share. Only the last used tile of each IPU is
+ragged; its padding holds zero integrals (s8) or zero rows (rows), which add nothing, and the
+profile counts real items only (from the plan, not from the padded arrays).
+
+One J-K build is:
+
+1. compute: every tile works on its own arrays and the replicated density (``vmap`` over tiles);
+2. exchange: the tiles' results are combined on each IPU (a sum of private accumulators, or the
+   gather of row blocks), then across IPUs.
+
+With at least ``num_ipus`` JAX devices (e.g. ``XLA_FLAGS=--xla_force_host_platform_device_count=4``
+on a CPU), each simulated IPU runs on its own device under ``shard_map``, and the IPU-Link
+exchange is a ``psum`` (s8) or an ``all_gather`` (rows). Otherwise the IPU axis is vmapped too.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ..eri import degeneracy_weights, pair_index, row_matrix, s8_accumulate, symmetrise, tril_unpack
+from ..eri import unique_quartets, unpack_pairs
+from .plan import TilePlan
+
+IPU_AXIS = "ipu"
+
+
+def _tile_blocks(shape_plan: TilePlan, items: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Cut ``rows`` (total, ...) into ``items`` per (IPU, tile), in arrays shaped by ``shape_plan``.
+
+    ``items`` (num_ipus, tiles) is the real distribution; ``shape_plan`` (a plan of the padded
+    problem, with at least as much per IPU and per tile) fixes the array shape (num_ipus, T, L, ...)
+    so that every molecule of a shape bucket gets the same one. The rest is zero padding.
+    """
+    tiles = int(np.count_nonzero(shape_plan.items, axis=1).max())
+    out = np.zeros((shape_plan.num_ipus, tiles, shape_plan.max_items) + rows.shape[1:], rows.dtype)
+    start = 0
+    for ipu in range(shape_plan.num_ipus):
+        for tile, count in enumerate(items[ipu, :tiles]):
+            out[ipu, tile, :count] = rows[start : start + count]
+            start += count
+    assert start == len(rows), "the distribution must place every item"
+    return out
+
+
+def _order(plan: TilePlan) -> np.ndarray:
+    """Positions of the real rows, in order, within the flattened (num_ipus, T, L) output."""
+    tiles = int(np.count_nonzero(plan.items, axis=1).max())
+    slot = np.arange(plan.max_items)
+    mask = slot[None, None, :] < plan.items[:, :tiles, None]
+    return np.flatnonzero(mask.reshape(-1)).astype(np.int32)
+
+
+def layout(shape_plan: TilePlan, real_plan: TilePlan, eri_s8: np.ndarray, nao: int, dtype) -> dict[str, np.ndarray]:
+    """The arrays that :func:`contract` reads, for ``eri_s8`` (PySCF's s8 ERI of ``nao`` AOs).
+
+    ``shape_plan`` plans the padded problem (``nao_padded`` AOs; for s8 a bucketed integral count)
+    and fixes every array's shape; ``real_plan`` (same strategy and IPUs, the molecule's own sizes)
+    decides which integrals each tile holds (s8). Rows of padded AOs are zero rows of the padded
+    matrix, so rows follow ``shape_plan``.
+    """
+    npad = shape_plan.workload.nao
+    if shape_plan.strategy.name == "rows":
+        npair, npair_pad = nao * (nao + 1) // 2, npad * (npad + 1) // 2
+        real = row_matrix(eri_s8, nao, dtype)  # (2 npair, npair)
+        matrix = np.zeros((2 * npair_pad, npair_pad), dtype)  # padded AOs' pairs come last
+        matrix[:npair, :npair] = real[:npair]
+        matrix[npair_pad : npair_pad + npair, :npair] = real[npair:]
+        i, j = tril_unpack(np.arange(npair_pad))  # the AOs of each pair
+        return {
+            "rows": _tile_blocks(shape_plan, shape_plan.items, matrix),
+            "order": _order(shape_plan),  # (2 npair_pad,)
+            "pair_aos": np.stack([i, j]).astype(np.int32),  # (2, npair_pad)
+            "pairs": pair_index(npad),  # (Np, Np)
+        }
+    values, index = unique_quartets(eri_s8, nao)
+    values = (values * degeneracy_weights(index)).astype(dtype)
+    return {
+        "values": _tile_blocks(shape_plan, real_plan.items, values),
+        "index": _tile_blocks(shape_plan, real_plan.items, index),
+    }
+
+
+def place(data: dict, num_ipus: int) -> dict:
+    """Put the per-IPU arrays on their devices when there are enough; else leave them uncommitted."""
+    devices = jax.devices()
+    if num_ipus == 1 or len(devices) < num_ipus:
+        return jax.tree.map(jnp.asarray, data)
+    sharding = NamedSharding(Mesh(devices[:num_ipus], (IPU_AXIS,)), P(IPU_AXIS))
+    per_ipu = {"rows", "values", "index"}
+    return {k: jax.device_put(v, sharding) if k in per_ipu else jnp.asarray(v) for k, v in data.items()}
+
+
+def _rows_compute(rows, dm_pairs):
+    """Compute step of one IPU: (T, L, npair) row blocks x replicated density pairs -> (T, L)."""
+    return jax.vmap(lambda block: block @ dm_pairs)(rows)
+
+
+def _s8_compute(values, index, dm):
+    """Compute step of one IPU: private accumulators per tile, summed on the IPU -> (2, N, N)."""
+    partials = jax.vmap(s8_accumulate, in_axes=(0, 0, None))(values, index, dm)  # (T, 2, N, N)
+    return partials.sum(axis=0)
+
+
+def contract(data: dict, dm: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """One J-K build of a laid-out plan: (J, K), each (Np, Np) like ``dm``."""
+    rows_strategy = "rows" in data
+    num_ipus = (data["rows"] if rows_strategy else data["values"]).shape[0]
+    devices = jax.devices()
+    sharded = num_ipus > 1 and len(devices) >= num_ipus
+    if rows_strategy:
+        dm_pairs = dm[data["pair_aos"][0], data["pair_aos"][1]]  # (npair,)  replicated to every tile
+        if sharded:
+            step = jax.shard_map(
+                lambda r, d: jax.lax.all_gather(_rows_compute(r[0], d), IPU_AXIS, tiled=False),
+                mesh=Mesh(devices[:num_ipus], (IPU_AXIS,)),
+                in_specs=(P(IPU_AXIS), P()),
+                out_specs=P(),
+                check_vma=False,
+            )
+            out = step(data["rows"], dm_pairs)
+        else:
+            out = jax.vmap(_rows_compute, in_axes=(0, None))(data["rows"], dm_pairs)
+        flat = out.reshape(-1)[data["order"]]  # exchange: gather the row results in order
+        npair = flat.shape[0] // 2
+        return unpack_pairs(flat[:npair], data["pairs"]), unpack_pairs(flat[npair:], data["pairs"])
+    if sharded:
+        step = jax.shard_map(
+            lambda v, i, d: jax.lax.psum(_s8_compute(v[0], i[0], d), IPU_AXIS),
+            mesh=Mesh(devices[:num_ipus], (IPU_AXIS,)),
+            in_specs=(P(IPU_AXIS), P(IPU_AXIS), P()),
+            out_specs=P(),
+        )
+        partials = step(data["values"], data["index"], dm)
+    else:
+        partials = jax.vmap(_s8_compute, in_axes=(0, 0, None))(data["values"], data["index"], dm).sum(axis=0)
+    return symmetrise(partials)

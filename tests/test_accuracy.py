@@ -1,0 +1,83 @@
+"""The acceptance matrix of the DFT core against PySCF float64 (``./test.sh --slow``).
+
+- float64, sto-3g: water, methane, benzene and five 9-heavy-atom QM9 molecules x b3lyp, b3lyp5,
+  pbe, hf: total energy within 1e-6 Hartree of tightly converged PySCF; 6-31g for a subset.
+- float32 (QM1B settings, at most 20 iterations), sto-3g at grid levels 0 and 3, the same molecules
+  and functionals: energy, HOMO, LUMO and gap each within 2 meV; 6-31g and 6-31g* on two QM9
+  molecules. With the default J-K backend (ipu), and once with the dense reference.
+
+Molecules of one group share padded shapes, as the dataset generator's buckets do, so each
+(functional, precision, basis, grid level) compiles once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyscf_ipu.config import RKSConfig
+from pyscf_ipu.problem import padded_sizes
+from pyscf_ipu.rks import run_rks
+from pyscf_ipu.units import HARTREE_TO_MEV
+
+from .molecules import QM9, SMALL
+
+pytestmark = pytest.mark.slow
+
+XCS = ["b3lyp", "b3lyp5", "pbe", "hf"]
+ALL = SMALL + QM9
+
+FLOAT64 = [(m, xc, "sto-3g") for xc in XCS for m in ALL] + [
+    (m, xc, "6-31g") for xc in XCS for m in ["water", "methane", "qm9:21989"]
+]
+# the default J-K backend (ipu) everywhere, and the dense reference once over the molecules
+FLOAT32 = (
+    [(m, xc, "sto-3g", level, "ipu") for level in (0, 3) for xc in XCS for m in ALL]
+    + [(m, "b3lyp", basis, 0, "ipu") for basis in ("6-31g", "6-31g*") for m in ["qm9:21989", "qm9:22032"]]
+    + [(m, "b3lyp", "sto-3g", 0, "dense") for m in ALL]
+)
+
+
+@pytest.fixture
+def case(host_of):
+    """case(name, basis, grid_level) -> (molecule, host, padded sizes shared by its group)."""
+
+    def get(name, basis, grid_level):
+        host = host_of(name, basis, grid_level)
+        sizes = padded_sizes(host)
+        if name.startswith("qm9:") and basis == "sto-3g":  # one bucket for the QM9 set
+            group = [padded_sizes(host_of(q, basis, grid_level)) for q in QM9]
+            sizes = tuple(int(s) for s in np.max(group, axis=0))
+        return host.molecule, host, sizes
+
+    return get
+
+
+@pytest.mark.parametrize("name, xc, basis", FLOAT64, ids=["-".join(c) for c in FLOAT64])
+def test_float64_energy_within_1e6_hartree(case, reference, name, xc, basis):
+    molecule, host, sizes = case(name, basis, 0)
+    config = RKSConfig(xc=xc, basis=basis, precision="float64", max_iterations=60, stop_commutator=1e-9)
+    result = run_rks(molecule, config, host=host, sizes=sizes)
+    ref = reference(molecule, config)
+    assert abs(result.energy - ref.energy) < 1e-6, (result.energy - ref.energy)
+    assert result.converged
+
+
+@pytest.mark.parametrize(
+    "name, xc, basis, grid_level, jk", FLOAT32, ids=[f"{m}-{x}-{b}-level{g}-{j}" for m, x, b, g, j in FLOAT32]
+)
+def test_float32_within_2_mev(case, reference, name, xc, basis, grid_level, jk):
+    molecule, host, sizes = case(name, basis, grid_level)
+    config = RKSConfig(xc=xc, basis=basis, grid_level=grid_level, jk=jk)  # float32, max 20 iterations
+    result = run_rks(molecule, config, host=host, sizes=sizes)
+    ref = reference(molecule, config)
+    diffs = {
+        "energy": result.energy - ref.energy,
+        "homo": result.homo - ref.homo,
+        "lumo": result.lumo - ref.lumo,
+        "gap": result.gap - ref.gap,
+    }
+    mev = {k: round(v * HARTREE_TO_MEV, 4) for k, v in diffs.items()}
+    print(f"{name} {xc}/{basis} level {grid_level} {jk}: {mev} meV, {result.iterations} iterations")
+    assert max(abs(v) for v in mev.values()) < 2.0, mev
+    assert result.converged and result.iterations <= 20

@@ -1,0 +1,73 @@
+"""The ``pyscf-ipu`` command: bad input exits 2 with a clear message; good input gives right numbers."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pyscf_ipu.cli import main
+from pyscf_ipu.config import RKSConfig
+from pyscf_ipu.molecule import from_name
+from pyscf_ipu.units import HARTREE_TO_EV, HARTREE_TO_MEV
+
+BAD_INPUT = [
+    (["--atoms", "Xx 0 0 0"], "unknown element 'Xx'"),
+    (["--atoms", "Xe 0 0 0", "--basis", "6-31g"], "Xe not in basis '6-31g'"),
+    (["--atoms", "H 0 0 0"], "even electron count"),
+    (["--mol", "water", "--charge", "1"], "even electron count"),
+    (["--mol", "water", "--spin", "2"], "closed shell"),
+    (["--atoms", "H 0 0 0; H 0 0 0.05"], "0.05 Angstrom apart"),
+    (["--atoms", ""], "no atoms"),
+    (["--atoms", "H 0 0 nan; H 0 0 0.7"], "NaN or infinite"),
+    (["--mol", "water", "--basis", "no-such-basis"], "unknown basis"),
+    (["--mol", "water", "--xc", "m06"], "unknown functional 'm06'"),
+    (["--mol", "water", "--jk", "magic"], "unknown J-K backend 'magic'"),
+    (["--mol", "water", "--grid-level", "10"], "grid level must be 0 to 9"),
+    (["--mol", "water", "--precision", "float16"], "invalid choice"),
+    (["--mol", "water", "--atoms", "H 0 0 0; H 0 0 1"], "exactly one"),
+    (["--xyz", "/no/such/file.xyz"], "cannot read XYZ file"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUT, ids=[m for _, m in BAD_INPUT])
+def test_bad_input_exits_2_with_message(args, message, capsys):
+    try:
+        code = main(["run", *args])
+    except SystemExit as exit_:  # argparse's own errors
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 3
+
+
+def test_json_run_matches_the_api_and_pyscf(tmp_path, reference):
+    """A real subprocess: the console entry point, JSON fields and their values."""
+    xyz = tmp_path / "water.xyz"
+    xyz.write_text("3\nwater\nO 0 0 0.1173\nH 0 0.7572 -0.4692\nH 0 -0.7572 -0.4692\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pyscf_ipu.cli", "run", "--xyz", str(xyz), "--json", "--check"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    ref = reference(from_name("water"), RKSConfig())
+    assert abs(out["energy_hartree"] - ref.energy) * HARTREE_TO_MEV < 2.0
+    assert out["gap_ev"] == pytest.approx(out["gap_hartree"] * HARTREE_TO_EV)
+    assert out["gap_hartree"] == pytest.approx(out["lumo_hartree"] - out["homo_hartree"])
+    assert out["nao"] == 7 and out["grid_points"] > 1000 and out["converged"] is True
+    assert 5 <= out["iterations"] <= 20 and out["seconds"] > 0
+    assert abs(out["check_mev"]["gap"]) < 2.0
+    assert out["config"]["xc"] == "b3lyp" and out["config"]["precision"] == "float32"
+
+
+def test_summary_names_the_numbers(capsys):
+    assert main(["run", "--mol", "h2", "--precision", "float64", "--xc", "hf"]) == 0
+    out = capsys.readouterr().out
+    for word in ("energy", "HOMO", "LUMO", "gap", "converged after", "electrons integrated"):
+        assert word in out
