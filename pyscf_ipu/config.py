@@ -36,7 +36,7 @@ class RKSConfig:
     jk: str = _opt("ipu", "J-K contraction backend: ipu (simulated IPU tiles), dense (reference) or s8")
     jk_strategy: str = _opt("auto", "tile strategy of the ipu backend", choices=("auto", "rows", "s8"))
     ipu_model: str = _opt("bow", "simulated IPU model", choices=("bow", "mk2"))
-    ipus: int = _opt(1, "number of simulated IPUs the ipu backend may spread over")
+    ipus: int = _opt(16, "simulated IPUs the ipu backend may spread over (a Bow Pod16); it uses the fewest that fit")
     tiles: int | None = _opt(None, "tiles per simulated IPU (default: the model's 1472)")
     ipu_memory_proportion: float = _opt(0.6, "share of each tile's memory the contraction may use")
     max_iterations: int = _opt(20, "maximum SCF iterations (QM1B: 20)")

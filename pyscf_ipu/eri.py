@@ -63,7 +63,7 @@ def degeneracy_weights(index: np.ndarray) -> np.ndarray:
     return 1.0 / ((1.0 + (i == j)) * (1.0 + (k == l)) * (1.0 + (p == q)))
 
 
-def row_matrix(eri_s8: np.ndarray, nao: int, dtype=np.float32, block: int = 1024) -> np.ndarray:
+def row_matrix(eri_s8: np.ndarray, nao: int, dtype=np.float32) -> np.ndarray:
     """The symmetry-reduced J and K matrices stacked, (2 npair, npair): ``[MJ diag(w); MK]``.
 
     With D_pairs[ij] = D[i, j] over pairs i >= j, ``row_matrix @ D_pairs`` gives J on the pairs
@@ -73,22 +73,24 @@ def row_matrix(eri_s8: np.ndarray, nao: int, dtype=np.float32, block: int = 1024
     - MK[il, jk] = (ij|kl) + (ik|jl) for j > k, (ij|jl) for j = k (K_il over both orderings of j
       and k, D being symmetric).
 
-    Both halves are filled in blocks of rows straight into the output, so the peak memory is the
-    output plus PySCF's float64 s4 matrix.
+    MK is built one AO i at a time from the slab (ij|kl) = s4[pair(i, j), pair(k, l)], which gives
+    its rows (i, l), l <= i, at once; peak memory is the output plus PySCF's float64 s4 matrix.
     """
     npair = nao * (nao + 1) // 2
     s4 = ao2mo.restore(4, eri_s8, nao)  # (npair, npair) float64
     out = np.empty((2 * npair, npair), dtype)
+    a, b = tril_unpack(np.arange(npair))  # pair p = (a, b), a >= b
+    w = np.where(a == b, 1.0, 2.0)
     pair = pair_index(nao)
-    rows_a, rows_b = tril_unpack(np.arange(npair))
-    w = np.where(rows_a == rows_b, 1.0, 2.0)
-    for start in range(0, npair, block):
-        stop = min(start + block, npair)
-        out[start:stop] = s4[start:stop] * w
-        i, l = rows_a[start:stop, None], rows_b[start:stop, None]  # K rows (il), columns (jk)
-        a = s4[pair[i, rows_a], pair[rows_b, l]]  # (ij|kl)
-        b = s4[pair[i, rows_b], pair[rows_a, l]]  # (ik|jl)
-        out[npair + start : npair + stop] = np.where(rows_a == rows_b, a, a + b)
+    diag = np.arange(nao)
+    for i in range(nao):
+        rows = slice(i * (i + 1) // 2, (i + 1) * (i + 2) // 2)  # pairs (i, l), l <= i
+        out[rows] = s4[rows] * w
+        slab = s4[pair[i]][:, pair[:, : i + 1]]  # (j, k, l) = (ij|kl), l <= i
+        t = slab.transpose(2, 0, 1)  # (l, j, k)
+        fold = t + t.transpose(0, 2, 1)  # (ij|kl) + (ik|jl)
+        fold[:, diag, diag] = t[:, diag, diag]  # j = k: once
+        out[npair + rows.start : npair + rows.stop] = fold[:, a, b]
     return out
 
 

@@ -49,8 +49,11 @@ class SCFProblem:
 
 
 def padded_sizes(host: HostProblem) -> tuple[int, int]:
-    """(Np, Gp): the bucketed AO count (a multiple of 8 at least) and grid size."""
-    return bucket(host.nao, minimum=8, steps_per_octave=4), bucket(host.grid_points, minimum=256)
+    """(Np, Gp): the bucketed AO count (a multiple of 8 at least) and grid size.
+
+    AOs are bucketed finely (at most 1/8 more) since ERI memory and work grow as N^4.
+    """
+    return bucket(host.nao, minimum=8), bucket(host.grid_points, minimum=256)
 
 
 def build_problem(host: HostProblem, backend: JKBackend, dtype, sizes: tuple[int, int] | None = None) -> SCFProblem:

@@ -59,6 +59,7 @@ def test_float64_energy_within_1e6_hartree(case, reference, name, xc, basis):
     config = RKSConfig(xc=xc, basis=basis, precision="float64", max_iterations=60, stop_commutator=1e-9)
     result = run_rks(molecule, config, host=host, sizes=sizes)
     ref = reference(molecule, config)
+    print(f"{name} {xc}/{basis} float64: dE {result.energy - ref.energy:+.2e} Hartree, {result.iterations} iterations")
     assert abs(result.energy - ref.energy) < 1e-6, (result.energy - ref.energy)
     assert result.converged
 

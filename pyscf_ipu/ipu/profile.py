@@ -93,15 +93,21 @@ def plot_tile_map(report: dict, path: str | Path) -> Path:
     kib = np.asarray(report["tile_bytes"], float) / 1024  # (ipus, tiles)
     budget = report["bytes_per_tile"]["budget"] / 1024
     ipus = kib.shape[0]
+    cols = min(ipus, 4)
+    rows = -(-ipus // cols)
     cmap = plt.get_cmap("viridis").with_extremes(bad="lightgrey")  # idle tiles, the grid's padding
-    fig, axes = plt.subplots(1, ipus, figsize=(3.2 * ipus + 1.4, 4.4), squeeze=False)
-    for ipu, ax in enumerate(axes[0]):
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(3.0 * cols + 1.6, 3.6 * rows + 0.8), squeeze=False, layout="constrained"
+    )
+    for ax in axes.flat[ipus:]:
+        ax.set_axis_off()
+    for ipu, ax in enumerate(axes.flat[:ipus]):
         grid = tile_grid(np.where(kib[ipu] > 0, kib[ipu], np.nan))
         image = ax.imshow(grid, cmap=cmap, vmin=0, vmax=max(kib.max(), 1e-3), aspect="auto")
         ax.set_title(f"IPU {ipu}: {int(np.count_nonzero(kib[ipu]))} tiles used", fontsize=9)
         ax.set_xlabel("tile % 32")
         ax.set_ylabel("tile // 32")
-    fig.colorbar(image, ax=axes[0].tolist(), label="KiB per tile (grey: idle)")
+    fig.colorbar(image, ax=axes.ravel().tolist(), label="KiB per tile (grey: idle)")
     fig.suptitle(
         f"{report['strategy']} plan, {report['nao']} AOs, load imbalance {report['load_imbalance']:.2f}\n"
         f"fullest tile {kib.max():.1f} KiB = "
