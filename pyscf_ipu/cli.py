@@ -62,8 +62,8 @@ def summary(molecule: Molecule, result, config: RKSConfig) -> str:
         f"LUMO     {result.lumo:18.10f} Hartree  {result.lumo * HARTREE_TO_EV:10.4f} eV",
         f"gap      {result.gap:18.10f} Hartree  {result.gap_ev:10.4f} eV",
         f"SCF      {'converged' if result.converged else 'NOT converged'} after {result.iterations} iterations "
-        f"(energy std over the last 5: {result.energy_std_ev:.2e} eV, "
-        f"max|FDS-SDF| {result.commutator_history[-1]:.1e})",
+        f"(energy std over the last 5: {result.energy_std_ev:.2e} eV, last change "
+        f"{result.energy_change_history[-1]:+.1e} Hartree, max|FDS-SDF| {result.commutator_history[-1]:.1e})",
         f"grid     {result.electrons_on_grid:.6f} electrons integrated (exact: {molecule.nelectron})",
         "time     "
         + ", ".join(f"{k} {v:.3f}s" for k, v in result.timings.items())

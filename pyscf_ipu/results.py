@@ -48,6 +48,7 @@ class SCFResult:
     mo_coeff: np.ndarray = field(repr=False)  # (N, M)
     density: np.ndarray = field(repr=False)  # (N, N)  float64: the loop's last density, purified
     energy_history: np.ndarray = field(repr=False)  # (iterations,)  in-loop energies
+    energy_change_history: np.ndarray = field(repr=False)  # (iterations,)  E_k - E_{k-1}, trapezoid rule
     commutator_history: np.ndarray = field(repr=False)  # (iterations,)  max|FDS - SDF|
     shapes: tuple[int, int] = (0, 0)  # padded (N, G) the loop was compiled for
     seconds: float = 0.0
@@ -78,6 +79,7 @@ class SCFResult:
             "iterations": self.iterations,
             "energy_std_ev": self.energy_std_ev,
             "final_commutator": float(self.commutator_history[-1]) if len(self.commutator_history) else None,
+            "final_energy_change_hartree": float(self.energy_change_history[-1]) if self.iterations > 1 else None,
             "nao": self.nao,
             "grid_points": self.grid_points,
             "padded_shape": list(self.shapes),
@@ -162,6 +164,7 @@ def finalise(
         mo_coeff=x @ vectors,
         density=dm,
         energy_history=np.asarray(trace.energies, np.float64)[:iterations],
+        energy_change_history=np.asarray(trace.energy_changes, np.float64)[:iterations],
         commutator_history=np.asarray(trace.commutators, np.float64)[:iterations],
         shapes=shapes,
         config=config,

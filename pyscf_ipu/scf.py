@@ -69,6 +69,7 @@ class SCFTrace:
     density: jax.Array  # (Np, Np)  from the last diagonalisation
     mo_energy: jax.Array  # (Np,)  in-loop orbital energies (the host recomputes them in float64)
     energies: jax.Array  # (max_iterations,)  E[D] of each iteration, Hartree; unused entries 0
+    energy_changes: jax.Array  # (max_iterations,)  E_k - E_{k-1} by the trapezoid rule (0 first)
     commutators: jax.Array  # (max_iterations,)  max|FDS - SDF| of each iteration
     iterations: jax.Array  # ()  iterations run
     energy_std_ev: jax.Array  # ()  std of the last 5 energies, eV
@@ -209,4 +210,5 @@ def scf_loop(problem: SCFProblem, settings: LoopSettings) -> SCFTrace:
         jnp.zeros((), bool),
     )
     it, dm, _, _, mo_energy, energies, changes, commutators, *_ = jax.lax.while_loop(keep_going, step, init)
-    return SCFTrace(dm, mo_energy, energies, commutators, it, energy_std_ev(changes, it), converged(changes, it, settings))
+    std = energy_std_ev(changes, it)
+    return SCFTrace(dm, mo_energy, energies, changes, commutators, it, std, converged(changes, it, settings))

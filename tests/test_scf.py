@@ -173,3 +173,16 @@ def test_purification_restores_idempotency():
     np.testing.assert_allclose(clean @ s @ clean, 2 * clean, atol=1e-12)
     assert np.trace(clean @ s) == pytest.approx(10, abs=1e-10)
     np.testing.assert_allclose(clean, dm, atol=1e-5)  # and it stays close to where it was
+
+
+@pytest.mark.parametrize("xc, tol", [("hf", 1e-10), ("b3lyp", 1e-3)])
+def test_trapezoid_energy_changes(xc, tol):
+    """E_k - E_{k-1} = tr((D_k - D_k-1)(F_k + F_k-1)/2): exact for HF, whose energy is quadratic in D;
+    for B3LYP, third order in the step (loose early, tight once converging)."""
+    result = run_rks(from_name("water"), RKSConfig(xc=xc, **TIGHT64))
+    direct = np.diff(result.energy_history)
+    trapezoid = result.energy_change_history[1:]
+    assert result.energy_change_history[0] == 0.0
+    np.testing.assert_allclose(trapezoid, direct, atol=tol)
+    np.testing.assert_allclose(trapezoid[-4:], direct[-4:], atol=1e-10)  # near convergence
+    assert result.to_dict()["final_energy_change_hartree"] == pytest.approx(trapezoid[-1])
