@@ -80,3 +80,27 @@ def build_problem(host: HostProblem, backend: JKBackend, dtype, sizes: tuple[int
     )
     jk = backend.prepare(host.eri_s8, n, npad, dtype)
     return SCFProblem(**{k: jnp.asarray(v, dtype) for k, v in arrays.items()}, jk=jax.tree.map(jnp.asarray, jk))
+
+
+def stack_problems(problems: list[SCFProblem], batch_size: int | None = None) -> SCFProblem:
+    """Stack problems of equal padded shapes along a new leading axis, for a vmapped loop.
+
+    The J-K backends' arrays may differ in size between conformers (e.g. the number of unique
+    integrals); they are zero-padded to the largest, which every backend treats as no work (zero
+    integrals, zero rows). ``batch_size`` pads the batch itself by repeating the last problem, so a
+    short final batch reuses the compiled loop; callers drop those extra results.
+    """
+    shapes = {p.shapes for p in problems}
+    if len(shapes) != 1:
+        raise ValueError(f"a batch needs one padded shape; got {sorted(shapes)}")
+    if len({tuple(sorted(p.jk)) for p in problems}) != 1:
+        raise ValueError("a batch needs one J-K layout (the tile plans chose different strategies)")
+    problems = list(problems) + [problems[-1]] * max(0, (batch_size or 0) - len(problems))
+
+    def stack(*leaves):
+        if leaves[0].ndim == 0:
+            return jnp.stack(leaves)
+        shape = np.max([leaf.shape for leaf in leaves], axis=0)
+        return jnp.stack([jnp.pad(leaf, [(0, int(s) - d) for s, d in zip(shape, leaf.shape)]) for leaf in leaves])
+
+    return jax.tree.map(stack, *problems)

@@ -1,7 +1,11 @@
-"""The public entry point: one restricted Kohn-Sham single point, molecule -> :class:`SCFResult`.
+"""The public entry points: restricted Kohn-Sham single points, molecule -> :class:`SCFResult`.
 
     host preparation (PySCF, float64) -> padded SCFProblem (float32 or float64)
     -> jitted SCF loop -> float64 finalisation on the host
+
+:func:`run_rks` runs one molecule. :func:`submit_batch` runs conformers of one molecule (equal
+shapes) as one vmapped loop; it returns at once (JAX dispatches asynchronously), so the caller can
+prepare the next batch on the host while the device works, then collect with ``.results()``.
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ import numpy as np
 from .config import RKSConfig
 from .host import HostProblem, prepare
 from .molecule import Molecule
-from .problem import build_problem, padded_sizes
+from .problem import build_problem, padded_sizes, stack_problems
 from .results import SCFResult, finalise
-from .scf import LoopSettings, scf_loop
+from .scf import LoopSettings, SCFTrace, scf_loop, scf_loop_batch
 
 
 def precision_scope(precision: str):
@@ -57,3 +61,70 @@ def run_rks(
     timings["finalise"] = time.perf_counter() - t
     profile = settings.backend.profile(host.eri_s8, host.nao, problem.shapes[0], dtype, result.iterations)
     return dataclasses.replace(result, timings=timings, seconds=time.perf_counter() - start, jk_profile=profile)
+
+
+@dataclasses.dataclass
+class BatchRun:
+    """A batch in flight on the device; :meth:`results` waits for it and finalises on the host."""
+
+    hosts: list[HostProblem]
+    config: RKSConfig
+    settings: LoopSettings
+    shapes: tuple[int, int]
+    trace: SCFTrace  # stacked, possibly still computing
+    timings: dict[str, float]
+    start: float
+
+    def results(self) -> list[SCFResult]:
+        t = time.perf_counter()
+        trace = jax.block_until_ready(self.trace)
+        wait = time.perf_counter() - t
+        dtype = np.dtype(self.config.precision)
+        out = []
+        for i, host in enumerate(self.hosts):
+            t = time.perf_counter()
+            member = jax.tree.map(lambda a: a[i], trace)
+            result = finalise(host, member, self.settings.functional, self.config, self.shapes)
+            timings = {
+                **host.timings,
+                **{k: v / len(self.hosts) for k, v in self.timings.items()},
+                "scf_wait": wait / len(self.hosts),
+                "finalise": time.perf_counter() - t,
+            }
+            profile = self.settings.backend.profile(host.eri_s8, host.nao, self.shapes[0], dtype, result.iterations)
+            out.append(dataclasses.replace(result, timings=timings, jk_profile=profile))
+        seconds = (time.perf_counter() - self.start) / len(out)
+        return [dataclasses.replace(r, seconds=seconds) for r in out]
+
+
+def submit_batch(
+    hosts: list[HostProblem],
+    config: RKSConfig = RKSConfig(),
+    *,
+    sizes: tuple[int, int] | None = None,
+    batch_size: int | None = None,
+) -> BatchRun:
+    """Start one vmapped SCF loop over ``hosts`` (conformers: same atoms, so the same AO count).
+
+    ``sizes`` defaults to the largest padded shape of the batch; ``batch_size`` pads a short batch
+    so that it reuses the compiled loop of a full one.
+    """
+    start = time.perf_counter()
+    settings = LoopSettings.from_config(config)
+    sizes = sizes or tuple(int(s) for s in np.max([padded_sizes(h) for h in hosts], axis=0))
+    dtype = np.dtype(config.precision)
+    with precision_scope(config.precision):
+        t = time.perf_counter()
+        problems = stack_problems([build_problem(h, settings.backend, dtype, sizes) for h in hosts], batch_size)
+        to_device = time.perf_counter() - t
+        t = time.perf_counter()
+        trace = scf_loop_batch(problems, settings)  # asynchronous: returns before the device is done
+        dispatch = time.perf_counter() - t
+    return BatchRun(list(hosts), config, settings, sizes, trace, {"to_device": to_device, "dispatch": dispatch}, start)
+
+
+def run_rks_batch(molecules: list[Molecule], config: RKSConfig = RKSConfig(), **kwargs) -> list[SCFResult]:
+    """Conformers of one molecule as one batch: host preparation, one vmapped loop, finalisation."""
+    needs_grid = bool(LoopSettings.from_config(config).functional.pieces)
+    hosts = [prepare(m, config, needs_grid=needs_grid) for m in molecules]
+    return submit_batch(hosts, config, **kwargs).results()

@@ -212,3 +212,13 @@ def scf_loop(problem: SCFProblem, settings: LoopSettings) -> SCFTrace:
     it, dm, _, _, mo_energy, energies, changes, commutators, *_ = jax.lax.while_loop(keep_going, step, init)
     std = energy_std_ev(changes, it)
     return SCFTrace(dm, mo_energy, energies, changes, commutators, it, std, converged(changes, it, settings))
+
+
+@partial(jax.jit, static_argnames="settings")
+def scf_loop_batch(problems: SCFProblem, settings: LoopSettings) -> SCFTrace:
+    """:func:`scf_loop` vmapped over a leading batch axis (see ``problem.stack_problems``).
+
+    The batched while-loop runs until every member has stopped; members that stopped earlier keep
+    their state (JAX's batched while_loop selects per member), so results equal unbatched runs.
+    """
+    return jax.vmap(lambda problem: scf_loop(problem, settings))(problems)

@@ -186,3 +186,20 @@ def test_trapezoid_energy_changes(xc, tol):
     np.testing.assert_allclose(trapezoid, direct, atol=tol)
     np.testing.assert_allclose(trapezoid[-4:], direct[-4:], atol=1e-10)  # near convergence
     assert result.to_dict()["final_energy_change_hartree"] == pytest.approx(trapezoid[-1])
+
+
+def test_batched_conformers_equal_single_runs():
+    """One vmapped loop over conformers (with a padded batch) gives each conformer's own result."""
+    from pyscf_ipu.rks import run_rks_batch
+
+    water = from_name("water")
+    shifted = [water.with_positions(water.positions * s) for s in (1.0, 1.03, 0.98)]
+    sizes = (8, 4096)
+    batch = run_rks_batch(shifted, RKSConfig(), sizes=sizes, batch_size=4)
+    assert len(batch) == 3
+    for molecule, result in zip(shifted, batch):
+        single = run_rks(molecule, RKSConfig(), sizes=sizes)
+        assert result.energy == pytest.approx(single.energy, abs=1e-9)
+        assert result.homo == pytest.approx(single.homo, abs=1e-9) and result.lumo == pytest.approx(single.lumo, abs=1e-9)
+        assert result.iterations == single.iterations
+    assert len({round(r.energy, 6) for r in batch}) == 3  # and the conformers really differ
