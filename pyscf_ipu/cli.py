@@ -24,7 +24,7 @@ from .units import HARTREE_TO_EV, HARTREE_TO_MEV
 EXIT_BAD_INPUT = 2
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and a pointer to --help), not the whole usage."""
 
     def error(self, message: str):
@@ -32,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="pyscf-ipu", description=__doc__.split("\n")[0])
+    parser = Parser(prog="pyscf-ipu", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="one restricted Kohn-Sham single point")
     source = run.add_argument_group("molecule (give exactly one)")

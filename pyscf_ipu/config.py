@@ -21,7 +21,8 @@ class ConfigError(ValueError):
     """A bad setting; the message names it and the allowed values."""
 
 
-def _opt(default, help: str, choices=None, metavar=None):
+def option(default, help: str, choices=None, metavar=None):
+    """A config field whose metadata becomes its command-line option (see :func:`add_config_arguments`)."""
     return field(default=default, metadata={"help": help, "choices": choices, "metavar": metavar})
 
 
@@ -29,23 +30,23 @@ def _opt(default, help: str, choices=None, metavar=None):
 class RKSConfig:
     """Settings of one restricted Kohn-Sham single point."""
 
-    basis: str = _opt("sto-3g", "Gaussian basis set, any name PySCF knows (QM1B: sto-3g)")
-    xc: str = _opt("b3lyp", "functional: b3lyp (PySCF's, VWN-RPA), b3lyp5 (VWN5), pbe or hf")
-    grid_level: int = _opt(0, "PySCF Becke grid level, 0 (coarse, QM1B) to 9")
-    precision: str = _opt("float32", "floating-point precision of the SCF loop", choices=PRECISIONS)
-    jk: str = _opt("ipu", "J-K contraction backend: ipu (simulated IPU tiles), dense (reference) or s8")
-    jk_strategy: str = _opt("auto", "tile strategy of the ipu backend", choices=("auto", "rows", "s8"))
-    ipu_model: str = _opt("bow", "simulated IPU model", choices=("bow", "mk2"))
-    ipus: int = _opt(16, "simulated IPUs the ipu backend may spread over (a Bow Pod16); it uses the fewest that fit")
-    tiles: int | None = _opt(None, "tiles per simulated IPU (default: the model's 1472)")
-    ipu_memory_proportion: float = _opt(0.6, "share of each tile's memory the contraction may use")
-    max_iterations: int = _opt(20, "maximum SCF iterations (QM1B: 20)")
-    eri_threshold: float = _opt(0.0, "Schwarz screening: drop (ij|kl) with sqrt((ij|ij)(kl|kl)) below this")
-    diis_space: int = _opt(8, "number of Fock matrices kept for DIIS extrapolation")
-    convergence_std_ev: float = _opt(
+    basis: str = option("sto-3g", "Gaussian basis set, any name PySCF knows (QM1B: sto-3g)")
+    xc: str = option("b3lyp", "functional: b3lyp (PySCF's, VWN-RPA), b3lyp5 (VWN5), pbe or hf")
+    grid_level: int = option(0, "PySCF Becke grid level, 0 (coarse, QM1B) to 9")
+    precision: str = option("float32", "floating-point precision of the SCF loop", choices=PRECISIONS)
+    jk: str = option("ipu", "J-K contraction backend: ipu (simulated IPU tiles), dense (reference) or s8")
+    jk_strategy: str = option("auto", "tile strategy of the ipu backend", choices=("auto", "rows", "s8"))
+    ipu_model: str = option("bow", "simulated IPU model", choices=("bow", "mk2"))
+    ipus: int = option(16, "simulated IPUs the ipu backend may spread over (a Bow Pod16); it uses the fewest that fit")
+    tiles: int | None = option(None, "tiles per simulated IPU (default: the model's 1472)")
+    ipu_memory_proportion: float = option(0.6, "share of each tile's memory the contraction may use")
+    max_iterations: int = option(20, "maximum SCF iterations (QM1B: 20)")
+    eri_threshold: float = option(0.0, "Schwarz screening: drop (ij|kl) with sqrt((ij|ij)(kl|kl)) below this")
+    diis_space: int = option(8, "number of Fock matrices kept for DIIS extrapolation")
+    convergence_std_ev: float = option(
         0.01, "QM1B convergence: std of the energy over the last 5 iterations below this (eV)"
     )
-    stop_commutator: float | None = _opt(
+    stop_commutator: float | None = option(
         None,
         "stop early once max|FDS-SDF| is below this; default 1e-5 (float32) or 1e-7 (float64); 0 never stops early",
     )

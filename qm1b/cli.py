@@ -1,0 +1,122 @@
+"""The ``qm1b`` command line: generate, info, export, validate, plot.
+
+    qm1b generate --smiles FILE --out DIR [--conformers K] [--seed S] [--batch-size B] [--resume]
+                  [--shard i/n] [--executor local|ray] [DFT settings: --basis, --xc, ...]
+    qm1b info DIR
+    qm1b export DIR --parquet FILE
+    qm1b validate DIR --sample K
+    qm1b plot DIR [--png FILE]
+
+Bad input (unreadable SMILES file, an existing output without --resume, other settings on resume,
+a directory with no dataset) prints one line naming the problem and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+
+from pyscf_ipu.cli import EXIT_BAD_INPUT
+from pyscf_ipu.cli import Parser
+from pyscf_ipu.config import ConfigError, RKSConfig, add_config_arguments, config_from_arguments
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .generate import GenerateConfig
+
+    parser = Parser(prog="qm1b", description="QM1B-style DFT dataset generator")
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate", help="SMILES -> conformers -> DFT labels -> HDF5 shards")
+    add_config_arguments(gen.add_argument_group("generation"), GenerateConfig)
+    add_config_arguments(gen.add_argument_group("DFT settings"), RKSConfig)
+    info = commands.add_parser("info", help="counts, failures, convergence, throughput, label statistics")
+    info.add_argument("directory")
+    info.add_argument("--json", action="store_true")
+    export = commands.add_parser("export", help="one Parquet file with the QM1B columns")
+    export.add_argument("directory")
+    export.add_argument("--parquet", required=True, metavar="FILE")
+    val = commands.add_parser("validate", help="recompute a random sample with PySCF float64")
+    val.add_argument("directory")
+    val.add_argument("--sample", type=int, default=10, metavar="K")
+    val.add_argument("--seed", type=int, default=0)
+    val.add_argument("--json", action="store_true")
+    plot = commands.add_parser("plot", help="PNG: gap and energy-per-atom histograms, convergence rate")
+    plot.add_argument("directory")
+    plot.add_argument("--png", metavar="FILE", help="default: DIR/dataset.png")
+    return parser
+
+
+def _generate(args) -> int:
+    from .generate import GenerateConfig, generate
+
+    try:
+        gen = config_from_arguments(args, GenerateConfig)
+        dft = config_from_arguments(args, RKSConfig)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    for summary in generate(gen, dft):
+        print("\n".join(summary.lines()))
+    return 0
+
+
+def _info(args) -> int:
+    from .store import info
+
+    stats = info(args.directory)
+    if args.json:
+        print(json.dumps(stats, indent=1, default=str))
+        return 0
+    for key, value in stats.items():
+        print(f"{key:24s} {json.dumps(value, default=str) if isinstance(value, (dict, list)) else value}")
+    return 0
+
+
+def _export(args) -> int:
+    from .store import export_parquet
+
+    print(export_parquet(args.directory, args.parquet))
+    return 0
+
+
+def _validate(args) -> int:
+    from .validate import QUANTITIES, validate
+
+    report = validate(args.directory, args.sample, args.seed)
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    print(f"{report['sampled']} records recomputed with PySCF float64 ({report['converged']} converged); "
+          f"{report['converged_within_2_mev']} of the converged within 2 meV on every label")  # fmt: skip
+    for q in QUANTITIES:
+        s = report["abs_error_mev"][q]
+        print(f"  |error| {q:6s} max {s['max']:.4f}  mean {s['mean']:.4f}  p95 {s['p95']:.4f} meV")
+    return 0
+
+
+def _plot(args) -> int:
+    from .plots import plot_dataset
+
+    print(plot_dataset(args.directory, args.png))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pyscf_ipu.molecule import MoleculeError
+
+    from .inputs import InputError
+
+    args = build_parser().parse_args(argv)
+    handlers = {"generate": _generate, "info": _info, "export": _export, "validate": _validate, "plot": _plot}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return handlers[args.command](args)
+    except (InputError, ConfigError, MoleculeError, FileExistsError, FileNotFoundError, ValueError) as err:
+        print(f"qm1b {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""The generator: SMILES -> RDKit conformers -> batched float32 DFT -> HDF5 shard, resumable.
+
+Work flows molecule by molecule, conformers in batches of ``batch_size``: conformers of a molecule
+share every shape, so a batch runs as one vmapped, jit-compiled SCF loop. Molecules are ordered by
+their AO count, so consecutive batches reuse compiled code (and the persistent compilation cache
+spares a restarted run the compiling). While the device works on batch k, the host prepares batch
+k+1 (PySCF integrals and grid); batch k is then finalised and committed to the shard as one atomic
+part (see :mod:`qm1b.store`). A killed run resumes with ``--resume``: committed conformers and
+recorded failures are skipped, so at most the batch in flight is recomputed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import platform
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from pyscf_ipu.config import RKSConfig, default_cache_dir, enable_compilation_cache, option
+from pyscf_ipu.host import HostProblem, prepare
+from pyscf_ipu.molecule import Molecule, MoleculeError
+from pyscf_ipu.results import SCFResult
+from pyscf_ipu.rks import BatchRun, submit_batch
+from pyscf_ipu.units import HARTREE_TO_EV
+
+from .conformers import ConformerError, embed_conformers
+from .inputs import MoleculeInput, builtin_sample, parse_range, parse_shard, read_smiles, select
+from .schema import SCALAR_COLUMNS, Failure, RecordBatch
+from .store import ShardWriter
+
+EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """What to generate and how; the DFT settings are a separate :class:`RKSConfig`."""
+
+    smiles: str | None = option(None, "SMILES file (.smi: 'SMILES [id]' per line; or .csv with a smiles column); "
+                              "default: the built-in sample of ~100 GDB-like molecules", metavar="FILE")  # fmt: skip
+    out: str = option("data/generated", "output directory (one HDF5 file per shard)", metavar="DIR")
+    conformers: int = option(8, "RDKit ETKDG conformers per molecule")
+    seed: int = option(1, "seed; each molecule's conformer seed is derived from it (never 0)")
+    batch_size: int = option(8, "conformers per vmapped DFT batch")
+    limit: int | None = option(None, "at most this many molecules (of this shard, after filtering)")
+    heavy_atoms: str | None = option(None, "keep molecules with this many heavy atoms, e.g. 9-11")
+    relax: str | None = option(None, "force-field relaxation of the conformers (QM1B: none)", choices=("mmff",))
+    shard: str = option("0/1", "process shard i of n (i/n), e.g. for job arrays")
+    resume: bool = option(False, "continue an interrupted run in --out")
+    drop_unconverged: bool = option(False, "drop conformers that did not converge (recorded as failures)")
+    executor: str = option("local", "run in this process, or shards as Ray tasks", choices=EXECUTORS)
+    ray_address: str | None = option(None, "Ray cluster address (default: start a local Ray)", metavar="ADDR")
+    ray_shards: int = option(2, "number of shards (Ray tasks) with --executor ray")
+    progress: bool = option(True, "show a progress bar")
+
+    def __post_init__(self) -> None:
+        for name in ("conformers", "batch_size", "ray_shards"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        parse_shard(self.shard)
+        if self.heavy_atoms is not None:
+            parse_range(self.heavy_atoms)
+
+
+@dataclass
+class Summary:
+    out: str
+    shard: str
+    molecules: int = 0
+    conformers: int = 0  # written
+    converged: int = 0
+    failures: int = 0
+    skipped: int = 0  # already done (resume)
+    seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def conformers_per_hour(self) -> float:
+        return 3600.0 * self.conformers / self.seconds if self.seconds else 0.0
+
+    def lines(self) -> list[str]:
+        rate = self.converged / self.conformers if self.conformers else 0.0
+        split = ", ".join(f"{k} {v:.1f}s" for k, v in sorted(self.timings.items(), key=lambda kv: -kv[1]))
+        return [
+            f"{self.out} (shard {self.shard}): {self.conformers} conformers of {self.molecules} molecules written, "
+            f"{rate:.1%} converged; {self.failures} failures; {self.skipped} already done",
+            f"{self.seconds:.1f}s, {self.conformers_per_hour:,.0f} conformers per hour; time: {split}",
+        ]
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in ("pyscf-ipu", "jax", "jaxlib", "pyscf", "numpy", "rdkit", "h5py"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+def label_settings(gen: GenerateConfig, dft: RKSConfig) -> dict:
+    """Everything that defines the labels: a resumed run must use the same."""
+    return {
+        **dataclasses.asdict(dft),
+        "stop_threshold": dft.stop_threshold,
+        "conformers": gen.conformers,
+        "seed": gen.seed,
+        "relax": gen.relax,
+        "drop_unconverged": gen.drop_unconverged,
+        "smiles": gen.smiles or "builtin:gdb_sample",
+        "heavy_atoms": gen.heavy_atoms,
+    }
+
+
+@lru_cache(maxsize=None)
+def _element_nao(basis: str, symbol: str) -> int:
+    from pyscf import gto
+
+    return sum((2 * shell[0] + 1) * (len(shell[1]) - 1) for shell in gto.basis.load(basis, symbol))
+
+
+def nao_estimate(smiles: str, basis: str) -> int:
+    """The AO count of a SMILES in a basis (spherical), for ordering work by shape; 0 if unknown."""
+    from rdkit import Chem
+
+    mol = Chem.MolFromSmiles(smiles)
+    if mol is None:
+        return 0
+    try:
+        return sum(_element_nao(basis, a.GetSymbol()) for a in Chem.AddHs(mol).GetAtoms())
+    except Exception:  # an element the basis lacks: the run records the failure itself
+        return 0
+
+
+def load_inputs(gen: GenerateConfig) -> list[MoleculeInput]:
+    inputs = read_smiles(gen.smiles) if gen.smiles else builtin_sample()
+    heavy = parse_range(gen.heavy_atoms) if gen.heavy_atoms else None
+    return select(inputs, heavy_atoms=heavy, limit=gen.limit, shard=parse_shard(gen.shard))
+
+
+@dataclass
+class _Batch:
+    entry: MoleculeInput
+    conformer_ids: list[int]
+    molecules: list[Molecule]
+    hosts: list[HostProblem] = field(default_factory=list)
+
+
+def _records(batch: _Batch, results: list[SCFResult], drop_unconverged: bool) -> tuple[RecordBatch | None, list[Failure]]:
+    rows, failures = [], []
+    for cid, molecule, r in zip(batch.conformer_ids, batch.molecules, results):
+        labels = np.array([r.energy, r.homo, r.lumo, r.gap, r.energy_std_ev])
+        if not np.all(np.isfinite(labels)):
+            failures.append(Failure(batch.entry.smiles, "NaN label", batch.entry.molecule_id, cid))
+        elif drop_unconverged and not r.converged:
+            failures.append(Failure(batch.entry.smiles, "not converged (--drop-unconverged)", batch.entry.molecule_id, cid))
+        else:
+            rows.append((cid, molecule, r))
+    if not rows:
+        return None, failures
+    columns = {
+        "smile": [batch.entry.smiles] * len(rows),
+        "atoms": [m.formula for _, m, _ in rows],
+        "energy": [r.energy * HARTREE_TO_EV for _, _, r in rows],
+        "homo": [r.homo * HARTREE_TO_EV for _, _, r in rows],
+        "lumo": [r.lumo * HARTREE_TO_EV for _, _, r in rows],
+        "y": [r.gap_ev for _, _, r in rows],
+        "N": [r.nao for _, _, r in rows],
+        "std": [r.energy_std_ev for _, _, r in rows],
+        "converged": [r.converged for _, _, r in rows],
+        "iterations": [r.iterations for _, _, r in rows],
+        "molecule_id": [batch.entry.molecule_id] * len(rows),
+        "conformer_id": [cid for cid, _, _ in rows],
+    }
+    records = RecordBatch(
+        columns={k: np.asarray(v, dtype=SCALAR_COLUMNS[k]) if k not in ("smile", "atoms") else np.asarray(v, object)
+                 for k, v in columns.items()},  # fmt: skip
+        natoms=np.array([m.natom for _, m, _ in rows]),
+        z=np.concatenate([m.atomic_numbers for _, m, _ in rows]).astype(np.int8),
+        pos=np.concatenate([m.positions for _, m, _ in rows]).astype(np.float32),
+    )
+    return records, failures
+
+
+def run_shard(gen: GenerateConfig, dft: RKSConfig) -> Summary:
+    """Generate one shard in this process (the ``local`` executor, and each Ray task)."""
+    from tqdm import tqdm
+
+    start = time.perf_counter()
+    enable_compilation_cache(default_cache_dir() / "jax")
+    inputs = sorted(load_inputs(gen), key=lambda m: (nao_estimate(m.smiles, dft.basis), m.molecule_id))
+    shard, num_shards = parse_shard(gen.shard)
+    summary = Summary(out=gen.out, shard=gen.shard, molecules=len(inputs))
+    timings = summary.timings
+    with ShardWriter(gen.out, shard, num_shards, settings=label_settings(gen, dft), versions=package_versions(),
+                     resume=gen.resume) as writer:  # fmt: skip
+        done = writer.done()
+        bar = tqdm(total=len(inputs) * gen.conformers, unit="conf", disable=not gen.progress, smoothing=0.1)
+        inflight: tuple[_Batch, BatchRun] | None = None
+
+        def finish(item: tuple[_Batch, BatchRun]) -> None:
+            batch, run = item
+            t = time.perf_counter()
+            records, failures = _records(batch, run.results(), gen.drop_unconverged)
+            timings["scf+finalise"] = timings.get("scf+finalise", 0.0) + time.perf_counter() - t
+            t = time.perf_counter()
+            writer.commit(records, failures)
+            timings["write"] = timings.get("write", 0.0) + time.perf_counter() - t
+            summary.conformers += len(records) if records is not None else 0
+            summary.converged += int(records.columns["converged"].sum()) if records is not None else 0
+            summary.failures += len(failures)
+            bar.update(len(batch.conformer_ids))
+
+        for batch in _batches(inputs, gen, dft, done, writer, summary, bar, timings):
+            try:
+                batch.hosts = [prepare(m, dft, needs_grid=dft.xc != "hf") for m in batch.molecules]
+            except MoleculeError as err:  # e.g. an element the basis lacks: the whole molecule fails
+                writer.commit(None, [Failure(batch.entry.smiles, str(err), batch.entry.molecule_id, -1)])
+                summary.failures += 1
+                bar.update(len(batch.conformer_ids))
+                continue
+            for host in batch.hosts:  # one_electron, eri, guess, grid (incl. AO values)
+                for k, v in host.timings.items():
+                    timings[k] = timings.get(k, 0.0) + v
+            if inflight is not None:
+                finish(inflight)  # the device worked on it while this batch was prepared
+            inflight = (batch, submit_batch(batch.hosts, dft, batch_size=gen.batch_size))
+        if inflight is not None:
+            finish(inflight)
+        bar.close()
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def _batches(inputs, gen, dft, done, writer, summary, bar, timings) -> Iterator[_Batch]:
+    """Conformer batches still to do, molecule by molecule; failures of whole molecules are committed."""
+    for entry in inputs:
+        if (entry.molecule_id, -1) in done:
+            summary.skipped += gen.conformers
+            bar.update(gen.conformers)
+            continue
+        t = time.perf_counter()
+        try:
+            molecules = embed_conformers(entry.smiles, gen.conformers, gen.seed, entry.molecule_id, gen.relax)
+        except ConformerError as err:
+            writer.commit(None, [Failure(entry.smiles, err.reason, entry.molecule_id, -1)])
+            summary.failures += 1
+            bar.update(gen.conformers)
+            continue
+        finally:
+            timings["conformers"] = timings.get("conformers", 0.0) + time.perf_counter() - t
+        todo = [(cid, m) for cid, m in enumerate(molecules) if (entry.molecule_id, cid) not in done]
+        summary.skipped += len(molecules) - len(todo)
+        bar.update(gen.conformers - len(todo))
+        for start in range(0, len(todo), gen.batch_size):
+            chunk = todo[start : start + gen.batch_size]
+            yield _Batch(entry, [cid for cid, _ in chunk], [m for _, m in chunk])
+
+
+def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
+    """Shards 0..n-1 as Ray tasks, each writing its own shard file; GPUs requested when present."""
+    import ray
+
+    ray.init(address=gen.ray_address, ignore_reinit_error=True, log_to_driver=False)
+    gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
+    task = ray.remote(num_gpus=gpus)(run_shard)
+    n = gen.ray_shards
+    shards = [dataclasses.replace(gen, shard=f"{i}/{n}", executor="local", progress=False) for i in range(n)]
+    return ray.get([task.remote(s, dft) for s in shards])
+
+
+def generate(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
+    """Run the generator with the configured executor."""
+    if gen.executor == "ray":
+        return run_ray(gen, dft)
+    return [run_shard(gen, dft)]
+
+
+__all__ = ["GenerateConfig", "Summary", "generate", "nao_estimate", "run_ray", "run_shard"]

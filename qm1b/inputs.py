@@ -1,0 +1,197 @@
+"""Inputs: SMILES files (.smi/.txt/.csv), the built-in GDB-like sample, and the selection of a run's share.
+
+Every molecule gets a stable ``molecule_id``: its 0-based position in the input file, counting only
+SMILES entries (comments and blank lines are skipped). Selection never renumbers, so a molecule keeps
+its id, and therefore its conformer seeds and its place in the output, under any ``--limit``,
+``--shard`` or ``--heavy-atoms``.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import itertools
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import TextIO
+
+from rdkit import Chem, rdBase
+
+SMI_SUFFIXES = (".smi", ".txt")
+CSV_SUFFIXES = (".csv",)
+SAMPLE_RESOURCE = "data/gdb_sample.smi"
+_ID_COLUMNS = ("id", "name")  # first present wins
+
+
+class InputError(ValueError):
+    """Bad input file or selection argument; the message names the file (and line) or the argument."""
+
+
+@dataclass(frozen=True)
+class MoleculeInput:
+    """One input molecule."""
+
+    molecule_id: int  # 0-based position among the file's SMILES entries: stable under any selection
+    smiles: str
+    name: str = ""  # the .smi line's id column, or the CSV's id/name column
+
+
+def _open_text(path: Path) -> TextIO:
+    """The file as text; ``.gz`` files (GDB's downloads are compressed) are decompressed on the fly."""
+    # utf-8-sig: CSV files saved by spreadsheets start with a byte-order mark.
+    if path.suffix.lower() == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+    return path.open("r", encoding="utf-8-sig", newline="")
+
+
+def _parse_smi(lines: Iterable[str]) -> list[MoleculeInput]:
+    """'SMILES [id]' lines. Only whole-line comments: '#' inside a SMILES is a triple bond."""
+    out = []
+    for line in lines:
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        smiles, *rest = text.split(None, 1)  # tab or spaces before the id
+        out.append(MoleculeInput(len(out), smiles, rest[0].strip() if rest else ""))
+    return out
+
+
+def _parse_csv(handle: Iterable[str], source: str) -> list[MoleculeInput]:
+    reader = csv.reader(handle)
+    header = next(reader, None)
+    if header is None:
+        raise InputError(f"{source}: empty file (expected a header line with a 'smiles' column)")
+    keys = [h.strip().lower() for h in header]
+    if "smiles" not in keys:
+        shown = ", ".join(repr(h) for h in header)
+        raise InputError(f"{source}:1: no 'smiles' column in the header (found {shown})")
+    smiles_col = keys.index("smiles")
+    name_col = next((keys.index(k) for k in _ID_COLUMNS if k in keys), None)
+    out = []
+    for row in reader:
+        if not any(cell.strip() for cell in row):
+            continue  # blank line
+        smiles = row[smiles_col].strip() if smiles_col < len(row) else ""
+        if not smiles:
+            raise InputError(f"{source}:{reader.line_num}: empty SMILES cell")
+        name = row[name_col].strip() if name_col is not None and name_col < len(row) else ""
+        out.append(MoleculeInput(len(out), smiles, name))
+    return out
+
+
+def read_smiles(path: str | Path) -> list[MoleculeInput]:
+    """Read molecules from a SMILES file.
+
+    * ``.smi`` / ``.txt``: one SMILES per line, optionally followed by whitespace and an id (GDB-11's
+      format); lines starting with '#' and blank lines are skipped.
+    * ``.csv``: a header with a ``smiles`` column (any case) and optionally an ``id`` or ``name`` column.
+
+    Any of these may be gzip-compressed (``.smi.gz``). Raises :class:`InputError` naming the file
+    (and line) for a missing or unreadable file, an unknown extension, a CSV without a smiles column,
+    an empty SMILES cell, or an input without any SMILES.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    suffixes = [s.lower() for s in path.suffixes]
+    kind = suffixes[-2] if len(suffixes) >= 2 and suffixes[-1] == ".gz" else (suffixes[-1] if suffixes else "")
+    if kind not in SMI_SUFFIXES + CSV_SUFFIXES:
+        raise InputError(
+            f"{path}: unknown input format {kind or '(no extension)'!r}: use .smi, .txt or .csv (optionally .gz)"
+        )
+    try:
+        with _open_text(path) as handle:
+            inputs = _parse_csv(handle, str(path)) if kind in CSV_SUFFIXES else _parse_smi(handle)
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise InputError(f"{path}: cannot read: {err}") from None
+    if not inputs:
+        raise InputError(f"{path}: no SMILES found (the file has only comments or blank lines)")
+    return inputs
+
+
+def builtin_sample() -> list[MoleculeInput]:
+    """The built-in sample: ~100 GDB-like molecules with 9-11 heavy atoms (see the file's header)."""
+    resource = resources.files(__package__).joinpath(SAMPLE_RESOURCE)
+    return _parse_smi(resource.read_text(encoding="utf-8").splitlines())
+
+
+def heavy_atom_count(smiles: str) -> int | None:
+    """The number of non-hydrogen atoms of ``smiles`` (RDKit), or None if RDKit cannot parse it."""
+    with rdBase.BlockLogs():  # unparsable SMILES are expected here; they fail later, with a record
+        mol = Chem.MolFromSmiles(smiles)
+    return None if mol is None else mol.GetNumHeavyAtoms()
+
+
+def _check_range(heavy_atoms: tuple[int, int]) -> None:
+    lo, hi = heavy_atoms
+    if not 0 <= lo <= hi:
+        raise InputError(f"heavy-atom range {lo}-{hi}: need 0 <= low <= high, e.g. 9-11")
+
+
+def _check_shard(shard: tuple[int, int]) -> None:
+    i, n = shard
+    if not (n >= 1 and 0 <= i < n):
+        raise InputError(f"shard {i}/{n}: need 0 <= index < count, e.g. 0/8 for the first of 8 shards")
+
+
+def select(
+    inputs: Iterable[MoleculeInput],
+    *,
+    heavy_atoms: tuple[int, int] | None = None,
+    limit: int | None = None,
+    shard: tuple[int, int] = (0, 1),
+) -> list[MoleculeInput]:
+    """A run's share of ``inputs``, ids unchanged.
+
+    1. ``heavy_atoms=(lo, hi)``: keep molecules with lo..hi heavy atoms (inclusive). Unparsable SMILES
+       are kept, so that the generator records them as failures instead of silently dropping them.
+    2. ``shard=(i, n)``: keep ``molecule_id % n == i``: deterministic, and shards 0..n-1 are disjoint
+       and together complete, whatever the other options.
+    3. ``limit``: the first ``limit`` molecules of the shard, after filtering.
+    """
+    if heavy_atoms is not None:
+        _check_range(heavy_atoms)
+    _check_shard(shard)
+    if limit is not None and limit < 0:
+        raise InputError(f"limit must be >= 0, got {limit}")
+    i, n = shard
+
+    def keep(entry: MoleculeInput) -> bool:
+        if heavy_atoms is None:
+            return True
+        count = heavy_atom_count(entry.smiles)
+        return count is None or heavy_atoms[0] <= count <= heavy_atoms[1]
+
+    # The shard test depends on the id only, so it commutes with the filter: applying it first, and
+    # stopping at the limit, parses only the SMILES that can end up in the result.
+    chosen: Iterator[MoleculeInput] = (e for e in inputs if e.molecule_id % n == i and keep(e))
+    return list(itertools.islice(chosen, limit))
+
+
+_RANGE = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", re.ASCII)
+_SHARD = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*", re.ASCII)
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    """'9-11' -> (9, 11); '9' -> (9, 9). Raises :class:`InputError` for anything else."""
+    match = _RANGE.fullmatch(text or "")
+    if not match:
+        raise InputError(f"heavy-atom range {text!r}: expected LOW-HIGH or N, e.g. 9-11 or 9")
+    lo = int(match[1])
+    hi = int(match[2]) if match[2] is not None else lo
+    if lo > hi:
+        raise InputError(f"heavy-atom range {text!r}: the low end is above the high end; e.g. 9-11")
+    return lo, hi
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'2/8' -> (2, 8): shard 2 of 8, counted from 0. Raises :class:`InputError` for anything else."""
+    match = _SHARD.fullmatch(text or "")
+    if not match:
+        raise InputError(f"shard {text!r}: expected INDEX/COUNT, e.g. 0/8 for the first of 8 shards")
+    shard = int(match[1]), int(match[2])
+    _check_shard(shard)
+    return shard

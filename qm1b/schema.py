@@ -1,0 +1,239 @@
+"""Column definitions of a qm1b dataset and the in-memory batch that the generator commits.
+
+A record is one conformer of one molecule with its DFT labels.  The QM1B columns (units: energies
+in eV, positions in Bohr) are
+
+    smile   str      the SMILES of the molecule
+    atoms   str      element symbols in atom order, concatenated ("COHH")
+    z       int8     (natoms,) atomic numbers
+    pos     float32  (natoms, 3) positions, Bohr
+    energy  float64  total energy, eV
+    homo    float64  HOMO energy, eV
+    lumo    float64  LUMO energy, eV
+    y       float64  HOMO-LUMO gap = lumo - homo, eV
+    N       int32    number of atomic orbitals
+    std     float64  standard deviation of the energy over the last SCF iterations, eV
+
+and qm1b adds the bookkeeping columns ``converged`` (bool), ``iterations`` (int16),
+``molecule_id`` (int64) and ``conformer_id`` (int32).  ``(molecule_id, conformer_id)`` identifies a
+record; a :class:`Failure` with ``conformer_id == -1`` stands for a whole molecule.
+
+Batches are ragged: per-atom arrays are stored flat, in record order, with ``natoms`` giving each
+record's share, exactly as in the HDF5 files (see :mod:`qm1b.store`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import h5py
+import numpy as np
+
+SCHEMA_VERSION = 1
+
+# Exported to Parquet, in this order (the QM1B release's columns).
+QM1B_COLUMNS = ("smile", "atoms", "z", "pos", "energy", "homo", "lumo", "y", "N", "std")
+
+STRING_DTYPE = h5py.string_dtype()  # variable-length UTF-8; in memory: object arrays of str
+
+# Every per-record scalar column and its dtype, in storage order.
+SCALAR_COLUMNS: dict[str, np.dtype] = {
+    "smile": STRING_DTYPE,
+    "atoms": STRING_DTYPE,
+    "energy": np.dtype(np.float64),
+    "homo": np.dtype(np.float64),
+    "lumo": np.dtype(np.float64),
+    "y": np.dtype(np.float64),
+    "N": np.dtype(np.int32),
+    "std": np.dtype(np.float64),
+    "converged": np.dtype(np.bool_),
+    "iterations": np.dtype(np.int16),
+    "molecule_id": np.dtype(np.int64),
+    "conformer_id": np.dtype(np.int32),
+}
+
+# Per-atom columns: z (natoms,) int8, pos (natoms, 3) float32.
+ATOM_COLUMNS: dict[str, np.dtype] = {"z": np.dtype(np.int8), "pos": np.dtype(np.float32)}
+
+STRING_COLUMNS = tuple(k for k, v in SCALAR_COLUMNS.items() if h5py.check_string_dtype(v))
+LABEL_COLUMNS = ("energy", "homo", "lumo", "y", "std")  # must be finite
+GAP_TOLERANCE = 1e-4  # eV: |y - (lumo - homo)| above this is a generator bug
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An input that produced no record, and why."""
+
+    input: str  # the SMILES (or other input) that failed
+    reason: str  # e.g. "bad SMILES", "embedding failed", "element Xe not in basis sto-3g"
+    molecule_id: int
+    conformer_id: int = -1  # -1: the whole molecule failed
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (int(self.molecule_id), int(self.conformer_id))
+
+
+@dataclass(frozen=True)
+class RecordBatch:
+    """n records, stored ragged: per-atom arrays flat plus the number of atoms of each record."""
+
+    columns: dict[str, np.ndarray]  # each SCALAR_COLUMNS name -> (n,) array
+    natoms: np.ndarray  # (n,) int
+    z: np.ndarray  # (sum natoms,) int8
+    pos: np.ndarray  # (sum natoms, 3) float32, Bohr
+
+    def __len__(self) -> int:
+        return len(self.natoms)
+
+    @classmethod
+    def empty(cls) -> RecordBatch:
+        columns = {k: np.zeros(0, dtype=v) for k, v in SCALAR_COLUMNS.items()}
+        return cls(columns, np.zeros(0, np.int32), np.zeros(0, np.int8), np.zeros((0, 3), np.float32))
+
+    @classmethod
+    def from_columns(
+        cls,
+        columns: Mapping[str, Iterable],
+        natoms: Iterable[int],
+        z: Iterable[int],
+        pos: Iterable,
+    ) -> RecordBatch:
+        """Build a batch from array-likes, casting each to its schema dtype, then validate it.
+
+        Numeric casts must be 'same_kind' (float64 -> float32 is fine, float -> int is not).
+        """
+        cast = {}
+        for name, value in columns.items():
+            dtype = SCALAR_COLUMNS.get(name)
+            cast[name] = _as_strings(value) if name in STRING_COLUMNS else _cast(name, value, dtype)
+        batch = cls(
+            cast,
+            _cast("natoms", natoms, np.dtype(np.int32)),
+            _cast("z", z, ATOM_COLUMNS["z"]),
+            _cast("pos", pos, ATOM_COLUMNS["pos"]).reshape(-1, 3),
+        )
+        batch.validate()
+        return batch
+
+    @classmethod
+    def concat(cls, batches: Iterable[RecordBatch]) -> RecordBatch:
+        batches = list(batches)
+        if not batches:
+            return cls.empty()
+        columns = {k: np.concatenate([b.columns[k] for b in batches]) for k in SCALAR_COLUMNS}
+        return cls(
+            columns,
+            np.concatenate([b.natoms for b in batches]),
+            np.concatenate([b.z for b in batches]),
+            np.concatenate([b.pos for b in batches]).reshape(-1, 3),
+        )
+
+    def atom_offsets(self) -> np.ndarray:
+        """(n + 1,) int64: record i's atoms are z[off[i]:off[i + 1]]."""
+        return np.concatenate([[0], np.cumsum(self.natoms, dtype=np.int64)])
+
+    def take(self, index: np.ndarray) -> RecordBatch:
+        """The records at the given (n,) positions, in that order."""
+        index = np.asarray(index, dtype=np.int64)
+        starts = self.atom_offsets()[index]  # (k,) first atom of each taken record
+        lengths = np.asarray(self.natoms, dtype=np.int64)[index]  # (k,)
+        new_starts = np.concatenate([[0], np.cumsum(lengths)])[:-1]
+        # atom j of the output comes from starts[r] + (j - new_starts[r]), r its record
+        atom_index = np.arange(lengths.sum()) + np.repeat(starts - new_starts, lengths)
+        return RecordBatch(
+            {k: v[index] for k, v in self.columns.items()},
+            self.natoms[index],
+            self.z[atom_index],
+            self.pos[atom_index].reshape(-1, 3),
+        )
+
+    def keys(self) -> list[tuple[int, int]]:
+        """(molecule_id, conformer_id) of every record, in order."""
+        mol = self.columns["molecule_id"].tolist()
+        conf = self.columns["conformer_id"].tolist()
+        return list(zip(mol, conf))
+
+    def validate(self) -> None:
+        """Raise ValueError, naming the column, unless the batch is consistent and its labels finite."""
+        self._validate_column_names()
+        n = self._validate_natoms()
+        for name, dtype in SCALAR_COLUMNS.items():
+            _check_column(name, self.columns[name], dtype, n)
+        self._validate_atoms()
+        self._validate_labels()
+        self._validate_keys()
+
+    def _validate_column_names(self) -> None:
+        missing = [k for k in SCALAR_COLUMNS if k not in self.columns]
+        extra = [k for k in self.columns if k not in SCALAR_COLUMNS]
+        if missing:
+            raise ValueError(f"RecordBatch: missing column(s) {missing}")
+        if extra:
+            raise ValueError(f"RecordBatch: unknown column(s) {extra}")
+
+    def _validate_natoms(self) -> int:
+        natoms = np.asarray(self.natoms)
+        if natoms.ndim != 1 or natoms.dtype.kind not in "iu":
+            raise ValueError(f"natoms: expected a 1-D integer array, got {natoms.dtype} {natoms.shape}")
+        if natoms.size and natoms.min() < 1:
+            raise ValueError("natoms: every record needs at least one atom")
+        return len(natoms)
+
+    def _validate_atoms(self) -> None:
+        m = int(np.sum(self.natoms, dtype=np.int64))
+        _check_array("z", self.z, ATOM_COLUMNS["z"], (m,))
+        _check_array("pos", self.pos, ATOM_COLUMNS["pos"], (m, 3))
+        if m and self.z.min() < 1:
+            raise ValueError("z: atomic numbers must be >= 1")
+        if not np.all(np.isfinite(self.pos)):
+            raise ValueError("pos: positions must be finite")
+
+    def _validate_labels(self) -> None:
+        for name in LABEL_COLUMNS:
+            bad = ~np.isfinite(self.columns[name])
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise ValueError(f"{name}: non-finite label {self.columns[name][i]} at record {i}")
+        c = self.columns
+        gap_error = np.abs(c["y"] - (c["lumo"] - c["homo"]))
+        if gap_error.size and gap_error.max() > GAP_TOLERANCE:
+            raise ValueError(f"y: must equal lumo - homo (off by up to {gap_error.max():.3g} eV)")
+
+    def _validate_keys(self) -> None:
+        if len(self) and self.columns["conformer_id"].min() < 0:
+            raise ValueError("conformer_id: records need conformer_id >= 0 (-1 is for failures)")
+        keys = self.keys()
+        if len(set(keys)) != len(keys):
+            raise ValueError("molecule_id/conformer_id: duplicate (molecule_id, conformer_id) in batch")
+
+
+def _check_array(name: str, value, dtype: np.dtype, shape: tuple) -> None:
+    if not isinstance(value, np.ndarray):
+        raise ValueError(f"{name}: expected a numpy array, got {type(value).__name__}")
+    if value.shape != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {value.shape}")
+    if value.dtype != dtype:
+        raise ValueError(f"{name}: expected dtype {dtype}, got {value.dtype}")
+
+
+def _check_column(name: str, value, dtype: np.dtype, n: int) -> None:
+    _check_array(name, value, dtype, (n,))
+    if name in STRING_COLUMNS and not all(isinstance(s, str) for s in value):
+        raise ValueError(f"{name}: expected an object array of str")
+
+
+def _cast(name: str, value, dtype: np.dtype | None) -> np.ndarray:
+    if dtype is None:
+        raise ValueError(f"RecordBatch: unknown column {name!r}")
+    try:
+        return np.asarray(value).astype(dtype, casting="same_kind", copy=False)
+    except TypeError as e:
+        raise ValueError(f"{name}: cannot cast to {dtype}: {e}") from None
+
+
+def _as_strings(value) -> np.ndarray:
+    out = np.empty(len(value), dtype=STRING_DTYPE)
+    out[:] = [str(s) for s in value]
+    return out

@@ -1,0 +1,57 @@
+"""``qm1b validate``: recompute a random sample of records with PySCF float64 and report the errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from pyscf_ipu.config import RKSConfig
+from pyscf_ipu.molecule import Molecule
+from pyscf_ipu.reference import pyscf_reference
+from pyscf_ipu.units import HARTREE_TO_MEV
+
+from .store import open_dataset
+
+QUANTITIES = ("energy", "homo", "lumo", "y")
+TOLERANCE_MEV = 2.0  # the float32 label tolerance (SCIENCE.md)
+
+
+def dft_config(settings: dict) -> RKSConfig:
+    """The RKSConfig a dataset was generated with, from its recorded settings."""
+    names = {f.name for f in dataclasses.fields(RKSConfig)}
+    return RKSConfig(**{k: v for k, v in settings.items() if k in names})
+
+
+def validate(directory, sample: int, seed: int = 0) -> dict:
+    """Errors (meV) of ``sample`` random records against PySCF float64 with the dataset's settings."""
+    dataset = open_dataset(directory)
+    config = dft_config(dataset.attrs["settings"])
+    records = list(dataset.records())
+    if not records:
+        raise ValueError(f"{directory} has no records to validate")
+    rng = np.random.default_rng(seed)
+    chosen = sorted(rng.choice(len(records), size=min(sample, len(records)), replace=False).tolist())
+    rows = []
+    for k in chosen:
+        rec = records[k]
+        molecule = Molecule(np.asarray(rec["z"], int), np.asarray(rec["pos"], float))
+        ref = pyscf_reference(molecule, config)
+        ref_mev = {"energy": ref.energy, "homo": ref.homo, "lumo": ref.lumo, "y": ref.gap}
+        errors = {q: float(rec[q]) * 1000.0 - ref_mev[q] * HARTREE_TO_MEV for q in QUANTITIES}
+        rows.append({"index": k, "molecule_id": int(rec["molecule_id"]), "conformer_id": int(rec["conformer_id"]),
+                     "converged": bool(rec["converged"]), "errors_mev": errors})  # fmt: skip
+    converged = [r for r in rows if r["converged"]]
+    stats = {}
+    for q in QUANTITIES:
+        err = np.abs([r["errors_mev"][q] for r in rows])
+        stats[q] = {"max": float(err.max()), "mean": float(err.mean()), "p95": float(np.percentile(err, 95))}
+    within = sum(all(abs(v) < TOLERANCE_MEV for v in r["errors_mev"].values()) for r in converged)
+    return {
+        "sampled": len(rows),
+        "converged": len(converged),
+        "converged_within_2_mev": within,
+        "abs_error_mev": stats,
+        "records": rows,
+        "settings": dataclasses.asdict(config),
+    }
