@@ -6,7 +6,8 @@ matrix of pairs p = ij (i >= j), npair = N(N+1)/2. From it we derive
 - **unique quartets**: the non-zero (ij|kl) with i>=j, k>=l, ij>=kl, their AO indices as int16 and
   the 1/degeneracy weights that let every quartet be expanded over all 8 permutations;
 - **the row matrix**: J's and K's (npair, npair) matrices stacked, whose product with the density
-  on the pairs gives J and K on the pairs directly (the symmetry-reduced "rows" form, N^4/2 values).
+  on the pairs gives J and K on the pairs directly (the symmetry-reduced "rows" form, N^4/2 values),
+  gathered on the device from PySCF's 4-fold (npair, npair) form by :func:`row_blocks`.
 
 .. math::
 
@@ -15,19 +16,27 @@ matrix of pairs p = ij (i >= j), npair = N(N+1)/2. From it we derive
 
 from __future__ import annotations
 
+from functools import partial
+
+import jax
 import jax.numpy as jnp
 import numpy as np
-from pyscf import ao2mo
 
 MAX_NAO = 2**15 - 1  # AO indices are stored as int16
+ROW_BLOCK_VALUES = 2**24  # working-set size (values) of one step of row_blocks
 
 
-def tril_unpack(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Packed lower-triangle index t = a(a+1)/2 + b (b <= a) -> (a, b), exactly, in int64."""
-    t = np.asarray(t, np.int64)
-    a = ((np.sqrt(8.0 * t + 1.0) - 1.0) / 2.0).astype(np.int64)
-    a -= a * (a + 1) // 2 > t  # float rounding: fix up by one either way
-    a += (a + 1) * (a + 2) // 2 <= t
+def tril_unpack(t):
+    """Packed lower-triangle index t = a(a+1)/2 + b (b <= a) -> (a, b), exactly.
+
+    numpy input is computed in int64; a JAX array (e.g. inside jit) keeps its integer dtype.
+    """
+    xp = jnp if isinstance(t, jax.Array) else np
+    if xp is np:
+        t = np.asarray(t, np.int64)
+    a = ((xp.sqrt(8.0 * t + 1.0) - 1.0) / 2.0).astype(t.dtype)
+    a = a - (a * (a + 1) // 2 > t)  # float rounding: fix up by one either way
+    a = a + ((a + 1) * (a + 2) // 2 <= t)
     return a, t - a * (a + 1) // 2
 
 
@@ -63,35 +72,49 @@ def degeneracy_weights(index: np.ndarray) -> np.ndarray:
     return 1.0 / ((1.0 + (i == j)) * (1.0 + (k == l)) * (1.0 + (p == q)))
 
 
-def row_matrix(eri_s8: np.ndarray, nao: int, dtype=np.float32) -> np.ndarray:
-    """The symmetry-reduced J and K matrices stacked, (2 npair, npair): ``[MJ diag(w); MK]``.
+@partial(jax.jit, static_argnames=("nao", "nao_padded"))
+def row_blocks(s4: jnp.ndarray, source: jnp.ndarray, nao: int, nao_padded: int) -> jnp.ndarray:
+    """Rows of the symmetry-reduced J and K matrices stacked, ``[MJ diag(w); MK]``, gathered on the device.
 
-    With D_pairs[ij] = D[i, j] over pairs i >= j, ``row_matrix @ D_pairs`` gives J on the pairs
-    (first npair entries) and K on the pairs (last npair):
+    The full matrix is (2 npair_pad, npair_pad) for ``nao_padded`` AOs; ``row_matrix @ D_pairs``
+    with D_pairs[ij] = D[i, j] over pairs i >= j gives J on the pairs (first npair_pad entries) and
+    K on the pairs (the rest):
 
     - MJ[kl, ij] = (ij|kl) (PySCF's s4 form) and w = 2 off the diagonal (D_ij and D_ji), 1 on it;
     - MK[il, jk] = (ij|kl) + (ik|jl) for j > k, (ij|jl) for j = k (K_il over both orderings of j
       and k, D being symmetric).
 
-    MK is built one AO i at a time from the slab (ij|kl) = s4[pair(i, j), pair(k, l)], which gives
-    its rows (i, l), l <= i, at once; peak memory is the output plus PySCF's float64 s4 matrix.
+    ``s4`` (npair, npair) is PySCF's 4-fold packing of the ``nao`` real AOs, (ij|kl) =
+    s4[pair(i, j), pair(k, l)]; ``source`` (R,) names the matrix row each output row holds (-1:
+    padding). Pairs of padded AOs (numbered after the real ones) and padding rows are zero. MJ is s4
+    scaled by columns; MK is gathered by whole rows and columns (``take``), which XLA does far faster
+    than element-wise gathers, and no index exceeds N^2, so int32 never overflows. Returns
+    (R, npair_pad).
     """
-    npair = nao * (nao + 1) // 2
-    s4 = ao2mo.restore(4, eri_s8, nao)  # (npair, npair) float64
-    out = np.empty((2 * npair, npair), dtype)
-    a, b = tril_unpack(np.arange(npair))  # pair p = (a, b), a >= b
-    w = np.where(a == b, 1.0, 2.0)
-    pair = pair_index(nao)
-    diag = np.arange(nao)
-    for i in range(nao):
-        rows = slice(i * (i + 1) // 2, (i + 1) * (i + 2) // 2)  # pairs (i, l), l <= i
-        out[rows] = s4[rows] * w
-        slab = s4[pair[i]][:, pair[:, : i + 1]]  # (j, k, l) = (ij|kl), l <= i
-        t = slab.transpose(2, 0, 1)  # (l, j, k)
-        fold = t + t.transpose(0, 2, 1)  # (ij|kl) + (ik|jl)
-        fold[:, diag, diag] = t[:, diag, diag]  # j = k: once
-        out[npair + rows.start : npair + rows.stop] = fold[:, a, b]
-    return out
+    n = nao
+    npair, npair_pad = n * (n + 1) // 2, nao_padded * (nao_padded + 1) // 2
+    a, b = tril_unpack(np.arange(npair))  # pair p = (a, b), a >= b: numpy, fixed at trace time
+    pairs = jnp.asarray(pair_index(n))  # (N, N)
+    fold_columns = (a * n + b).astype(np.int32)  # (j, k), j >= k, of each column, in the (N * N) fold
+    on_diagonal = np.eye(n, dtype=bool)
+
+    def mk_rows(i):
+        """MK's rows (i, l) for every l, (N, npair); those with l > i are dropped below."""
+        slab = jnp.take(jnp.take(s4, pairs[i], axis=0), pairs.reshape(-1), axis=1)  # (j, kl) = (ij|kl)
+        t = slab.reshape(n, n, n).transpose(2, 0, 1)  # (l, j, k)
+        fold = jnp.where(on_diagonal, t, t + t.transpose(0, 2, 1))  # (ij|kl) + (ik|jl); j = k once
+        return jnp.take(fold.reshape(n, n * n), fold_columns, axis=1)
+
+    # AOs i in batches of about 2^24 slab values: small molecules in one step, while a large one
+    # peaks at N^2 npair values (the output's size) instead of the full tensor's N^4.
+    batch = max(1, min(n, ROW_BLOCK_VALUES // n**3))
+    mk = jax.lax.map(mk_rows, jnp.arange(n), batch_size=batch).reshape(n * n, npair)  # row i * N + l
+    mk = jnp.take(mk, fold_columns, axis=0)  # rows (i, l), l <= i, in pair order
+    mj = s4 * jnp.asarray(np.where(a == b, 1.0, 2.0), s4.dtype)  # MJ[kl, ij] w[ij]
+    pad = [(0, npair_pad - npair), (0, npair_pad - npair)]
+    matrix = jnp.concatenate([jnp.pad(mj, pad), jnp.pad(mk, pad)])  # (2 npair_pad, npair_pad)
+    rows = jnp.take(matrix, jnp.maximum(source, 0), axis=0)  # the tiles' row blocks, in slot order
+    return jnp.where((source >= 0)[:, None], rows, 0.0)
 
 
 def unpack_pairs(values: jnp.ndarray, pairs: jnp.ndarray) -> jnp.ndarray:

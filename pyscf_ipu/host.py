@@ -146,10 +146,12 @@ def prepare(molecule: Molecule, config: RKSConfig, needs_grid: bool = True) -> H
         ks.grids.level = config.grid_level
         ks.initialize_grids(mol, dm0)
         coords, weights = ks.grids.coords, ks.grids.weights
+        timings["grid"] = time.perf_counter() - t
+        t = time.perf_counter()
         ao = dft.numint.eval_ao(mol, coords, deriv=1)  # (4, G, N)
+        timings["ao_values"] = time.perf_counter() - t
     else:
         coords, weights, ao = np.zeros((0, 3)), np.zeros(0), np.zeros((4, 0, nao))
-    timings["grid"] = time.perf_counter() - t
 
     return HostProblem(
         molecule=molecule,

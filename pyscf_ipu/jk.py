@@ -95,7 +95,7 @@ class S8JK:
         values = values * degeneracy_weights(index)
         size = bucket(len(values), minimum=1024)
         return {
-            "values": pad_to(values, (size,)).astype(dtype),
+            "values": pad_to(values, (size,), dtype),
             "index": pad_to(index, (size, 4)),
         }
 

@@ -22,8 +22,8 @@ def bucket(n: int, minimum: int = 8, steps_per_octave: int = 8) -> int:
     return int(-(-n // step) * step)
 
 
-def pad_to(array: np.ndarray, shape: tuple[int, ...], fill: float = 0.0) -> np.ndarray:
-    """Embed ``array`` in the leading corner of a ``fill``-valued array of ``shape``."""
-    out = np.full(shape, fill, dtype=array.dtype)
+def pad_to(array: np.ndarray, shape: tuple[int, ...], dtype=None) -> np.ndarray:
+    """Embed ``array`` in the leading corner of a zero array of ``shape`` (of ``dtype``, default the array's)."""
+    out = np.zeros(shape, dtype=dtype or array.dtype)
     out[tuple(slice(0, s) for s in array.shape)] = array
     return out

@@ -75,7 +75,7 @@ def build_problem(host: HostProblem, backend: JKBackend, dtype, sizes: tuple[int
         density_guess=pad_to(host.density_guess, (npad, npad)),
         occupation=occupation,
         nuclear_repulsion=np.asarray(host.nuclear_repulsion),
-        ao=pad_to(host.ao, (4, gpad, npad)),
+        ao=pad_to(host.ao, (4, gpad, npad), dtype),  # the largest array: cast while padding
         weights=pad_to(host.grid_weights, (gpad,)),
     )
     jk = backend.prepare(host.eri_s8, n, npad, dtype)

@@ -150,7 +150,13 @@ class _Batch:
     hosts: list[HostProblem] = field(default_factory=list)
 
 
-def _records(batch: _Batch, results: list[SCFResult], drop_unconverged: bool) -> tuple[RecordBatch | None, list[Failure]]:
+def _records(
+    batch: _Batch, results: list[SCFResult], drop_unconverged: bool, seconds: float
+) -> tuple[RecordBatch | None, list[Failure]]:
+    """The batch's labelled conformers as records (eV), and failures for NaN or dropped ones.
+
+    ``seconds``: the generator's wall time per conformer of this batch, stored with each record.
+    """
     rows, failures = [], []
     for cid, molecule, r in zip(batch.conformer_ids, batch.molecules, results):
         labels = np.array([r.energy, r.homo, r.lumo, r.gap, r.energy_std_ev])
@@ -173,6 +179,7 @@ def _records(batch: _Batch, results: list[SCFResult], drop_unconverged: bool) ->
         "std": [r.energy_std_ev for _, _, r in rows],
         "converged": [r.converged for _, _, r in rows],
         "iterations": [r.iterations for _, _, r in rows],
+        "seconds": [seconds] * len(rows),
         "molecule_id": [batch.entry.molecule_id] * len(rows),
         "conformer_id": [cid for cid, _, _ in rows],
     }
@@ -201,15 +208,21 @@ def run_shard(gen: GenerateConfig, dft: RKSConfig) -> Summary:
         done = writer.done()
         bar = tqdm(total=len(inputs) * gen.conformers, unit="conf", disable=not gen.progress, smoothing=0.1)
         inflight: tuple[_Batch, BatchRun] | None = None
+        last_commit = time.perf_counter()
 
         def finish(item: tuple[_Batch, BatchRun]) -> None:
+            nonlocal last_commit
             batch, run = item
-            t = time.perf_counter()
-            records, failures = _records(batch, run.results(), gen.drop_unconverged)
-            timings["scf+finalise"] = timings.get("scf+finalise", 0.0) + time.perf_counter() - t
-            t = time.perf_counter()
+            results = run.results()
+            for result in results:  # host preparation, transfer, waiting for the device, finalisation
+                for k, v in result.timings.items():
+                    timings[k] = timings.get(k, 0.0) + v
+            now = time.perf_counter()
+            per_conformer = (now - last_commit) / len(batch.conformer_ids)
+            records, failures = _records(batch, results, gen.drop_unconverged, per_conformer)
             writer.commit(records, failures)
-            timings["write"] = timings.get("write", 0.0) + time.perf_counter() - t
+            last_commit = time.perf_counter()
+            timings["write"] = timings.get("write", 0.0) + last_commit - now
             summary.conformers += len(records) if records is not None else 0
             summary.converged += int(records.columns["converged"].sum()) if records is not None else 0
             summary.failures += len(failures)
@@ -223,9 +236,6 @@ def run_shard(gen: GenerateConfig, dft: RKSConfig) -> Summary:
                 summary.failures += 1
                 bar.update(len(batch.conformer_ids))
                 continue
-            for host in batch.hosts:  # one_electron, eri, guess, grid (incl. AO values)
-                for k, v in host.timings.items():
-                    timings[k] = timings.get(k, 0.0) + v
             if inflight is not None:
                 finish(inflight)  # the device worked on it while this batch was prepared
             inflight = (batch, submit_batch(batch.hosts, dft, batch_size=gen.batch_size))

@@ -14,7 +14,8 @@ in eV, positions in Bohr) are
     N       int32    number of atomic orbitals
     std     float64  standard deviation of the energy over the last SCF iterations, eV
 
-and qm1b adds the bookkeeping columns ``converged`` (bool), ``iterations`` (int16),
+and qm1b adds the bookkeeping columns ``converged`` (bool), ``iterations`` (int16), ``seconds``
+(float32: the generator's wall time per conformer, the record's share of its batch),
 ``molecule_id`` (int64) and ``conformer_id`` (int32).  ``(molecule_id, conformer_id)`` identifies a
 record; a :class:`Failure` with ``conformer_id == -1`` stands for a whole molecule.
 
@@ -49,6 +50,7 @@ SCALAR_COLUMNS: dict[str, np.dtype] = {
     "std": np.dtype(np.float64),
     "converged": np.dtype(np.bool_),
     "iterations": np.dtype(np.int16),
+    "seconds": np.dtype(np.float32),
     "molecule_id": np.dtype(np.int64),
     "conformer_id": np.dtype(np.int32),
 }

@@ -23,8 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from pyscf import ao2mo
 
-from ..eri import degeneracy_weights, pair_index, row_matrix, s8_accumulate, symmetrise, tril_unpack
+from ..eri import degeneracy_weights, pair_index, row_blocks, s8_accumulate, symmetrise, tril_unpack
 from ..eri import unique_quartets, unpack_pairs
 from .plan import TilePlan
 
@@ -38,8 +39,8 @@ def _tile_blocks(shape_plan: TilePlan, items: np.ndarray, rows: np.ndarray) -> n
     problem, with at least as much per IPU and per tile) fixes the array shape (num_ipus, T, L, ...)
     so that every molecule of a shape bucket gets the same one. The rest is zero padding.
     """
-    tiles = int(np.count_nonzero(shape_plan.items, axis=1).max())
-    out = np.zeros((shape_plan.num_ipus, tiles, shape_plan.max_items) + rows.shape[1:], rows.dtype)
+    _, tiles, _ = _tile_shape(shape_plan)
+    out = np.zeros(_tile_shape(shape_plan) + rows.shape[1:], rows.dtype)
     start = 0
     for ipu in range(shape_plan.num_ipus):
         for tile, count in enumerate(items[ipu, :tiles]):
@@ -49,12 +50,24 @@ def _tile_blocks(shape_plan: TilePlan, items: np.ndarray, rows: np.ndarray) -> n
     return out
 
 
+def _tile_shape(plan: TilePlan) -> tuple[int, int, int]:
+    """(num_ipus, T, L): IPUs, tiles used per IPU (the most of any IPU), items on the fullest tile."""
+    return plan.num_ipus, int(np.count_nonzero(plan.items, axis=1).max()), plan.max_items
+
+
 def _order(plan: TilePlan) -> np.ndarray:
     """Positions of the real rows, in order, within the flattened (num_ipus, T, L) output."""
-    tiles = int(np.count_nonzero(plan.items, axis=1).max())
-    slot = np.arange(plan.max_items)
-    mask = slot[None, None, :] < plan.items[:, :tiles, None]
+    _, tiles, slots = _tile_shape(plan)
+    mask = np.arange(slots)[None, None, :] < plan.items[:, :tiles, None]
     return np.flatnonzero(mask.reshape(-1)).astype(np.int32)
+
+
+def _row_source(plan: TilePlan) -> np.ndarray:
+    """The inverse of :func:`_order`: which row each (IPU, tile, slot) holds, -1 for padding."""
+    order = _order(plan)
+    source = np.full(int(np.prod(_tile_shape(plan))), -1, np.int32)
+    source[order] = np.arange(len(order), dtype=np.int32)
+    return source
 
 
 def layout(shape_plan: TilePlan, real_plan: TilePlan, eri_s8: np.ndarray, nao: int, dtype) -> dict[str, np.ndarray]:
@@ -67,14 +80,13 @@ def layout(shape_plan: TilePlan, real_plan: TilePlan, eri_s8: np.ndarray, nao: i
     """
     npad = shape_plan.workload.nao
     if shape_plan.strategy.name == "rows":
-        npair, npair_pad = nao * (nao + 1) // 2, npad * (npad + 1) // 2
-        real = row_matrix(eri_s8, nao, dtype)  # (2 npair, npair)
-        matrix = np.zeros((2 * npair_pad, npair_pad), dtype)  # padded AOs' pairs come last
-        matrix[:npair, :npair] = real[:npair]
-        matrix[npair_pad : npair_pad + npair, :npair] = real[npair:]
+        s4 = jnp.asarray(ao2mo.restore(4, eri_s8, nao), dtype)  # (npair, npair), to the device once
+        source = _row_source(shape_plan)  # (num_ipus * T * L,) matrix row of each slot
+        rows = row_blocks(s4, jnp.asarray(source), nao, npad)  # padded AOs' pairs come last
+        npair_pad = npad * (npad + 1) // 2
         i, j = tril_unpack(np.arange(npair_pad))  # the AOs of each pair
         return {
-            "rows": _tile_blocks(shape_plan, shape_plan.items, matrix),
+            "rows": rows.reshape(_tile_shape(shape_plan) + (npair_pad,)),
             "order": _order(shape_plan),  # (2 npair_pad,)
             "pair_aos": np.stack([i, j]).astype(np.int32),  # (2, npair_pad)
             "pairs": pair_index(npad),  # (Np, Np)

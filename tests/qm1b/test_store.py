@@ -73,6 +73,7 @@ def make_batch(k: int, n: int = 16) -> tuple[RecordBatch, list[Failure]]:
         "std": rng.uniform(0, 1e-4, n),
         "converged": rng.uniform(size=n) > 0.2,
         "iterations": rng.integers(5, 40, n),
+        "seconds": rng.uniform(0.1, 2.0, n),
         "molecule_id": 1000 * k + np.arange(n) // 2,
         "conformer_id": np.arange(n) % 2,
     }
@@ -488,6 +489,7 @@ def test_info(tmp_path):
         "std": [0.0, 1e-5, 2e-5, 3e-5],
         "converged": [True, False, True, True],
         "iterations": [10, 50, 12, 20],
+        "seconds": [0.5, 1.5, 1.0, 2.0],
         "molecule_id": [0, 0, 1, 2],
         "conformer_id": [0, 1, 0, 0],
     }
@@ -512,6 +514,9 @@ def test_info(tmp_path):
     assert stats["labels"]["energy_per_atom"] == want
     assert stats["labels"]["y"]["mean"] == 6.0 and stats["labels"]["homo"]["max"] == -6.0
     assert stats["iterations"] == {"mean": 23.0, "max": 50}
+    # 4 conformers in 5 worker-seconds: 2880 per hour
+    assert stats["throughput"] == {"conformers_per_hour_per_worker": 2880.0, "seconds_per_conformer": 1.25,
+                                   "worker_hours": pytest.approx(5 / 3600)}  # fmt: skip
     assert stats["settings"] == SETTINGS
     compact(tmp_path)
     assert {**stats, "unmerged_parts": 0} == info(tmp_path)

@@ -1,0 +1,136 @@
+"""Generator throughput, side by side: `qm1b generate` against a plain PySCF loop, same conformers.
+
+    python benchmarks/throughput.py [--molecules 3] [--conformers 8] [--windows 3] [--batch-size 8]
+
+Both sides label the same RDKit conformers (the first ``--molecules`` 9-heavy-atom molecules of the
+built-in sample, ``--conformers`` each, embedded with the generator's own seeds) with RKS
+B3LYP/STO-3G at grid level 0:
+
+- **ours**: :func:`qm1b.generate.run_shard`, the whole generator (conformer embedding, host
+  preparation, batched float32 SCF with the default ``ipu`` J-K backend, float64 finalisation and
+  the HDF5 writes), into a fresh output directory each window;
+- **PySCF**: for each conformer ``dft.RKS(mol, xc="b3lyp")`` with ``grids.level = 0`` and PySCF's
+  default convergence (conv_tol 1e-9), float64; the conformers are embedded before the clock starts.
+
+Threads: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=2 for both sides (our host preparation and
+finalisation use PySCF too), set before numpy is imported; XLA uses its default CPU thread pool.
+"cold" is the first window of ours, in a process with an empty persistent compilation cache; the
+timed windows follow, interleaved ours, PySCF, ours, PySCF, ... with the 1-minute load average of
+each. Conformers per hour are medians over the windows with [min-max]; the ratio is the median of
+the per-window ratios. Label differences are ours minus this PySCF run, in meV.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+from pyscf import dft  # noqa: E402
+
+from pyscf_ipu.config import RKSConfig  # noqa: E402
+from pyscf_ipu.host import build_mole  # noqa: E402
+from pyscf_ipu.units import HARTREE_TO_EV  # noqa: E402
+from qm1b.conformers import embed_conformers  # noqa: E402
+from qm1b.generate import GenerateConfig, run_shard  # noqa: E402
+from qm1b.inputs import builtin_sample, heavy_atom_count  # noqa: E402
+from qm1b.store import open_dataset  # noqa: E402
+
+LABELS = ("energy", "homo", "lumo", "y")
+
+
+def pyscf_labels(molecule, config: RKSConfig) -> dict[str, float]:
+    """One PySCF RKS run from scratch (default convergence); labels in eV."""
+    mol = build_mole(molecule, config.basis)
+    mf = dft.RKS(mol, xc=config.xc)
+    mf.grids.level = config.grid_level
+    mf.verbose = 0
+    energy = mf.kernel()
+    nocc = mol.nelectron // 2
+    homo, lumo = mf.mo_energy[nocc - 1], mf.mo_energy[nocc]
+    return {"energy": energy * HARTREE_TO_EV, "homo": homo * HARTREE_TO_EV, "lumo": lumo * HARTREE_TO_EV,
+            "y": (lumo - homo) * HARTREE_TO_EV, "converged": mf.converged}  # fmt: skip
+
+
+def fmt(values: list[float]) -> str:
+    return f"{statistics.median(values):9,.0f} [{min(values):,.0f}-{max(values):,.0f}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--molecules", type=int, default=3)
+    parser.add_argument("--conformers", type=int, default=8)
+    parser.add_argument("--windows", type=int, default=3, help="timed windows per side, after the cold one")
+    parser.add_argument("--batch-size", type=int, default=8)
+    args = parser.parse_args()
+    warnings.simplefilter("ignore", UserWarning)
+    work = Path(tempfile.mkdtemp(prefix="qm1b-throughput-"))
+    os.environ["PYSCF_IPU_CACHE"] = str(work / "cache")  # empty: the cold window really compiles
+
+    chosen = [m for m in builtin_sample() if heavy_atom_count(m.smiles) == 9][: args.molecules]
+    smiles_file = work / "molecules.smi"
+    smiles_file.write_text("".join(f"{m.smiles} {m.name}\n" for m in chosen))
+    dft_config = RKSConfig()  # b3lyp/sto-3g, grid level 0, float32, ipu J-K, at most 20 iterations
+
+    def generator_config(window: str) -> GenerateConfig:
+        return GenerateConfig(smiles=str(smiles_file), out=str(work / window), conformers=args.conformers,
+                              batch_size=args.batch_size, progress=False)  # fmt: skip
+
+    # The PySCF side labels exactly the generator's conformers: same SMILES, ids and seeds.
+    gen = generator_config("unused")
+    conformers = [c for k, m in enumerate(chosen) for c in embed_conformers(m.smiles, gen.conformers, gen.seed, k)]
+    count = len(conformers)
+    print(f"{len(chosen)} molecules x {args.conformers} conformers = {count} conformers "
+          f"({', '.join(m.smiles for m in chosen)}); B3LYP/STO-3G, grid level 0")  # fmt: skip
+    print(f"threads: OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']} "
+          f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}; XLA default\n")  # fmt: skip
+
+    t = time.perf_counter()
+    cold_summary = run_shard(generator_config("cold"), dft_config)
+    cold = time.perf_counter() - t
+    ours, theirs, loads, summary, reference = [], [], [], None, None
+    for w in range(args.windows):
+        loads.append(os.getloadavg()[0])
+        t = time.perf_counter()
+        summary = run_shard(generator_config(f"warm{w}"), dft_config)
+        ours.append(3600 * summary.conformers / (time.perf_counter() - t))
+        t = time.perf_counter()
+        reference = [pyscf_labels(m, dft_config) for m in conformers]
+        theirs.append(3600 * count / (time.perf_counter() - t))
+    assert summary.conformers == count == cold_summary.conformers, "the generator dropped conformers"
+
+    ratios = [a / b for a, b in zip(ours, theirs)]
+    print(f"{'':22s} {'conformers per hour':>30s}")
+    print(f"{'ours, cold (compiles)':22s} {3600 * count / cold:9,.0f}")
+    print(f"{'ours, warm':22s} {fmt(ours)}")
+    print(f"{'PySCF':22s} {fmt(theirs)}")
+    print(f"ratio ours/PySCF (median of {args.windows} windows): {statistics.median(ratios):.2f} "
+          f"[{min(ratios):.2f}-{max(ratios):.2f}]; load average {min(loads):.1f}-{max(loads):.1f}")  # fmt: skip
+
+    with open_dataset(work / f"warm{args.windows - 1}") as ds:
+        arrays = ds.arrays()
+    cols = arrays.columns
+    order = np.lexsort((cols["conformer_id"], cols["molecule_id"]))  # the order of `conformers`
+    print(f"\nlabels, ours - PySCF (meV) over {count} conformers; ours converged {int(cols['converged'].sum())}"
+          f"/{count} (QM1B criterion), PySCF {sum(r['converged'] for r in reference)}/{count}:")  # fmt: skip
+    for q in LABELS:
+        diff = 1000 * (cols[q][order] - np.array([r[q] for r in reference]))
+        print(f"  {q:6s} max |d| {np.max(np.abs(diff)):7.3f}   mean d {np.mean(diff):+7.3f}")
+
+    total = sum(summary.timings.values())
+    print(f"\nour time split, last warm window ({total:.1f} s of {3600 * count / ours[-1]:.1f} s wall):")
+    for key, seconds in sorted(summary.timings.items(), key=lambda kv: -kv[1]):
+        print(f"  {key:16s} {seconds:7.2f} s  {seconds / total:6.1%}  {1000 * seconds / count:7.1f} ms/conformer")
+
+
+if __name__ == "__main__":
+    main()
