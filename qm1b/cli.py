@@ -69,8 +69,24 @@ def _info(args) -> int:
         print(json.dumps(stats, indent=1, default=str))
         return 0
     for key, value in stats.items():
-        print(f"{key:24s} {json.dumps(value, default=str) if isinstance(value, (dict, list)) else value}")
+        if key in ("settings", "versions"):  # one line each: they are for the record, not for reading
+            print(f"{key:24s} {json.dumps(value, sort_keys=True)}")
+        elif isinstance(value, dict) and value:
+            print(key)
+            for sub, item in value.items():
+                print(f"  {sub:22s} {_format(item)}")
+        else:
+            print(f"{key:24s} {_format(value)}")
     return 0
+
+
+def _format(value) -> str:
+    """Numbers to 4 significant digits (dicts of them inline), everything else as it is."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_format(v)}" for k, v in value.items())
+    return str(value)
 
 
 def _export(args) -> int:

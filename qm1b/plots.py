@@ -32,6 +32,7 @@ def plot_dataset(directory, path: str | Path | None = None) -> Path:
     axes[2].bar(["converged", "not converged", "failed"], counts, color=["tab:green", "tab:red", "tab:gray"])
     for x, c in enumerate(counts):
         axes[2].text(x, c, str(c), ha="center", va="bottom")
+    axes[2].set_ylim(0, 1.15 * max(counts) + 1)  # room for the labels
     rate = converged / len(arrays) if len(arrays) else 0.0
     axes[2].set_title(f"convergence rate {rate:.1%}")
     fig.suptitle(f"{directory}: {len(arrays)} conformers, {len(np.unique(cols['molecule_id']))} molecules")

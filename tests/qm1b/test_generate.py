@@ -90,7 +90,7 @@ def test_failures_are_recorded_not_raised(small_run):
     assert settings["basis"] == "sto-3g" and settings["seed"] == 1 and settings["jk"] == "ipu"
 
 
-def test_export_validate_info_plot(small_run, tmp_path):
+def test_export_validate_info_plot(small_run, tmp_path, capsys):
     gen, _ = small_run
     import pyarrow.parquet as pq
 
@@ -100,6 +100,11 @@ def test_export_validate_info_plot(small_run, tmp_path):
     np.testing.assert_array_equal(table.column("energy").to_numpy(), arrays.columns["energy"])
     stats = info(gen.out)
     assert stats["records"] == 8 and stats["failures"] == len(BAD)
+    assert stats["throughput"]["seconds_per_conformer"] > 0
+    capsys.readouterr()
+    assert main(["info", gen.out]) == 0
+    shown = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines() if " " in line.strip())
+    assert shown["records"] == "8" and shown["failures"] == str(len(BAD))
     assert main(["validate", gen.out, "--sample", "2"]) == 0
     assert main(["plot", gen.out, "--png", str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").stat().st_size > 5000
