@@ -1,0 +1,267 @@
+"""Training: AdamW with linear warm-up and exponential decay, L1 loss on the normalised gap.
+
+The anchor schedule (QM1B's baseline) is lr 5e-4, 2,500 warm-up steps, then x0.96 every 9,600
+steps; :class:`TrainConfig` holds these, and shorter runs scale them. The target is normalised by
+the training set's mean and standard deviation; the model predicts (y - mean) / std as a sum over
+atoms. Validation MAE is in meV.
+
+A run directory holds ``metrics.csv`` (step, train loss, validation MAE), ``checkpoint.eqx`` (the
+model and optimizer state, via ``eqx.tree_serialise_leaves``), ``state.json`` (step, normaliser,
+configs: what ``--resume`` needs to continue exactly, batches included) and ``learning_curve.png``.
+Checkpoints are written to a temporary name and renamed, so a crash never leaves half of one.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from pyscf_ipu.config import option
+
+from .config import SchNetConfig, get_config
+from .data import Batch, GraphSet, batches, split_by_group
+from .model import SchNet, parameter_count
+
+CHECKPOINT = "checkpoint.eqx"
+STATE = "state.json"
+METRICS = "metrics.csv"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run; the CLI's options are generated from these fields."""
+
+    config: str = option("small", "model configuration: schnet-9m, small or tiny")
+    data: str = option("qm9", "qm9, a qm1b dataset directory, or a QM1B-format Parquet file")
+    out: str = option("runs/schnet", "run directory (metrics, checkpoints, learning curve)", metavar="DIR")
+    steps: int = option(1000, "optimizer steps")
+    batch_size: int = option(32, "graphs per batch")
+    num_train: int | None = option(None, "training graphs (default: all not in validation); for scaling runs")
+    num_val: int = option(2000, "validation graphs (whole molecules: split by SMILES)")
+    limit: int | None = option(None, "read at most this many graphs from the data")
+    learning_rate: float = option(5e-4, "peak learning rate (AdamW)")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    warmup_steps: int = option(2500, "linear warm-up steps")
+    decay_steps: int = option(9600, "the rate is multiplied by decay_rate every this many steps")
+    decay_rate: float = option(0.96, "exponential decay factor")
+    val_every: int = option(500, "evaluate the validation MAE every this many steps")
+    seed: int = option(0, "seed of the split, the initial parameters and the batch order")
+    resume: bool = option(False, "continue the run in --out from its last checkpoint")
+    progress: bool = option(True, "show a progress bar")
+
+    def __post_init__(self) -> None:
+        get_config(self.config)
+        for name in ("steps", "batch_size", "num_val", "val_every", "decay_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class Normaliser:
+    mean: float
+    std: float
+
+
+def optimizer(train: TrainConfig) -> optax.GradientTransformation:
+    schedule = optax.warmup_exponential_decay_schedule(
+        init_value=0.0,
+        peak_value=train.learning_rate,
+        warmup_steps=train.warmup_steps,
+        transition_steps=train.decay_steps,
+        decay_rate=train.decay_rate,
+    )
+    return optax.adamw(schedule, weight_decay=train.weight_decay)
+
+
+def predict(model: SchNet, batch: Batch, norm: Normaliser):
+    """(B,) predicted gaps, eV."""
+    return norm.mean + norm.std * jax.vmap(model)(batch.z, batch.pos, batch.atom_mask)
+
+
+def l1_loss(model: SchNet, batch: Batch, norm: Normaliser):
+    """Mean |error| of the normalised target over the real graphs of the batch."""
+    error = jnp.abs(jax.vmap(model)(batch.z, batch.pos, batch.atom_mask) - (batch.target - norm.mean) / norm.std)
+    return jnp.sum(jnp.where(batch.graph_mask, error, 0.0)) / jnp.maximum(jnp.sum(batch.graph_mask), 1)
+
+
+def make_train_step(tx: optax.GradientTransformation, static: SchNet, norm: Normaliser):
+    """A jitted step (params, opt_state, batch) -> (params, opt_state, loss); compiles once per batch shape."""
+
+    @jax.jit
+    def step(params, opt_state, batch: Batch):
+        def loss_of(p):
+            return l1_loss(eqx.combine(p, static), batch, norm)
+
+        loss, grads = jax.value_and_grad(loss_of)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+def make_eval_step(static: SchNet, norm: Normaliser):
+    """Jitted (params, batch) -> (sum of |error| in eV over real graphs, their count)."""
+
+    @jax.jit
+    def step(params, batch: Batch):
+        error = jnp.abs(predict(eqx.combine(params, static), batch, norm) - batch.target)
+        return jnp.sum(jnp.where(batch.graph_mask, error, 0.0)), jnp.sum(batch.graph_mask)
+
+    return step
+
+
+def mean_absolute_error(eval_step, params, graphs: GraphSet, indices, batch_size: int, max_atoms: int) -> float:
+    """MAE in eV over ``indices`` (one pass, the last batch padded)."""
+    total, count = 0.0, 0
+    for batch in batches(graphs, indices, batch_size, max_atoms):
+        s, c = eval_step(params, batch)
+        total, count = total + float(s), count + int(c)
+    return total / max(count, 1)
+
+
+@dataclass
+class RunState:
+    """What a checkpoint restores besides the arrays."""
+
+    step: int
+    norm: Normaliser
+    max_atoms: int
+    model: dict
+    train: dict
+    split_sizes: dict = field(default_factory=dict)
+
+
+def _save(out: Path, params, opt_state, state: RunState) -> None:
+    tmp = out / (CHECKPOINT + ".tmp")
+    eqx.tree_serialise_leaves(tmp, (params, opt_state))
+    os.replace(tmp, out / CHECKPOINT)
+    tmp = out / (STATE + ".tmp")
+    tmp.write_text(json.dumps(dataclasses.asdict(state), indent=1))
+    os.replace(tmp, out / STATE)
+
+
+def load_run(out: str | Path):
+    """(model, RunState) of a run directory's last checkpoint."""
+    out = Path(out)
+    if not (out / STATE).exists():
+        raise FileNotFoundError(f"{out} holds no SchNet checkpoint ({STATE} missing)")
+    raw = json.loads((out / STATE).read_text())
+    state = RunState(**{**raw, "norm": Normaliser(**raw["norm"])})
+    model = SchNet(SchNetConfig(**state.model), key=jax.random.key(0))
+    params, static = eqx.partition(model, eqx.is_array)
+    tx = optimizer(TrainConfig(**state.train))
+    params, _ = eqx.tree_deserialise_leaves(out / CHECKPOINT, (params, tx.init(params)))
+    return eqx.combine(params, static), state
+
+
+def _write_metrics(path: Path, rows: list[dict]) -> None:
+    with path.open("a", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["step", "train_loss_mev", "val_mae_mev", "seconds"])
+        if handle.tell() == 0:
+            writer.writeheader()
+        writer.writerows(rows)
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def plot_learning_curve(out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = _read_metrics(out / METRICS)
+    fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
+    for key, label in (("train_loss_mev", "train MAE (running)"), ("val_mae_mev", "validation MAE")):
+        points = [(int(r["step"]), float(r[key])) for r in rows if r[key]]
+        if points:
+            ax.plot(*zip(*points), marker="o" if key == "val_mae_mev" else None, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("HOMO-LUMO gap MAE (meV)")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    path = out / "learning_curve.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def train(train_config: TrainConfig, graphs: GraphSet) -> dict:
+    """Train (or resume) a run; returns the summary with the final validation MAE in meV."""
+    from tqdm import tqdm
+
+    out = Path(train_config.out)
+    split = split_by_group(graphs, val=train_config.num_val, train=train_config.num_train, seed=train_config.seed)
+    max_atoms = graphs.max_atoms
+    if train_config.resume:
+        model, state = load_run(out)
+        free = ("steps", "resume", "progress", "val_every")  # what a resumed run may change
+        changed = [k for k, v in dataclasses.asdict(train_config).items() if k not in free and state.train.get(k) != v]
+        if changed:
+            raise ValueError(f"--resume with other settings ({', '.join(changed)}) would not continue the same run")
+        norm, start, max_atoms = state.norm, state.step, state.max_atoms
+    else:
+        if (out / STATE).exists():
+            raise FileExistsError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
+        targets = graphs.target[split["train"]]
+        norm = Normaliser(float(targets.mean()), float(targets.std()) or 1.0)
+        model = SchNet(get_config(train_config.config), key=jax.random.key(train_config.seed))
+        start = 0
+    out.mkdir(parents=True, exist_ok=True)
+    tx = optimizer(train_config)
+    params, static = eqx.partition(model, eqx.is_array)
+    opt_state = tx.init(params)
+    if train_config.resume:
+        params, opt_state = eqx.tree_deserialise_leaves(out / CHECKPOINT, (params, opt_state))
+    step_fn, eval_fn = make_train_step(tx, static, norm), make_eval_step(static, norm)
+    state = RunState(start, norm, max_atoms, dataclasses.asdict(model.config),
+                     {**dataclasses.asdict(train_config), "resume": False},
+                     {k: len(v) for k, v in split.items()})  # fmt: skip
+
+    stream = batches(graphs, split["train"], train_config.batch_size, max_atoms, seed=train_config.seed, start=start)
+    size = train_config.batch_size
+    bar = tqdm(total=train_config.steps * size, initial=start * size, disable=not train_config.progress, unit="mol")
+    t0, running, rows, val_mae = time.perf_counter(), [], [], None
+    for step in range(start, train_config.steps):
+        params, opt_state, loss = step_fn(params, opt_state, next(stream))
+        running.append(loss)
+        done = step + 1
+        if done % train_config.val_every == 0 or done == train_config.steps:
+            train_mae = float(np.mean(jax.device_get(running))) * norm.std * 1000
+            val_mae = 1000 * mean_absolute_error(eval_fn, params, graphs, split["val"], train_config.batch_size, max_atoms)
+            rows.append({"step": done, "train_loss_mev": f"{train_mae:.3f}", "val_mae_mev": f"{val_mae:.3f}",
+                         "seconds": f"{time.perf_counter() - t0:.1f}"})  # fmt: skip
+            _write_metrics(out / METRICS, rows)
+            rows, running = [], []
+            state.step = done
+            _save(out, params, opt_state, state)
+            bar.set_postfix(val_mae_mev=f"{val_mae:.1f}")
+        bar.update(size)
+    bar.close()
+    plot_learning_curve(out)
+    return {
+        "val_mae_mev": val_mae,
+        "steps": train_config.steps,
+        "parameters": parameter_count(eqx.combine(params, static)),
+        "train": len(split["train"]),
+        "val": len(split["val"]),
+        "seconds": time.perf_counter() - t0,
+        "out": str(out),
+    }
