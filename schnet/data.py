@@ -7,9 +7,11 @@ Sources:
 - a qm1b dataset directory (HDF5 shards, :func:`qm1b.open_dataset`) or a QM1B-format Parquet
   file: the target is the column ``y`` (gap, eV), positions are converted from Bohr.
 
-A :class:`GraphSet` keeps every graph ragged (atoms flat, plus counts). Batches are padded to a
-fixed number of graphs and of atoms per graph, with masks, so one compiled train step serves them
-all; a padded atom has z = 0, a padded graph weight 0 in the loss.
+A :class:`GraphSet` keeps every graph ragged (atoms flat, plus counts). A batch holds its atoms flat
+too, each tagged with its graph, padded to a fixed :class:`Layout` (graphs, atoms, edges), so one
+compiled train step serves every batch; a padded atom has z = 0, a padded graph weight 0 in the
+loss. Graphs are packed into batches greedily, so that the edges the model will find (counted on
+the host by :func:`edge_count`) fit the edge budget: only real edges cost filter evaluations.
 """
 
 from __future__ import annotations
@@ -51,53 +53,120 @@ class GraphSet:
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class Batch:
-    """B graphs padded to A atoms each."""
+    """Up to B graphs with their atoms flat, padded to N atoms (see :class:`Layout`)."""
 
-    z: jax.Array  # (B, A) int32, 0 on padding
-    pos: jax.Array  # (B, A, 3) float32, Angstrom
-    atom_mask: jax.Array  # (B, A) bool
+    z: jax.Array  # (N,) int32, 0 on padding
+    pos: jax.Array  # (N, 3) float32, Angstrom
+    atom_mask: jax.Array  # (N,) bool
+    graph_index: jax.Array  # (N,) int32: the graph (row of target) of each atom
     target: jax.Array  # (B,) float32, eV
     graph_mask: jax.Array  # (B,) bool
 
 
-def pad_batch(graphs: GraphSet, indices, batch_size: int, max_atoms: int) -> Batch:
-    """Graphs ``indices`` (at most ``batch_size``) padded to (batch_size, max_atoms)."""
-    indices = np.asarray(indices, np.int64)
-    if len(indices) > batch_size:
-        raise ValueError(f"{len(indices)} graphs do not fit a batch of {batch_size}")
-    if len(indices) and graphs.natoms[indices].max() > max_atoms:
-        raise ValueError(f"a graph has {graphs.natoms[indices].max()} atoms, more than max_atoms={max_atoms}")
-    z = np.zeros((batch_size, max_atoms), np.int32)
-    pos = np.zeros((batch_size, max_atoms, 3), np.float32)
-    target = np.zeros(batch_size, np.float32)
+@dataclass(frozen=True)
+class Layout:
+    """The fixed shape of every batch: at most ``graphs`` graphs, ``atoms`` atoms and ``edges`` edges,
+    and no graph larger than ``graph_atoms`` atoms (the model's neighbour window)."""
+
+    graphs: int
+    atoms: int
+    edges: int
+    graph_atoms: int
+
+
+EDGE_MARGIN = 1e-4  # Angstrom: host counts include near-ties, so they bound the float32 count in jit
+
+
+def edge_count(graphs: GraphSet, neighbours: int | None, cutoff: float) -> np.ndarray:
+    """(n,) edges of each graph under the model's rule (:func:`schnet.model.neighbour_list`), in float64.
+
+    Pairs within EDGE_MARGIN of the cutoff or of the k-th distance count too, so the result is an
+    upper bound of what the float32 computation finds.
+    """
     off = graphs.offsets
-    for row, g in enumerate(indices):
-        n = graphs.natoms[g]
-        z[row, :n] = graphs.z[off[g] : off[g + 1]]
-        pos[row, :n] = graphs.pos[off[g] : off[g + 1]]
-        target[row] = graphs.target[g]
-    graph_mask = np.arange(batch_size) < len(indices)
-    return Batch(z, pos, z > 0, target, graph_mask)
+    out = np.zeros(len(graphs), np.int64)
+    for g in range(len(graphs)):
+        pos = graphs.pos[off[g] : off[g + 1]].astype(np.float64)
+        n = len(pos)
+        d = np.linalg.norm(pos[:, None] - pos[None], axis=-1)
+        np.fill_diagonal(d, np.inf)
+        keep = d < cutoff + EDGE_MARGIN
+        if neighbours is not None and neighbours < n - 1:
+            kth = np.sort(d, axis=1)[:, neighbours - 1]
+            keep &= d <= kth[:, None] + EDGE_MARGIN
+        out[g] = np.count_nonzero(keep)
+    return out
 
 
-def batches(graphs: GraphSet, indices, batch_size: int, max_atoms: int, *, seed: int | None = None,
+def layout_for(graphs: GraphSet, edges: np.ndarray, batch_size: int, slack: float = 1.25) -> Layout:
+    """Budgets for batches of ``batch_size`` graphs: the mean atoms and edges per graph with ``slack``.
+
+    Random batches of 32 QM9 molecules stay within 25% of the mean, so nearly every batch holds
+    ``batch_size`` graphs; the largest graph always fits. Rounded up to multiples of 64.
+    """
+
+    def budget(per_graph: np.ndarray) -> int:
+        need = max(int(np.ceil(batch_size * per_graph.mean() * slack)), int(per_graph.max()), 1)
+        return -(-need // 64) * 64
+
+    return Layout(batch_size, budget(graphs.natoms), budget(edges), graphs.max_atoms)
+
+
+def pack(order: np.ndarray, graphs: GraphSet, edges: np.ndarray, layout: Layout) -> list[np.ndarray]:
+    """Cut ``order`` into consecutive batches that fit ``layout`` (greedy; the order is kept)."""
+    out, current, atoms, count = [], [], 0, 0
+    for g in order:
+        n, e = int(graphs.natoms[g]), int(edges[g])
+        if current and (len(current) == layout.graphs or atoms + n > layout.atoms or count + e > layout.edges):
+            out.append(np.asarray(current, np.int64))
+            current, atoms, count = [], 0, 0
+        current.append(g)
+        atoms, count = atoms + n, count + e
+    if current:
+        out.append(np.asarray(current, np.int64))
+    return out
+
+
+def pad_batch(graphs: GraphSet, indices, layout: Layout) -> Batch:
+    """Graphs ``indices`` with their atoms flat, padded to ``layout``."""
+    indices = np.asarray(indices, np.int64)
+    natoms = graphs.natoms[indices]
+    if len(indices) > layout.graphs or natoms.sum() > layout.atoms or (len(natoms) and natoms.max() > layout.graph_atoms):
+        raise ValueError(f"{len(indices)} graphs with {natoms.sum()} atoms (the largest {natoms.max()}) do not fit {layout}")
+    off = graphs.offsets
+    atoms = np.concatenate([np.arange(off[g], off[g + 1]) for g in indices]) if len(indices) else np.zeros(0, int)
+    m = len(atoms)
+    z = np.zeros(layout.atoms, np.int32)
+    pos = np.zeros((layout.atoms, 3), np.float32)
+    graph_index = np.full(layout.atoms, max(len(indices) - 1, 0), np.int32)  # padding: zero output anyway
+    z[:m], pos[:m] = graphs.z[atoms], graphs.pos[atoms]
+    graph_index[:m] = np.repeat(np.arange(len(indices)), natoms)
+    target = np.zeros(layout.graphs, np.float32)
+    target[: len(indices)] = graphs.target[indices]
+    return Batch(z, pos, z > 0, graph_index, target, np.arange(layout.graphs) < len(indices))
+
+
+def batches(graphs: GraphSet, indices, edges: np.ndarray, layout: Layout, *, seed: int | None = None,
             start: int = 0) -> Iterator[Batch]:  # fmt: skip
-    """Endless batches over ``indices``: reshuffled every epoch from ``seed`` (None: in order, one pass).
+    """Batches over ``indices``: reshuffled every epoch from ``seed`` and endless, or (seed None) one pass in order.
 
     ``start`` skips that many batches, so a resumed run continues where it stopped.
     """
     indices = np.asarray(indices, np.int64)
     if seed is None:
-        chunks = (indices[i : i + batch_size] for i in range(0, len(indices), batch_size))
-        yield from (pad_batch(graphs, c, batch_size, max_atoms) for c in itertools.islice(chunks, start, None))
+        yield from (pad_batch(graphs, b, layout) for b in itertools.islice(pack(indices, graphs, edges, layout), start, None))
         return
-    per_epoch = len(indices) // batch_size  # full batches only while training
-    if per_epoch == 0:
-        raise ValueError(f"{len(indices)} training graphs do not fill one batch of {batch_size}")
-    for step in itertools.count(start):
-        epoch, k = divmod(step, per_epoch)
-        order = np.random.default_rng([seed, epoch]).permutation(indices)
-        yield pad_batch(graphs, order[k * batch_size : (k + 1) * batch_size], batch_size, max_atoms)
+    if not len(indices):
+        raise ValueError("no training graphs")
+    skipped = 0
+    for epoch in itertools.count():
+        chunks = pack(np.random.default_rng([seed, epoch]).permutation(indices), graphs, edges, layout)
+        if skipped + len(chunks) <= start:  # this whole epoch was done before
+            skipped += len(chunks)
+            continue
+        for chunk in chunks[max(start - skipped, 0) :]:
+            yield pad_batch(graphs, chunk, layout)
+        skipped += len(chunks)
 
 
 def split_by_group(graphs: GraphSet, *, val: float | int, test: float | int = 0, train: float | int | None = None,

@@ -4,16 +4,17 @@ Equinox rather than flax: its modules are plain pytrees, so ``jax.jit``, ``vmap`
 and checkpointing (``eqx.tree_serialise_leaves``) apply to the model directly, with no separate
 variable collections; that is how every state object of this project is handled.
 
-One graph (padded to A atoms, with an atom mask) goes through
+A batch of graphs (atoms flat, padded to N atoms and E edges, with masks) goes through
 
 1. embedding: x_i = E[z_i], (A, F);
-2. neighbours: the k nearest atoms within the cutoff (``neighbours=k``, fixed shapes, computed
-   inside jit), or every atom within the cutoff (``neighbours=None``); masks drop padding;
+2. neighbours: the k nearest atoms within the cutoff (``neighbours=k``), or every atom within the
+   cutoff (``neighbours=None``), as a fixed-size edge list computed inside jit (see
+   :func:`neighbour_list`); the atoms of a batch are flat, each tagged with its graph;
 3. T interaction blocks, each x_i += Dense(ssp(Dense(sum_j Dense(x_j) * W(d_ij)))), with the
    continuous filter W(d) = Dense(ssp(Dense(rbf(d)))) * C(d): Gaussians exp(-gamma (d - mu_g)^2)
    with centres mu_g evenly spaced on [0, cutoff] and gamma = 1 / (2 spacing^2), and the cosine
    cutoff C(d) = (cos(pi d / cutoff) + 1) / 2 for d < cutoff, else 0;
-4. an atom-wise MLP F -> F/2 -> 1 and the sum over the real atoms.
+4. an atom-wise MLP F -> F/2 -> 1 and the sum over each graph's real atoms.
 
 ssp(x) = softplus(x) - log 2 is the shifted softplus. Distances are in Angstrom.
 """
@@ -21,6 +22,7 @@ ssp(x) = softplus(x) - log 2 is the shifted softplus. Distances are in Angstrom.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -39,27 +41,44 @@ def dense(layer: eqx.nn.Linear, x):
     return y if layer.bias is None else y + layer.bias
 
 
-def neighbour_list(pos, atom_mask, k: int | None, cutoff: float):
-    """Neighbours of each atom of one padded graph: (index (A, K), distance (A, K), mask (A, K)).
+class Edges(NamedTuple):
+    """A fixed-size edge list: messages flow from ``source`` to ``target`` (both (E,) atom indices)."""
 
-    ``k``: the k nearest other real atoms (K = min(k, A - 1)), of which those beyond the cutoff are
-    masked; ``None``: every other atom (K = A), masked beyond the cutoff. Masked entries carry the
-    cutoff distance, where every filter is exactly zero.
+    source: jax.Array  # (E,)
+    target: jax.Array  # (E,) sorted
+    distance: jax.Array  # (E,) Angstrom; the cutoff on padding edges
+    mask: jax.Array  # (E,) real edges
+    count: jax.Array  # () edges wanted; more than E means the budget was too small
+
+
+def neighbour_list(pos, atom_mask, graph_index, k: int | None, cutoff: float, max_edges: int, window: int) -> Edges:
+    """The edges of a flat batch of atoms, computed inside jit with fixed shapes.
+
+    Atom i receives messages from j if both are real atoms of the same graph, j != i, their
+    distance is below the cutoff and (``k`` given) j is among i's k nearest atoms (distance at most
+    the k-th smallest). A graph's atoms are contiguous, so i's candidates are the ``window`` atoms
+    from the start of its graph (``window`` >= the largest graph): the search costs N x window, not
+    N^2. The edges are compacted, in target order, to ``max_edges``; the batcher sizes batches so
+    that they fit (see :func:`schnet.data.edge_count`), and ``count`` lets the caller check.
     """
-    a = pos.shape[0]
-    diff = pos[:, None, :] - pos[None, :, :]  # (A, A, 3)
-    valid = atom_mask[:, None] & atom_mask[None, :] & ~jnp.eye(a, dtype=bool)
-    # sqrt of a positive value only, so no NaN gradient from the masked diagonal
-    dist = jnp.sqrt(jnp.where(valid, jnp.sum(diff * diff, axis=-1), 1.0))  # (A, A)
-    if k is None:
-        index = jnp.broadcast_to(jnp.arange(a), (a, a))
-        mask = valid & (dist < cutoff)
-    else:
-        score = jnp.where(valid, dist, jnp.inf)
-        neg, index = jax.lax.top_k(-score, min(k, a - 1))
-        dist = -neg
-        mask = jnp.isfinite(dist) & (dist < cutoff)
-    return index, jnp.where(mask, dist, cutoff), mask
+    n = pos.shape[0]
+    atoms = jnp.arange(n)
+    counts = jax.ops.segment_sum(atom_mask.astype(jnp.int32), graph_index, n)  # (N,) atoms per graph id
+    first = (jnp.cumsum(counts) - counts)[graph_index]  # (N,) flat index of the first atom of i's graph
+    slots = first[:, None] + jnp.arange(window)  # (N, window) i's graph, then whatever follows it
+    valid = (slots < (first + counts[graph_index])[:, None]) & (slots != atoms[:, None]) & atom_mask[:, None]
+    candidate = jnp.minimum(slots, n - 1)  # in range for the gathers; slots past the graph are masked
+    diff = pos[:, None, :] - pos[candidate]  # (N, window, 3)
+    # sqrt of a positive value only, so no NaN gradient from masked pairs
+    dist = jnp.sqrt(jnp.where(valid, jnp.sum(diff * diff, axis=-1), 1.0))  # (N, window)
+    mask = valid & (dist < cutoff)
+    if k is not None and k < window - 1:
+        kth = -jax.lax.top_k(-jnp.where(valid, dist, jnp.inf), k)[0][:, -1]  # (N,) k-th smallest distance
+        mask &= dist <= kth[:, None]
+    target, slot = jnp.nonzero(mask, size=max_edges, fill_value=0)
+    real = jnp.arange(max_edges) < jnp.sum(mask)
+    distance = jnp.where(real, dist[target, slot], cutoff)
+    return Edges(candidate[target, slot], target, distance, real, jnp.sum(mask))
 
 
 class Interaction(eqx.Module):
@@ -80,18 +99,21 @@ class Interaction(eqx.Module):
         self.atom_out = eqx.nn.Linear(w, f, key=k4)
         self.update = eqx.nn.Linear(f, f, key=k5)
 
-    def __call__(self, x, rbf, envelope, index):
-        """x (A, F); rbf (A, K, G); envelope (A, K) cutoff weights, 0 where masked; index (A, K)."""
-        w = dense(self.filter_out, shifted_softplus(dense(self.filter_in, rbf))) * envelope[..., None]  # (A, K, W)
-        messages = jnp.sum(dense(self.atom_in, x)[index] * w, axis=1)  # (A, W)
+    def __call__(self, x, rbf, envelope, edges: Edges):
+        """x (N, F); rbf (E, G) and envelope (E,) (cutoff weights, 0 on padding) of the edges."""
+        w = dense(self.filter_out, shifted_softplus(dense(self.filter_in, rbf))) * envelope[:, None]  # (E, W)
+        products = dense(self.atom_in, x)[edges.source] * w  # (E, W)
+        messages = jax.ops.segment_sum(products, edges.target, x.shape[0], indices_are_sorted=True)  # (N, W)
         return x + dense(self.update, shifted_softplus(dense(self.atom_out, messages)))
 
 
 class SchNet(eqx.Module):
-    """SchNet for one padded graph: ``model(z (A,), pos (A, 3), atom_mask (A,)) -> scalar``.
+    """SchNet on a flat batch: ``model(z, pos, atom_mask, graph_index, num_graphs, max_edges, window)``.
 
-    Batches are ``jax.vmap(model)(z, pos, atom_mask)``. The scalar is the sum of the atom outputs,
-    in the units the caller normalises the target to.
+    z (N,), pos (N, 3) Angstrom, atom_mask (N,), graph_index (N,) the graph of each atom (a graph's
+    atoms contiguous); returns ((num_graphs,) sums of the atom outputs, the edges wanted).
+    ``num_graphs``, ``max_edges`` and ``window`` (atoms of the largest graph) are static: one
+    compiled function per batch layout.
     """
 
     config: SchNetConfig = eqx.field(static=True)
@@ -116,20 +138,21 @@ class SchNet(eqx.Module):
         spacing = c.cutoff / max(c.gaussians - 1, 1)
         return jnp.exp(-0.5 / spacing**2 * (dist[..., None] - centres) ** 2)
 
-    def atom_outputs(self, z, pos, atom_mask):
-        """(A,) per-atom contributions, zero on padding."""
+    def atom_outputs(self, z, pos, atom_mask, graph_index, max_edges: int, window: int):
+        """((N,) per-atom contributions, zero on padding; the edges wanted)."""
         c = self.config
-        index, dist, mask = neighbour_list(pos, atom_mask, c.neighbours, c.cutoff)
-        envelope = jnp.where(mask, 0.5 * (jnp.cos(jnp.pi * dist / c.cutoff) + 1.0), 0.0)  # (A, K)
-        rbf = self.radial_basis(dist)  # (A, K, G)
-        x = self.embedding.weight[z]  # (A, F)
+        edges = neighbour_list(pos, atom_mask, graph_index, c.neighbours, c.cutoff, max_edges, window)
+        envelope = jnp.where(edges.mask, 0.5 * (jnp.cos(jnp.pi * edges.distance / c.cutoff) + 1.0), 0.0)  # (E,)
+        rbf = self.radial_basis(edges.distance)  # (E, G)
+        x = self.embedding.weight[z]  # (N, F)
         for block in self.interactions:
-            x = block(x, rbf, envelope, index)
+            x = block(x, rbf, envelope, edges)
         out = dense(self.head_out, shifted_softplus(dense(self.head_hidden, x)))[:, 0]
-        return jnp.where(atom_mask, out, 0.0)
+        return jnp.where(atom_mask, out, 0.0), edges.count
 
-    def __call__(self, z, pos, atom_mask):
-        return jnp.sum(self.atom_outputs(z, pos, atom_mask))
+    def __call__(self, z, pos, atom_mask, graph_index, num_graphs: int, max_edges: int, window: int):
+        out, wanted = self.atom_outputs(z, pos, atom_mask, graph_index, max_edges, window)
+        return jax.ops.segment_sum(out, graph_index, num_graphs), wanted
 
 
 def parameter_count(model: eqx.Module) -> int:

@@ -30,7 +30,7 @@ import optax
 from pyscf_ipu.config import option
 
 from .config import SchNetConfig, get_config
-from .data import Batch, GraphSet, batches, split_by_group
+from .data import Batch, GraphSet, Layout, batches, edge_count, layout_for, split_by_group
 from .model import SchNet, parameter_count
 
 CHECKPOINT = "checkpoint.eqx"
@@ -84,48 +84,66 @@ def optimizer(train: TrainConfig) -> optax.GradientTransformation:
     return optax.adamw(schedule, weight_decay=train.weight_decay)
 
 
-def predict(model: SchNet, batch: Batch, norm: Normaliser):
+def normalised_output(model: SchNet, batch: Batch, layout: Layout):
+    """((B,) model outputs, the edges the batch wanted)."""
+    return model(batch.z, batch.pos, batch.atom_mask, batch.graph_index, batch.target.shape[0], layout.edges,
+                 layout.graph_atoms)  # fmt: skip
+
+
+def predict(model: SchNet, batch: Batch, norm: Normaliser, layout: Layout):
     """(B,) predicted gaps, eV."""
-    return norm.mean + norm.std * jax.vmap(model)(batch.z, batch.pos, batch.atom_mask)
+    return norm.mean + norm.std * normalised_output(model, batch, layout)[0]
 
 
-def l1_loss(model: SchNet, batch: Batch, norm: Normaliser):
-    """Mean |error| of the normalised target over the real graphs of the batch."""
-    error = jnp.abs(jax.vmap(model)(batch.z, batch.pos, batch.atom_mask) - (batch.target - norm.mean) / norm.std)
-    return jnp.sum(jnp.where(batch.graph_mask, error, 0.0)) / jnp.maximum(jnp.sum(batch.graph_mask), 1)
+def l1_loss(model: SchNet, batch: Batch, norm: Normaliser, layout: Layout):
+    """(mean |error| of the normalised target over the real graphs of the batch, edges wanted)."""
+    out, wanted = normalised_output(model, batch, layout)
+    error = jnp.abs(out - (batch.target - norm.mean) / norm.std)
+    return jnp.sum(jnp.where(batch.graph_mask, error, 0.0)) / jnp.maximum(jnp.sum(batch.graph_mask), 1), wanted
 
 
-def make_train_step(tx: optax.GradientTransformation, static: SchNet, norm: Normaliser):
-    """A jitted step (params, opt_state, batch) -> (params, opt_state, loss); compiles once per batch shape."""
+def make_train_step(tx: optax.GradientTransformation, static: SchNet, norm: Normaliser, layout: Layout):
+    """A jitted step (params, opt_state, batch) -> (params, opt_state, loss, edges wanted); compiles once."""
 
     @jax.jit
     def step(params, opt_state, batch: Batch):
         def loss_of(p):
-            return l1_loss(eqx.combine(p, static), batch, norm)
+            return l1_loss(eqx.combine(p, static), batch, norm, layout)
 
-        loss, grads = jax.value_and_grad(loss_of)(params)
+        (loss, wanted), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+        return optax.apply_updates(params, updates), opt_state, loss, wanted
 
     return step
 
 
-def make_eval_step(static: SchNet, norm: Normaliser):
-    """Jitted (params, batch) -> (sum of |error| in eV over real graphs, their count)."""
+def make_eval_step(static: SchNet, norm: Normaliser, layout: Layout):
+    """Jitted (params, batch) -> (sum of |error| in eV over real graphs, their count, edges wanted)."""
 
     @jax.jit
     def step(params, batch: Batch):
-        error = jnp.abs(predict(eqx.combine(params, static), batch, norm) - batch.target)
-        return jnp.sum(jnp.where(batch.graph_mask, error, 0.0)), jnp.sum(batch.graph_mask)
+        out, wanted = normalised_output(eqx.combine(params, static), batch, layout)
+        error = jnp.abs(norm.mean + norm.std * out - batch.target)
+        return jnp.sum(jnp.where(batch.graph_mask, error, 0.0)), jnp.sum(batch.graph_mask), wanted
 
     return step
 
 
-def mean_absolute_error(eval_step, params, graphs: GraphSet, indices, batch_size: int, max_atoms: int) -> float:
-    """MAE in eV over ``indices`` (one pass, the last batch padded)."""
+class EdgeBudgetError(RuntimeError):
+    """A batch wanted more edges than its layout holds (a bug: the batcher's counts are upper bounds)."""
+
+
+def check_edges(wanted: int, layout: Layout) -> None:
+    if wanted > layout.edges:
+        raise EdgeBudgetError(f"a batch wanted {wanted} edges, more than the layout's {layout.edges}")
+
+
+def mean_absolute_error(eval_step, params, graphs: GraphSet, indices, edges: np.ndarray, layout: Layout) -> float:
+    """MAE in eV over ``indices`` (one pass)."""
     total, count = 0.0, 0
-    for batch in batches(graphs, indices, batch_size, max_atoms):
-        s, c = eval_step(params, batch)
+    for batch in batches(graphs, indices, edges, layout):
+        s, c, wanted = eval_step(params, batch)
+        check_edges(int(wanted), layout)
         total, count = total + float(s), count + int(c)
     return total / max(count, 1)
 
@@ -136,7 +154,7 @@ class RunState:
 
     step: int
     norm: Normaliser
-    max_atoms: int
+    layout: Layout
     model: dict
     train: dict
     split_sizes: dict = field(default_factory=dict)
@@ -157,7 +175,7 @@ def load_run(out: str | Path):
     if not (out / STATE).exists():
         raise FileNotFoundError(f"{out} holds no SchNet checkpoint ({STATE} missing)")
     raw = json.loads((out / STATE).read_text())
-    state = RunState(**{**raw, "norm": Normaliser(**raw["norm"])})
+    state = RunState(**{**raw, "norm": Normaliser(**raw["norm"]), "layout": Layout(**raw["layout"])})
     model = SchNet(SchNetConfig(**state.model), key=jax.random.key(0))
     params, static = eqx.partition(model, eqx.is_array)
     tx = optimizer(TrainConfig(**state.train))
@@ -209,43 +227,48 @@ def train(train_config: TrainConfig, graphs: GraphSet) -> dict:
 
     out = Path(train_config.out)
     split = split_by_group(graphs, val=train_config.num_val, train=train_config.num_train, seed=train_config.seed)
-    max_atoms = graphs.max_atoms
+    model_config = get_config(train_config.config)
+    edges = edge_count(graphs, model_config.neighbours, model_config.cutoff)  # (n,) per graph
     if train_config.resume:
         model, state = load_run(out)
         free = ("steps", "resume", "progress", "val_every")  # what a resumed run may change
         changed = [k for k, v in dataclasses.asdict(train_config).items() if k not in free and state.train.get(k) != v]
         if changed:
             raise ValueError(f"--resume with other settings ({', '.join(changed)}) would not continue the same run")
-        norm, start, max_atoms = state.norm, state.step, state.max_atoms
+        norm, start, layout = state.norm, state.step, state.layout
     else:
         if (out / STATE).exists():
             raise FileExistsError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
         targets = graphs.target[split["train"]]
         norm = Normaliser(float(targets.mean()), float(targets.std()) or 1.0)
-        model = SchNet(get_config(train_config.config), key=jax.random.key(train_config.seed))
+        model = SchNet(model_config, key=jax.random.key(train_config.seed))
         start = 0
+        layout = layout_for(graphs, edges, train_config.batch_size)
     out.mkdir(parents=True, exist_ok=True)
     tx = optimizer(train_config)
     params, static = eqx.partition(model, eqx.is_array)
     opt_state = tx.init(params)
     if train_config.resume:
         params, opt_state = eqx.tree_deserialise_leaves(out / CHECKPOINT, (params, opt_state))
-    step_fn, eval_fn = make_train_step(tx, static, norm), make_eval_step(static, norm)
-    state = RunState(start, norm, max_atoms, dataclasses.asdict(model.config),
+    step_fn, eval_fn = make_train_step(tx, static, norm, layout), make_eval_step(static, norm, layout)
+    state = RunState(start, norm, layout, dataclasses.asdict(model.config),
                      {**dataclasses.asdict(train_config), "resume": False},
                      {k: len(v) for k, v in split.items()})  # fmt: skip
 
-    stream = batches(graphs, split["train"], train_config.batch_size, max_atoms, seed=train_config.seed, start=start)
+    stream = batches(graphs, split["train"], edges, layout, seed=train_config.seed, start=start)
     size = train_config.batch_size
     bar = tqdm(total=train_config.steps * size, initial=start * size, disable=not train_config.progress, unit="mol")
-    t0, running, rows, val_mae = time.perf_counter(), [], [], None
+    t0, running, rows, val_mae, wanted = time.perf_counter(), [], [], None, jnp.zeros((), jnp.int32)
     for step in range(start, train_config.steps):
-        params, opt_state, loss = step_fn(params, opt_state, next(stream))
+        batch = next(stream)
+        params, opt_state, loss, batch_wanted = step_fn(params, opt_state, batch)
         running.append(loss)
+        wanted = jnp.maximum(wanted, batch_wanted)  # checked at each evaluation, without a sync per step
         done = step + 1
         if done % train_config.val_every == 0 or done == train_config.steps:
+            check_edges(int(wanted), layout)
             train_mae = float(np.mean(jax.device_get(running))) * norm.std * 1000
-            val_mae = 1000 * mean_absolute_error(eval_fn, params, graphs, split["val"], train_config.batch_size, max_atoms)
+            val_mae = 1000 * mean_absolute_error(eval_fn, params, graphs, split["val"], edges, layout)
             rows.append({"step": done, "train_loss_mev": f"{train_mae:.3f}", "val_mae_mev": f"{val_mae:.3f}",
                          "seconds": f"{time.perf_counter() - t0:.1f}"})  # fmt: skip
             _write_metrics(out / METRICS, rows)

@@ -16,9 +16,9 @@ import pytest
 
 from schnet.cli import eval_main, train_main
 from schnet.config import CONFIGS
-from schnet.data import GraphSet, batches, load_qm9, pad_batch, split_by_group
+from schnet.data import GraphSet, Layout, batches, edge_count, layout_for, load_qm9, pack, pad_batch, split_by_group
 from schnet.model import SchNet, neighbour_list, parameter_count
-from schnet.train import Normaliser, TrainConfig, l1_loss, load_run, make_train_step, optimizer, train
+from schnet.train import Normaliser, TrainConfig, l1_loss, load_run, make_train_step, normalised_output, optimizer, train
 
 RTOL = 1e-5
 
@@ -33,8 +33,13 @@ def tiny() -> SchNet:
     return SchNet(CONFIGS["tiny"], key=jax.random.key(0))
 
 
-def predict(model, batch):
-    return np.asarray(jax.vmap(model)(batch.z, batch.pos, batch.atom_mask))
+def roomy(graphs: GraphSet, count: int) -> Layout:
+    """A layout that holds the first ``count`` graphs whatever the neighbour rule."""
+    return Layout(count, int(graphs.natoms[:count].sum()), int(np.sum(graphs.natoms[:count] ** 2)), graphs.max_atoms)
+
+
+def predict(model, batch, layout):
+    return np.asarray(normalised_output(model, batch, layout)[0])
 
 
 def test_parameter_counts_match_torch_geometric():
@@ -45,42 +50,75 @@ def test_parameter_counts_match_torch_geometric():
 
 
 def test_rotation_translation_and_permutation_invariance(qm9, tiny):
-    batch = pad_batch(qm9, range(8), 8, 32)
-    reference = predict(tiny, batch)
+    layout = roomy(qm9, 8)
+    batch = pad_batch(qm9, range(8), layout)
+    reference = predict(tiny, batch, layout)
     rng = np.random.default_rng(0)
     q, _ = np.linalg.qr(rng.normal(size=(3, 3)))  # a random orthogonal matrix (rotation or reflection)
     moved = eqx.tree_at(lambda b: b.pos, batch, jnp.asarray(np.asarray(batch.pos) @ q.T + rng.normal(size=3) * 5.0, jnp.float32))
-    np.testing.assert_allclose(predict(tiny, moved), reference, rtol=RTOL, atol=1e-6)
-    # permute the real atoms of every graph (padding stays at the end)
+    np.testing.assert_allclose(predict(tiny, moved, layout), reference, rtol=RTOL, atol=1e-6)
+    # permute the atoms within every graph (graphs stay contiguous)
+    off = qm9.offsets
+    order = np.concatenate([off[g] + rng.permutation(qm9.natoms[g]) for g in range(8)])
     z, pos = np.asarray(batch.z).copy(), np.asarray(batch.pos).copy()
-    for g in range(8):
-        n = int(qm9.natoms[g])
-        perm = rng.permutation(n)
-        z[g, :n], pos[g, :n] = z[g, perm], pos[g, perm]
-    permuted = pad_batch(qm9, range(8), 8, 32)
-    permuted = eqx.tree_at(lambda b: (b.z, b.pos, b.atom_mask), permuted, (jnp.asarray(z), jnp.asarray(pos), jnp.asarray(z > 0)))
-    np.testing.assert_allclose(predict(tiny, permuted), reference, rtol=RTOL, atol=1e-6)
+    m = len(order)
+    z[:m], pos[:m] = qm9.z[order], qm9.pos[order]
+    permuted = eqx.tree_at(lambda b: (b.z, b.pos), batch, (jnp.asarray(z), jnp.asarray(pos)))
+    np.testing.assert_allclose(predict(tiny, permuted, layout), reference, rtol=RTOL, atol=1e-6)
     assert np.ptp(reference) > 0  # the graphs really differ
 
 
 def test_padding_changes_no_prediction(qm9, tiny):
-    tight = predict(tiny, pad_batch(qm9, range(5), 5, qm9.natoms[:5].max()))
-    loose = predict(tiny, pad_batch(qm9, range(5), 16, 40))  # more atoms per graph, 11 padded graphs
-    np.testing.assert_allclose(loose[:5], tight, rtol=RTOL, atol=1e-6)
-    assert np.all(loose[5:] == 0)  # padded graphs contribute nothing
+    tight = roomy(qm9, 5)
+    loose = Layout(16, tight.atoms + 100, tight.edges + 500, tight.graph_atoms + 3)  # 11 padded graphs, more of all
+    a = predict(tiny, pad_batch(qm9, range(5), tight), tight)
+    b = predict(tiny, pad_batch(qm9, range(5), loose), loose)
+    np.testing.assert_allclose(b[:5], a, rtol=RTOL, atol=1e-6)
+    assert np.all(b[5:] == 0)  # padded graphs get nothing
 
 
 def test_knn_and_radius_graph_agree_when_k_covers_every_atom(qm9):
     radius = SchNet(CONFIGS["tiny"].replace(neighbours=None), key=jax.random.key(1))
     knn = SchNet(CONFIGS["tiny"].replace(neighbours=64), key=jax.random.key(1))  # same parameters
-    batch = pad_batch(qm9, range(6), 6, 32)
-    np.testing.assert_allclose(predict(knn, batch), predict(radius, batch), rtol=RTOL, atol=1e-6)
-    # and k really limits: with k = 2 each atom sees only its two nearest neighbours
-    index, dist, mask = neighbour_list(batch.pos[0], batch.atom_mask[0], 2, 5.0)
-    n = int(qm9.natoms[0])
-    d = np.linalg.norm(np.asarray(batch.pos[0])[:n, None] - np.asarray(batch.pos[0])[None, :n], axis=-1)
-    np.fill_diagonal(d, np.inf)
-    np.testing.assert_allclose(np.asarray(dist)[:n], np.sort(d, axis=1)[:, :2], rtol=1e-5)
+    layout = roomy(qm9, 6)
+    batch = pad_batch(qm9, range(6), layout)
+    np.testing.assert_allclose(predict(knn, batch, layout), predict(radius, batch, layout), rtol=RTOL, atol=1e-6)
+
+
+@pytest.mark.parametrize("k", [2, 5, None])
+def test_neighbour_list_matches_a_direct_search(qm9, k):
+    """The edges of a batch are exactly the pairs within the cutoff among each atom's k nearest (numpy, float64)."""
+    layout = roomy(qm9, 4)
+    batch = pad_batch(qm9, range(4), layout)
+    edges = neighbour_list(batch.pos, batch.atom_mask, batch.graph_index, k, 3.0, layout.edges, layout.graph_atoms)
+    found = {(int(t), int(s)) for t, s, m in zip(edges.target, edges.source, edges.mask) if m}
+    expected, off = set(), qm9.offsets
+    for g in range(4):
+        pos = qm9.pos[off[g] : off[g + 1]].astype(np.float64)
+        d = np.linalg.norm(pos[:, None] - pos[None], axis=-1)
+        np.fill_diagonal(d, np.inf)
+        keep = d < 3.0
+        if k is not None and k < len(pos) - 1:  # fewer atoms than k + 1: all of them are neighbours
+            keep &= d <= np.sort(d, axis=1)[:, [k - 1]]
+        expected |= {(off[g] + i, off[g] + j) for i, j in zip(*np.nonzero(keep))}
+    assert found == expected and int(edges.count) == len(expected)
+    assert np.all(np.diff(np.asarray(edges.target)[np.asarray(edges.mask)]) >= 0)  # sorted, as segment_sum is told
+
+
+def test_edge_budgets_bound_what_the_model_finds(qm9):
+    config = CONFIGS["small"]
+    counts = edge_count(qm9, config.neighbours, config.cutoff)
+    layout = layout_for(qm9, counts, 32)
+    order = np.random.default_rng(0).permutation(len(qm9))  # as training packs them (QM9's own order grows in size)
+    chunks = pack(order, qm9, counts, layout)
+    assert np.array_equal(np.concatenate(chunks), order)  # every graph once, in the given order
+    for chunk in chunks:
+        batch = pad_batch(qm9, chunk, layout)
+        edges = neighbour_list(batch.pos, batch.atom_mask, batch.graph_index, config.neighbours, config.cutoff,
+                               layout.edges, layout.graph_atoms)  # fmt: skip
+        assert int(edges.count) <= counts[chunk].sum() <= layout.edges
+    print(f"{len(chunks)} batches for {len(qm9)} graphs ({layout})")
+    assert len(chunks) <= 1.1 * len(qm9) / 32  # nearly every batch is full
 
 
 def test_train_step_compiles_once_and_overfits_one_batch(qm9, tiny):
@@ -90,18 +128,19 @@ def test_train_step_compiles_once_and_overfits_one_batch(qm9, tiny):
     steps of about the learning rate whatever the error, so the rate decays (x0.8 every 60 steps).
     """
     train_config = TrainConfig(config="tiny", learning_rate=1e-2, warmup_steps=1, decay_steps=60, decay_rate=0.8)
-    batch = pad_batch(qm9, range(8), 8, 32)
+    layout = roomy(qm9, 16)
+    batch = pad_batch(qm9, range(8), layout)
     norm = Normaliser(float(qm9.target[:8].mean()), float(qm9.target[:8].std()))
     tx = optimizer(train_config)
     params, static = eqx.partition(tiny, eqx.is_array)
-    step = make_train_step(tx, static, norm)
+    step = make_train_step(tx, static, norm, layout)
     opt_state = tx.init(params)
-    first = float(l1_loss(tiny, batch, norm))
+    first = float(l1_loss(tiny, batch, norm, layout)[0])
     for _ in range(600):
-        params, opt_state, loss = step(params, opt_state, batch)
-    other = pad_batch(qm9, range(8, 16), 8, 32)  # another batch of the same shape
+        params, opt_state, loss, _ = step(params, opt_state, batch)
+    other = pad_batch(qm9, range(8, 16), layout)  # other graphs, other atom and edge counts, same layout
     step(params, opt_state, other)
-    assert step._cache_size() == 1  # one compilation for every batch of this shape
+    assert step._cache_size() == 1  # one compilation for every batch of this layout
     final = float(loss) * norm.std * 1000
     print(f"overfit: L1 {first * norm.std * 1000:.0f} -> {final:.1f} meV in 600 steps")
     assert final < 0.02 * first * norm.std * 1000
@@ -139,11 +178,13 @@ def test_resume_equals_uninterrupted(qm9, tmp_path):
 
 
 def test_batches_are_deterministic_and_resumable(qm9):
-    stream = batches(qm9, np.arange(100), 16, 32, seed=5)
-    first = [next(stream) for _ in range(9)]  # crosses an epoch (6 full batches per epoch)
-    later = batches(qm9, np.arange(100), 16, 32, seed=5, start=7)
+    counts = edge_count(qm9, 12, 5.0)
+    layout = layout_for(qm9, counts, 16)
+    stream = batches(qm9, np.arange(100), counts, layout, seed=5)
+    first = [next(stream) for _ in range(9)]  # crosses an epoch (about 7 batches per epoch)
+    later = batches(qm9, np.arange(100), counts, layout, seed=5, start=7)
     np.testing.assert_array_equal(next(later).z, first[7].z)
-    assert not np.array_equal(first[0].z, first[6].z)  # the next epoch is reshuffled
+    assert not np.array_equal(first[0].z, first[7].z)  # the next epoch is reshuffled
 
 
 def test_cli_train_then_eval(tmp_path, capsys):
