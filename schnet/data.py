@@ -49,6 +49,13 @@ class GraphSet:
     def max_atoms(self) -> int:
         return int(self.natoms.max()) if len(self) else 0
 
+    def take(self, indices) -> GraphSet:
+        """The graphs at ``indices``, in that order."""
+        indices = np.asarray(indices, np.int64)
+        off = self.offsets
+        atoms = np.concatenate([np.arange(off[g], off[g + 1]) for g in indices]) if len(indices) else np.zeros(0, int)
+        return GraphSet(self.z[atoms], self.pos[atoms], self.natoms[indices], self.target[indices], self.group[indices])
+
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
@@ -246,9 +253,4 @@ def load(source: str, limit: int | None = None) -> GraphSet:
     if source == "qm9":
         return load_qm9(limit)
     graphs = load_qm1b(source)
-    if limit is not None and limit < len(graphs):
-        keep = np.arange(limit)
-        off = graphs.offsets
-        return GraphSet(graphs.z[: off[limit]], graphs.pos[: off[limit]], graphs.natoms[keep], graphs.target[keep],
-                        graphs.group[keep])  # fmt: skip
-    return graphs
+    return graphs.take(np.arange(limit)) if limit is not None and limit < len(graphs) else graphs

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import itertools
 import json
 import os
 import time
@@ -26,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from pyscf_ipu.config import option
 
@@ -33,6 +36,7 @@ from .config import SchNetConfig, get_config
 from .data import Batch, GraphSet, Layout, batches, edge_count, layout_for, split_by_group
 from .model import SchNet, parameter_count
 
+DATA_AXIS = "data"
 CHECKPOINT = "checkpoint.eqx"
 STATE = "state.json"
 METRICS = "metrics.csv"
@@ -46,7 +50,8 @@ class TrainConfig:
     data: str = option("qm9", "qm9, a qm1b dataset directory, or a QM1B-format Parquet file")
     out: str = option("runs/schnet", "run directory (metrics, checkpoints, learning curve)", metavar="DIR")
     steps: int = option(1000, "optimizer steps")
-    batch_size: int = option(32, "graphs per batch")
+    batch_size: int = option(32, "graphs per batch (over all devices)")
+    devices: int | None = option(None, "data-parallel over this many local devices (default: all of them)")
     num_train: int | None = option(None, "training graphs (default: all not in validation); for scaling runs")
     num_val: int = option(2000, "validation graphs (whole molecules: split by SMILES)")
     limit: int | None = option(None, "read at most this many graphs from the data")
@@ -65,6 +70,19 @@ class TrainConfig:
         for name in ("steps", "batch_size", "num_val", "val_every", "decay_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.devices is not None and (self.devices < 1 or self.batch_size % self.devices):
+            raise ValueError(f"--batch-size {self.batch_size} must split evenly over --devices {self.devices}")
+
+    @property
+    def device_count(self) -> int:
+        """The devices a run uses: --devices, or every local device."""
+        available = jax.local_device_count()
+        if self.devices is not None and self.devices > available:
+            raise ValueError(f"--devices {self.devices}: only {available} local devices")
+        count = self.devices or available
+        if self.batch_size % count:
+            raise ValueError(f"--batch-size {self.batch_size} does not split evenly over {count} devices")
+        return count
 
 
 @dataclass(frozen=True)
@@ -102,19 +120,54 @@ def l1_loss(model: SchNet, batch: Batch, norm: Normaliser, layout: Layout):
     return jnp.sum(jnp.where(batch.graph_mask, error, 0.0)) / jnp.maximum(jnp.sum(batch.graph_mask), 1), wanted
 
 
-def make_train_step(tx: optax.GradientTransformation, static: SchNet, norm: Normaliser, layout: Layout):
-    """A jitted step (params, opt_state, batch) -> (params, opt_state, loss, edges wanted); compiles once."""
+def make_train_step(tx: optax.GradientTransformation, static: SchNet, norm: Normaliser, layout: Layout,
+                    devices: int = 1):  # fmt: skip
+    """A jitted step (params, opt_state, batch) -> (params, opt_state, loss, edges wanted); compiles once.
 
-    @jax.jit
-    def step(params, opt_state, batch: Batch):
-        def loss_of(p):
-            return l1_loss(eqx.combine(p, static), batch, norm, layout)
+    ``devices > 1``: data parallel over that many local devices (``shard_map``); the batch then has
+    a leading device axis (see :func:`device_batches`), each device computes its graphs' error sum
+    and gradient, and both are summed over devices and divided by the global graph count: the
+    same loss and gradient as one device on the union of the device batches.
+    """
 
-        (loss, wanted), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
+    def body(params, opt_state, batch: Batch, axis: str | None):
+        reduce = (lambda x: jax.lax.psum(x, axis)) if axis else (lambda x: x)
+
+        def error_sum(p):
+            out, wanted = normalised_output(eqx.combine(p, static), batch, layout)
+            error = jnp.abs(out - (batch.target - norm.mean) / norm.std)
+            return jnp.sum(jnp.where(batch.graph_mask, error, 0.0)), wanted
+
+        (total, wanted), grads = jax.value_and_grad(error_sum, has_aux=True)(params)
+        count = jnp.maximum(reduce(jnp.sum(batch.graph_mask)), 1)
+        grads = jax.tree.map(lambda g: reduce(g) / count, grads)
         updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss, wanted
+        wanted = jax.lax.pmax(wanted, axis) if axis else wanted
+        return optax.apply_updates(params, updates), opt_state, reduce(total) / count, wanted
 
-    return step
+    if devices == 1:
+        return jax.jit(lambda params, opt_state, batch: body(params, opt_state, batch, None))
+    mesh = Mesh(np.asarray(jax.local_devices()[:devices]), (DATA_AXIS,))
+    sharded = jax.shard_map(
+        lambda params, opt_state, batch: body(params, opt_state, jax.tree.map(lambda x: x[0], batch), DATA_AXIS),
+        mesh=mesh,
+        in_specs=(P(), P(), P(DATA_AXIS)),
+        out_specs=P(),
+        check_vma=False,
+    )
+    return jax.jit(sharded)
+
+
+def device_batches(stream, devices: int):
+    """Stack ``devices`` consecutive batches along a new leading axis (one per device); unchanged for 1."""
+    if devices == 1:
+        yield from stream
+        return
+    while True:
+        group = list(itertools.islice(stream, devices))
+        if len(group) < devices:
+            return
+        yield jax.tree.map(lambda *leaves: np.stack(leaves), *group)
 
 
 def make_eval_step(static: SchNet, norm: Normaliser, layout: Layout):
@@ -243,19 +296,21 @@ def train(train_config: TrainConfig, graphs: GraphSet) -> dict:
         norm = Normaliser(float(targets.mean()), float(targets.std()) or 1.0)
         model = SchNet(model_config, key=jax.random.key(train_config.seed))
         start = 0
-        layout = layout_for(graphs, edges, train_config.batch_size)
+        layout = layout_for(graphs, edges, train_config.batch_size // train_config.device_count)  # per device
     out.mkdir(parents=True, exist_ok=True)
     tx = optimizer(train_config)
     params, static = eqx.partition(model, eqx.is_array)
     opt_state = tx.init(params)
     if train_config.resume:
         params, opt_state = eqx.tree_deserialise_leaves(out / CHECKPOINT, (params, opt_state))
-    step_fn, eval_fn = make_train_step(tx, static, norm, layout), make_eval_step(static, norm, layout)
+    devices = train_config.device_count
+    step_fn, eval_fn = make_train_step(tx, static, norm, layout, devices), make_eval_step(static, norm, layout)
     state = RunState(start, norm, layout, dataclasses.asdict(model.config),
                      {**dataclasses.asdict(train_config), "resume": False},
                      {k: len(v) for k, v in split.items()})  # fmt: skip
 
-    stream = batches(graphs, split["train"], edges, layout, seed=train_config.seed, start=start)
+    stream = device_batches(batches(graphs, split["train"], edges, layout, seed=train_config.seed, start=start * devices),
+                            devices)  # fmt: skip
     size = train_config.batch_size
     bar = tqdm(total=train_config.steps * size, initial=start * size, disable=not train_config.progress, unit="mol")
     t0, running, rows, val_mae, wanted = time.perf_counter(), [], [], None, jnp.zeros((), jnp.int32)

@@ -200,3 +200,53 @@ def test_cli_train_then_eval(tmp_path, capsys):
     assert train_main(args) == 2 and "--resume" in capsys.readouterr().err  # an existing run is not overwritten
     assert train_main(["--config", "huge"]) == 2
     assert eval_main(["--run", str(tmp_path / "nothing")]) == 2
+
+
+def test_data_parallel_equals_one_device_on_the_same_global_batch(tmp_path):
+    """4 simulated devices (shard_map, gradients summed) give 1 device's loss trajectory on the union batch.
+
+    Tolerance 1e-5 relative: only the order of float32 sums differs.
+    """
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    script = textwrap.dedent(
+        f"""
+        import jax, numpy as np, equinox as eqx
+        from schnet.config import CONFIGS
+        from schnet.data import Layout, edge_count, layout_for, load_qm9, pack, pad_batch
+        from schnet.model import SchNet
+        from schnet.train import Normaliser, TrainConfig, device_batches, make_train_step, optimizer, train
+        assert jax.device_count() == 4
+        graphs = load_qm9(200)
+        config = CONFIGS["tiny"]
+        edges = edge_count(graphs, config.neighbours, config.cutoff)
+        per = layout_for(graphs, edges, 4)
+        chunks = pack(np.random.default_rng(1).permutation(len(graphs)), graphs, edges, per)[:20]
+        union = Layout(4 * per.graphs, 4 * per.atoms, 4 * per.edges, per.graph_atoms)
+        tx = optimizer(TrainConfig(config="tiny", learning_rate=1e-3, warmup_steps=1))
+        params, static = eqx.partition(SchNet(config, key=jax.random.key(0)), eqx.is_array)
+        norm = Normaliser(float(graphs.target.mean()), float(graphs.target.std()))
+        parallel, single = make_train_step(tx, static, norm, per, 4), make_train_step(tx, static, norm, union, 1)
+        p4, o4, p1, o1 = params, tx.init(params), params, tx.init(params)
+        stream = device_batches((pad_batch(graphs, c, per) for c in chunks), 4)
+        for s in range(5):
+            p4, o4, l4, _ = parallel(p4, o4, next(stream))
+            p1, o1, l1, _ = single(p1, o1, pad_batch(graphs, np.concatenate(chunks[4 * s : 4 * s + 4]), union))
+            assert abs(float(l4) - float(l1)) <= 1e-5 * abs(float(l1)), (s, float(l4), float(l1))
+        for a, b in zip(jax.tree.leaves(p4), jax.tree.leaves(p1)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+        summary = train(TrainConfig(config="tiny", out={str(tmp_path / "run")!r}, steps=4, batch_size=16,
+                                    num_val=40, val_every=2, warmup_steps=1, progress=False), graphs)
+        assert summary["val_mae_mev"] > 0
+        print("OK", float(l4), float(l1))
+        """
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "PYTHONPATH": root}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "OK" in proc.stdout
