@@ -1,7 +1,8 @@
 """Real molecules from QM9, read offline from the PyPI package ``qm9pack``.
 
-``qm9pack`` ships QM9 (130,831 molecules) as CSV files. Its own loader imports ``pkg_resources``,
-which current setuptools no longer has, so we read the CSV files through ``importlib.resources``.
+``qm9pack`` ships QM9 (130,831 molecules) as CSV files. The package itself imports ``pkg_resources``,
+which current setuptools no longer has, so we find its data folder without importing it and read
+the CSV files directly.
 Positions are in Angstrom there; HOMO and LUMO in Hartree (B3LYP/6-31G(2df,p), for orientation only:
 our labels are B3LYP/STO-3G).
 """
@@ -9,11 +10,12 @@ our labels are B3LYP/STO-3G).
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 
 import numpy as np
 
@@ -36,11 +38,17 @@ class QM9Record:
         return int(np.count_nonzero(self.molecule.atomic_numbers > 1))
 
 
+def _data_dir() -> Path:
+    """qm9pack's CSV folder, found without importing qm9pack: its ``__init__`` imports
+    ``pkg_resources``, which setuptools >= 81 (pulled in by torch, for one) no longer has."""
+    spec = importlib.util.find_spec("qm9pack")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("QM9 needs the package qm9pack: pip install qm9pack")
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
 def _rows() -> Iterator[dict]:
-    try:
-        data = resources.files("qm9pack") / "data"
-    except ModuleNotFoundError:
-        raise ModuleNotFoundError("QM9 needs the package qm9pack: pip install qm9pack") from None
+    data = _data_dir()
     csv.field_size_limit(1 << 24)
     for part in _PARTS:
         with (data / part).open(newline="") as handle:

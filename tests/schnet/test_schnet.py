@@ -250,3 +250,33 @@ def test_data_parallel_equals_one_device_on_the_same_global_batch(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "OK" in proc.stdout
+
+
+def test_qm1b_shards_and_parquet_load_the_same_graphs(qm9, tmp_path):
+    """A qm1b dataset (written by the generator's ShardWriter) and its Parquet export give the same graphs."""
+    from pyscf_ipu.units import BOHR_PER_ANGSTROM
+    from qm1b.schema import RecordBatch
+    from qm1b.store import ShardWriter, export_parquet
+
+    from schnet.data import load
+
+    n, off = 6, qm9.offsets
+    homo = -np.linspace(5, 7, n)
+    columns = {
+        "smile": [f"S{i // 2}" for i in range(n)], "atoms": ["".join("X" * int(a)) for a in qm9.natoms[:n]],
+        "energy": -np.arange(n) * 100.0, "homo": homo, "lumo": homo + qm9.target[:n], "y": qm9.target[:n],
+        "N": np.full(n, 10), "std": np.zeros(n), "converged": np.ones(n, bool), "iterations": np.full(n, 12),
+        "seconds": np.ones(n), "molecule_id": np.arange(n) // 2, "conformer_id": np.arange(n) % 2,
+    }  # fmt: skip
+    records = RecordBatch.from_columns(columns, qm9.natoms[:n], qm9.z[: off[n]], qm9.pos[: off[n]] * BOHR_PER_ANGSTROM)
+    with ShardWriter(tmp_path / "data", settings={"basis": "sto-3g"}, versions={}) as writer:
+        writer.commit(records)
+    from_shards = load(str(tmp_path / "data"))
+    from_parquet = load(str(export_parquet(tmp_path / "data", tmp_path / "d.parquet")))
+    for graphs in (from_shards, from_parquet):
+        np.testing.assert_array_equal(graphs.z, qm9.z[: off[n]])
+        np.testing.assert_allclose(graphs.pos, qm9.pos[: off[n]], rtol=1e-6, atol=1e-6)  # Bohr -> Angstrom
+        np.testing.assert_array_equal(graphs.natoms, qm9.natoms[:n])
+        np.testing.assert_allclose(graphs.target, qm9.target[:n])
+        assert list(graphs.group) == [f"S{i // 2}" for i in range(n)]  # conformers share their molecule's group
+    assert len(load(str(tmp_path / "data"), limit=4)) == 4
