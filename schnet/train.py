@@ -333,6 +333,8 @@ def train(train_config: TrainConfig, graphs: GraphSet) -> dict:
             bar.set_postfix(val_mae_mev=f"{val_mae:.1f}")
         bar.update(size)
     bar.close()
+    if val_mae is None:  # resumed at or past --steps: nothing new to evaluate
+        val_mae = float(_read_metrics(out / METRICS)[-1]["val_mae_mev"])
     plot_learning_curve(out)
     return {
         "val_mae_mev": val_mae,

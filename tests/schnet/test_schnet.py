@@ -173,6 +173,8 @@ def test_resume_equals_uninterrupted(qm9, tmp_path):
     assert [r.split(",")[0] for r in rows[1:]] == ["10", "20", "30"]  # nothing repeated, nothing lost
     assert (tmp_path / "split" / "learning_curve.png").stat().st_size > 5000
     assert summary["val_mae_mev"] > 0
+    again = train(TrainConfig(out=str(tmp_path / "split"), steps=30, resume=True, **common), qm9)  # already done
+    assert again["val_mae_mev"] == pytest.approx(summary["val_mae_mev"], abs=1e-3)
     with pytest.raises(ValueError, match="other settings"):
         train(TrainConfig(out=str(tmp_path / "split"), steps=40, resume=True, **{**common, "batch_size": 8}), qm9)
 
