@@ -57,7 +57,7 @@ class TrainConfig:
     limit: int | None = option(None, "read at most this many graphs from the data")
     learning_rate: float = option(5e-4, "peak learning rate (AdamW)")
     weight_decay: float = option(0.0, "AdamW weight decay")
-    warmup_steps: int = option(2500, "linear warm-up steps")
+    warmup_steps: int | None = option(None, "linear warm-up steps (default: 2,500, or a tenth of --steps if less)")
     decay_steps: int = option(9600, "the rate is multiplied by decay_rate every this many steps")
     decay_rate: float = option(0.96, "exponential decay factor")
     val_every: int = option(500, "evaluate the validation MAE every this many steps")
@@ -72,6 +72,11 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.devices is not None and (self.devices < 1 or self.batch_size % self.devices):
             raise ValueError(f"--batch-size {self.batch_size} must split evenly over --devices {self.devices}")
+
+    @property
+    def warmup(self) -> int:
+        """The default warm-up: the anchor's 2,500 steps, scaled down for short runs."""
+        return min(2500, max(self.steps // 10, 1))
 
     @property
     def device_count(self) -> int:
@@ -95,7 +100,7 @@ def optimizer(train: TrainConfig) -> optax.GradientTransformation:
     schedule = optax.warmup_exponential_decay_schedule(
         init_value=0.0,
         peak_value=train.learning_rate,
-        warmup_steps=train.warmup_steps,
+        warmup_steps=train.warmup if train.warmup_steps is None else train.warmup_steps,
         transition_steps=train.decay_steps,
         decay_rate=train.decay_rate,
     )
