@@ -227,13 +227,18 @@ def _save(out: Path, params, opt_state, state: RunState) -> None:
     os.replace(tmp, out / STATE)
 
 
-def load_run(out: str | Path):
-    """(model, RunState) of a run directory's last checkpoint."""
-    out = Path(out)
+def read_state(out: Path) -> RunState:
+    """The RunState of a run directory's last checkpoint."""
     if not (out / STATE).exists():
         raise FileNotFoundError(f"{out} holds no SchNet checkpoint ({STATE} missing)")
     raw = json.loads((out / STATE).read_text())
-    state = RunState(**{**raw, "norm": Normaliser(**raw["norm"]), "layout": Layout(**raw["layout"])})
+    return RunState(**{**raw, "norm": Normaliser(**raw["norm"]), "layout": Layout(**raw["layout"])})
+
+
+def load_run(out: str | Path):
+    """(model, RunState) of a run directory's last checkpoint."""
+    out = Path(out)
+    state = read_state(out)
     model = SchNet(SchNetConfig(**state.model), key=jax.random.key(0))
     params, static = eqx.partition(model, eqx.is_array)
     tx = optimizer(TrainConfig(**state.train))
@@ -288,7 +293,8 @@ def train(train_config: TrainConfig, graphs: GraphSet) -> dict:
     model_config = get_config(train_config.config)
     edges = edge_count(graphs, model_config.neighbours, model_config.cutoff)  # (n,) per graph
     if train_config.resume:
-        model, state = load_run(out)
+        state = read_state(out)
+        model = SchNet(SchNetConfig(**state.model), key=jax.random.key(0))  # parameters: from the checkpoint below
         free = ("steps", "resume", "progress", "val_every")  # what a resumed run may change
         changed = [k for k, v in dataclasses.asdict(train_config).items() if k not in free and state.train.get(k) != v]
         if changed:
