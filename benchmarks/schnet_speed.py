@@ -63,10 +63,9 @@ def torch_side(config, batches_of_graphs, graphs, steps_per_window):
                       num_interactions=config.interactions, num_gaussians=config.gaussians, cutoff=config.cutoff,
                       interaction_graph=interaction_graph, max_num_neighbors=config.neighbours)  # fmt: skip
     opt = torch.optim.AdamW(model.parameters(), lr=5e-4)
-    off = graphs.offsets
     data = []
     for chunk in batches_of_graphs:
-        atoms = np.concatenate([np.arange(off[g], off[g + 1]) for g in chunk])
+        atoms = graphs.atom_indices(chunk)
         data.append((torch.as_tensor(graphs.z[atoms], dtype=torch.long), torch.as_tensor(graphs.pos[atoms]),
                      torch.as_tensor(np.repeat(np.arange(len(chunk)), graphs.natoms[chunk])),
                      torch.as_tensor(graphs.target[chunk], dtype=torch.float32)))  # fmt: skip

@@ -26,17 +26,12 @@ MAX_NAO = 2**15 - 1  # AO indices are stored as int16
 ROW_BLOCK_VALUES = 2**24  # working-set size (values) of one step of row_blocks
 
 
-def tril_unpack(t):
-    """Packed lower-triangle index t = a(a+1)/2 + b (b <= a) -> (a, b), exactly.
-
-    numpy input is computed in int64; a JAX array (e.g. inside jit) keeps its integer dtype.
-    """
-    xp = jnp if isinstance(t, jax.Array) else np
-    if xp is np:
-        t = np.asarray(t, np.int64)
-    a = ((xp.sqrt(8.0 * t + 1.0) - 1.0) / 2.0).astype(t.dtype)
-    a = a - (a * (a + 1) // 2 > t)  # float rounding: fix up by one either way
-    a = a + ((a + 1) * (a + 2) // 2 <= t)
+def tril_unpack(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Packed lower-triangle index t = a(a+1)/2 + b (b <= a) -> (a, b), exactly, in int64."""
+    t = np.asarray(t, np.int64)
+    a = ((np.sqrt(8.0 * t + 1.0) - 1.0) / 2.0).astype(np.int64)
+    a -= a * (a + 1) // 2 > t  # float rounding: fix up by one either way
+    a += (a + 1) * (a + 2) // 2 <= t
     return a, t - a * (a + 1) // 2
 
 

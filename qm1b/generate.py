@@ -155,7 +155,8 @@ def _records(
 ) -> tuple[RecordBatch | None, list[Failure]]:
     """The batch's labelled conformers as records (eV), and failures for NaN or dropped ones.
 
-    ``seconds``: the generator's wall time per conformer of this batch, stored with each record.
+    ``seconds``: the generator's wall time for this batch, shared among the records it writes, so
+    that the records' seconds add up to the run's time (failed conformers' time included).
     """
     rows, failures = [], []
     for cid, molecule, r in zip(batch.conformer_ids, batch.molecules, results):
@@ -179,7 +180,7 @@ def _records(
         "std": [r.energy_std_ev for _, _, r in rows],
         "converged": [r.converged for _, _, r in rows],
         "iterations": [r.iterations for _, _, r in rows],
-        "seconds": [seconds] * len(rows),
+        "seconds": [seconds / len(rows)] * len(rows),
         "molecule_id": [batch.entry.molecule_id] * len(rows),
         "conformer_id": [cid for cid, _, _ in rows],
     }
@@ -218,8 +219,7 @@ def run_shard(gen: GenerateConfig, dft: RKSConfig) -> Summary:
                 for k, v in result.timings.items():
                     timings[k] = timings.get(k, 0.0) + v
             now = time.perf_counter()
-            per_conformer = (now - last_commit) / len(batch.conformer_ids)
-            records, failures = _records(batch, results, gen.drop_unconverged, per_conformer)
+            records, failures = _records(batch, results, gen.drop_unconverged, now - last_commit)
             writer.commit(records, failures)
             last_commit = time.perf_counter()
             timings["write"] = timings.get("write", 0.0) + last_commit - now

@@ -15,7 +15,7 @@ in eV, positions in Bohr) are
     std     float64  standard deviation of the energy over the last SCF iterations, eV
 
 and qm1b adds the bookkeeping columns ``converged`` (bool), ``iterations`` (int16), ``seconds``
-(float32: the generator's wall time per conformer, the record's share of its batch),
+(float32: the record's share of the generator's wall time for its batch),
 ``molecule_id`` (int64) and ``conformer_id`` (int32).  ``(molecule_id, conformer_id)`` identifies a
 record; a :class:`Failure` with ``conformer_id == -1`` stands for a whole molecule.
 

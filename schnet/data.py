@@ -49,11 +49,15 @@ class GraphSet:
     def max_atoms(self) -> int:
         return int(self.natoms.max()) if len(self) else 0
 
+    def atom_indices(self, indices) -> np.ndarray:
+        """The flat indices of the atoms of graphs ``indices``, graph after graph."""
+        off = self.offsets
+        return np.concatenate([np.arange(off[g], off[g + 1]) for g in indices]) if len(indices) else np.zeros(0, int)
+
     def take(self, indices) -> GraphSet:
         """The graphs at ``indices``, in that order."""
         indices = np.asarray(indices, np.int64)
-        off = self.offsets
-        atoms = np.concatenate([np.arange(off[g], off[g + 1]) for g in indices]) if len(indices) else np.zeros(0, int)
+        atoms = self.atom_indices(indices)
         return GraphSet(self.z[atoms], self.pos[atoms], self.natoms[indices], self.target[indices], self.group[indices])
 
 
@@ -140,8 +144,7 @@ def pad_batch(graphs: GraphSet, indices, layout: Layout) -> Batch:
     natoms = graphs.natoms[indices]
     if len(indices) > layout.graphs or natoms.sum() > layout.atoms or (len(natoms) and natoms.max() > layout.graph_atoms):
         raise ValueError(f"{len(indices)} graphs with {natoms.sum()} atoms (the largest {natoms.max()}) do not fit {layout}")
-    off = graphs.offsets
-    atoms = np.concatenate([np.arange(off[g], off[g + 1]) for g in indices]) if len(indices) else np.zeros(0, int)
+    atoms = graphs.atom_indices(indices)
     m = len(atoms)
     z = np.zeros(layout.atoms, np.int32)
     pos = np.zeros((layout.atoms, 3), np.float32)

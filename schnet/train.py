@@ -113,16 +113,20 @@ def normalised_output(model: SchNet, batch: Batch, layout: Layout):
                  layout.graph_atoms)  # fmt: skip
 
 
-def predict(model: SchNet, batch: Batch, norm: Normaliser, layout: Layout):
-    """(B,) predicted gaps, eV."""
-    return norm.mean + norm.std * normalised_output(model, batch, layout)[0]
+def error_sum(model: SchNet, batch: Batch, norm: Normaliser, layout: Layout):
+    """(sum of |error| of the normalised target over the real graphs of the batch, edges wanted).
+
+    Times ``norm.std`` it is the sum of |error| in eV.
+    """
+    out, wanted = normalised_output(model, batch, layout)
+    error = jnp.abs(out - (batch.target - norm.mean) / norm.std)
+    return jnp.sum(jnp.where(batch.graph_mask, error, 0.0)), wanted
 
 
 def l1_loss(model: SchNet, batch: Batch, norm: Normaliser, layout: Layout):
     """(mean |error| of the normalised target over the real graphs of the batch, edges wanted)."""
-    out, wanted = normalised_output(model, batch, layout)
-    error = jnp.abs(out - (batch.target - norm.mean) / norm.std)
-    return jnp.sum(jnp.where(batch.graph_mask, error, 0.0)) / jnp.maximum(jnp.sum(batch.graph_mask), 1), wanted
+    total, wanted = error_sum(model, batch, norm, layout)
+    return total / jnp.maximum(jnp.sum(batch.graph_mask), 1), wanted
 
 
 def make_train_step(tx: optax.GradientTransformation, static: SchNet, norm: Normaliser, layout: Layout,
@@ -138,12 +142,10 @@ def make_train_step(tx: optax.GradientTransformation, static: SchNet, norm: Norm
     def body(params, opt_state, batch: Batch, axis: str | None):
         reduce = (lambda x: jax.lax.psum(x, axis)) if axis else (lambda x: x)
 
-        def error_sum(p):
-            out, wanted = normalised_output(eqx.combine(p, static), batch, layout)
-            error = jnp.abs(out - (batch.target - norm.mean) / norm.std)
-            return jnp.sum(jnp.where(batch.graph_mask, error, 0.0)), wanted
+        def loss_sum(p):
+            return error_sum(eqx.combine(p, static), batch, norm, layout)
 
-        (total, wanted), grads = jax.value_and_grad(error_sum, has_aux=True)(params)
+        (total, wanted), grads = jax.value_and_grad(loss_sum, has_aux=True)(params)
         count = jnp.maximum(reduce(jnp.sum(batch.graph_mask)), 1)
         grads = jax.tree.map(lambda g: reduce(g) / count, grads)
         updates, opt_state = tx.update(grads, opt_state, params)
@@ -180,9 +182,8 @@ def make_eval_step(static: SchNet, norm: Normaliser, layout: Layout):
 
     @jax.jit
     def step(params, batch: Batch):
-        out, wanted = normalised_output(eqx.combine(params, static), batch, layout)
-        error = jnp.abs(norm.mean + norm.std * out - batch.target)
-        return jnp.sum(jnp.where(batch.graph_mask, error, 0.0)), jnp.sum(batch.graph_mask), wanted
+        total, wanted = error_sum(eqx.combine(params, static), batch, norm, layout)
+        return norm.std * total, jnp.sum(batch.graph_mask), wanted
 
     return step
 
@@ -337,10 +338,10 @@ def train(train_config: TrainConfig, graphs: GraphSet) -> dict:
             val_mae = 1000 * mean_absolute_error(eval_fn, params, graphs, split["val"], edges, layout)
             rows.append({"step": done, "train_loss_mev": f"{train_mae:.3f}", "val_mae_mev": f"{val_mae:.3f}",
                          "seconds": f"{time.perf_counter() - t0:.1f}"})  # fmt: skip
+            state.step = done
+            _save(out, params, opt_state, state)  # before the metrics: a crash between them repeats no row
             _write_metrics(out / METRICS, rows)
             rows, running = [], []
-            state.step = done
-            _save(out, params, opt_state, state)
             bar.set_postfix(val_mae_mev=f"{val_mae:.1f}")
         bar.update(size)
     bar.close()

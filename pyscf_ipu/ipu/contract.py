@@ -39,8 +39,9 @@ def _tile_blocks(shape_plan: TilePlan, items: np.ndarray, rows: np.ndarray) -> n
     problem, with at least as much per IPU and per tile) fixes the array shape (num_ipus, T, L, ...)
     so that every molecule of a shape bucket gets the same one. The rest is zero padding.
     """
-    _, tiles, _ = _tile_shape(shape_plan)
-    out = np.zeros(_tile_shape(shape_plan) + rows.shape[1:], rows.dtype)
+    shape = _tile_shape(shape_plan)
+    tiles = shape[1]
+    out = np.zeros(shape + rows.shape[1:], rows.dtype)
     start = 0
     for ipu in range(shape_plan.num_ipus):
         for tile, count in enumerate(items[ipu, :tiles]):
