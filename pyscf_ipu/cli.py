@@ -16,7 +16,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from .config import ConfigError, RKSConfig, add_config_arguments, config_from_arguments, enable_compilation_cache
+from .config import (ConfigError, RKSConfig, add_config_arguments, config_from_arguments, disable_numpy_huge_pages,
+                     enable_compilation_cache)
 from .ipu.plan import TileMemoryError
 from .molecule import NAMED_MOLECULES, Molecule, MoleculeError, parse_molecule
 from .units import HARTREE_TO_EV, HARTREE_TO_MEV
@@ -105,6 +106,7 @@ def run_command(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     enable_compilation_cache()
+    disable_numpy_huge_pages()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         result = run_rks(molecule, config)

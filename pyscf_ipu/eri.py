@@ -7,7 +7,7 @@ matrix of pairs p = ij (i >= j), npair = N(N+1)/2. From it we derive
   the 1/degeneracy weights that let every quartet be expanded over all 8 permutations;
 - **the row matrix**: J's and K's (npair, npair) matrices stacked, whose product with the density
   on the pairs gives J and K on the pairs directly (the symmetry-reduced "rows" form, N^4/2 values),
-  gathered on the device from PySCF's 4-fold (npair, npair) form by :func:`row_blocks`.
+  gathered on the device from PySCF's s8 packing by :func:`row_blocks`.
 
 .. math::
 
@@ -67,8 +67,21 @@ def degeneracy_weights(index: np.ndarray) -> np.ndarray:
     return 1.0 / ((1.0 + (i == j)) * (1.0 + (k == l)) * (1.0 + (p == q)))
 
 
+def s8_to_s4(s8: jnp.ndarray, npair: int) -> jnp.ndarray:
+    """PySCF's s8 packing (npair(npair+1)/2,) -> its 4-fold (npair, npair) matrix, on the device.
+
+    Element (p, q) is s8[max(p, q)(max(p, q) + 1)/2 + min(p, q)]; the index is built from iotas, so
+    nothing of size npair^2 is transferred or baked into the compiled code (unpacking on the host
+    and sending the twice-as-large result took 10 ms per 9-heavy-atom molecule).
+    """
+    p = jnp.arange(npair, dtype=jnp.int32)[:, None]
+    q = jnp.arange(npair, dtype=jnp.int32)[None, :]
+    hi, lo = jnp.maximum(p, q), jnp.minimum(p, q)
+    return s8[hi * (hi + 1) // 2 + lo]  # int32: npair(npair+1)/2 < 2^31 up to npair ~ 65k (N ~ 360)
+
+
 @partial(jax.jit, static_argnames=("nao", "nao_padded"))
-def row_blocks(s4: jnp.ndarray, source: jnp.ndarray, nao: int, nao_padded: int) -> jnp.ndarray:
+def row_blocks(s8: jnp.ndarray, source: jnp.ndarray, nao: int, nao_padded: int) -> jnp.ndarray:
     """Rows of the symmetry-reduced J and K matrices stacked, ``[MJ diag(w); MK]``, gathered on the device.
 
     The full matrix is (2 npair_pad, npair_pad) for ``nao_padded`` AOs; ``row_matrix @ D_pairs``
@@ -79,8 +92,8 @@ def row_blocks(s4: jnp.ndarray, source: jnp.ndarray, nao: int, nao_padded: int) 
     - MK[il, jk] = (ij|kl) + (ik|jl) for j > k, (ij|jl) for j = k (K_il over both orderings of j
       and k, D being symmetric).
 
-    ``s4`` (npair, npair) is PySCF's 4-fold packing of the ``nao`` real AOs, (ij|kl) =
-    s4[pair(i, j), pair(k, l)]; ``source`` (R,) names the matrix row each output row holds (-1:
+    ``s8`` is PySCF's 8-fold packing of the ``nao`` real AOs, unpacked here to the 4-fold
+    (npair, npair) s4 with (ij|kl) = s4[pair(i, j), pair(k, l)]; ``source`` (R,) names the matrix row each output row holds (-1:
     padding). Pairs of padded AOs (numbered after the real ones) and padding rows are zero. MJ is s4
     scaled by columns; MK is gathered by whole rows and columns (``take``), which XLA does far faster
     than element-wise gathers, and no index exceeds N^2, so int32 never overflows. Returns
@@ -88,6 +101,7 @@ def row_blocks(s4: jnp.ndarray, source: jnp.ndarray, nao: int, nao_padded: int) 
     """
     n = nao
     npair, npair_pad = n * (n + 1) // 2, nao_padded * (nao_padded + 1) // 2
+    s4 = s8_to_s4(s8, npair)  # (npair, npair)
     a, b = tril_unpack(np.arange(npair))  # pair p = (a, b), a >= b: numpy, fixed at trace time
     pairs = jnp.asarray(pair_index(n))  # (N, N)
     fold_columns = (a * n + b).astype(np.int32)  # (j, k), j >= k, of each column, in the (N * N) fold

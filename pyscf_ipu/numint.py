@@ -10,6 +10,12 @@ The potential matrix is the derivative of the energy with respect to the density
 :math:`V^{xc}_{\mu\nu} = \partial E_{xc} / \partial D_{\mu\nu}`, taken by ``jax.grad`` (and
 symmetrised, since only symmetric variations of D are physical). This gives the usual LDA/GGA
 potential matrix without writing its formula out twice.
+
+The grid is processed in blocks of :func:`grid_block` points, one after another in a
+``lax.fori_loop``: each block's AO values (4, B, N) stay in cache while the density, the functional
+and the potential are computed from them. Done over the whole grid at once, every one of those
+passes streams the full AO array from memory (14 MB per 9-heavy-atom molecule at STO-3G, times the
+batch), and the XC step took 1.7x as long on this machine.
 """
 
 from __future__ import annotations
@@ -34,11 +40,30 @@ def xc_energy(functional: Functional, ao, weights, dm) -> jnp.ndarray:
     return jnp.sum(weights * functional.energy_density(rho, sigma))
 
 
+def grid_block(points: int) -> int:
+    """Points per block: 512 (measured best here for N ~ 60) or the largest power of two from 256
+    down that divides ``points``; padded grids (multiples of 256, see ``padding.bucket``) always
+    get 256 or 512."""
+    for size in (512, 256, 128, 64, 32, 16, 8):
+        if points % size == 0:
+            return size
+    return points
+
+
 def xc_energy_and_potential(functional: Functional, ao, weights, dm) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """(E_xc, V_xc) with V_xc = dE_xc/dD (N, N), symmetrised."""
+    """(E_xc, V_xc) with V_xc = dE_xc/dD (N, N), symmetrised; the grid in blocks (see the module doc)."""
     if not functional.pieces:  # Hartree-Fock: no grid work at all
         return jnp.zeros((), dm.dtype), jnp.zeros_like(dm)
-    exc, grad = jax.value_and_grad(lambda d: xc_energy(functional, ao, weights, d))(dm)
+    size = grid_block(weights.shape[0])
+
+    def block(b, total):
+        ao_b = jax.lax.dynamic_slice_in_dim(ao, b * size, size, axis=1)  # (4, B, N)
+        w_b = jax.lax.dynamic_slice_in_dim(weights, b * size, size)  # (B,)
+        exc, grad = jax.value_and_grad(lambda d: xc_energy(functional, ao_b, w_b, d))(dm)
+        return total[0] + exc, total[1] + grad
+
+    init = (jnp.zeros((), dm.dtype), jnp.zeros_like(dm))
+    exc, grad = jax.lax.fori_loop(0, weights.shape[0] // size, block, init)
     return exc, 0.5 * (grad + grad.T)
 
 

@@ -131,8 +131,10 @@ def finalise(
     if host.grid_points:
         # Padded to the loop's shapes so that this float64 pass, too, compiles once per bucket.
         npad, gpad = shapes
-        ao, weights = pad_to(host.ao, (4, gpad, npad)), pad_to(host.grid_weights, (gpad,))
-        with jax.enable_x64(True):
+        weights = pad_to(host.grid_weights, (gpad,))
+        with jax.enable_x64(True):  # (outside it, device_put would round the AO values to float32)
+            # The padded copy is new and never written again: the device may adopt it without a copy.
+            ao = jax.device_put(pad_to(host.ao, (4, gpad, npad)), may_alias=True)
             exc, vxc, electrons = (np.asarray(a) for a in _xc64(functional, ao, weights, pad_to(dm, (npad, npad))))
         vxc = vxc[:n, :n]
     else:

@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from pyscf_ipu.config import RKSConfig, default_cache_dir, enable_compilation_cache, option
+from pyscf_ipu.config import RKSConfig, default_cache_dir, disable_numpy_huge_pages, enable_compilation_cache, option
 from pyscf_ipu.host import HostProblem, prepare
 from pyscf_ipu.molecule import Molecule, MoleculeError
 from pyscf_ipu.results import SCFResult
@@ -200,6 +200,7 @@ def run_shard(gen: GenerateConfig, dft: RKSConfig) -> Summary:
 
     start = time.perf_counter()
     enable_compilation_cache(default_cache_dir() / "jax")
+    disable_numpy_huge_pages()
     inputs = sorted(load_inputs(gen), key=lambda m: (nao_estimate(m.smiles, dft.basis), m.molecule_id))
     shard, num_shards = parse_shard(gen.shard)
     summary = Summary(out=gen.out, shard=gen.shard, molecules=len(inputs))

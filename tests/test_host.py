@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from pyscf import ao2mo, scf
+from pyscf import ao2mo, dft, scf
 
 from pyscf_ipu.config import RKSConfig
 from pyscf_ipu.host import build_mole, prepare
@@ -20,6 +20,26 @@ def test_sizes_and_grid_match_pyscf(benzene_host):
     # PySCF's RKS grid for benzene at level 0 after its small-density pruning (SCIENCE.md: 10,240).
     assert host.grid_points == 10240
     assert host.ao.shape == (4, host.grid_points, host.nao)
+
+
+def test_grid_is_pyscf_rks_grid(benzene_host):
+    """The same points and weights as the grid PySCF's RKS builds on its first cycle (its order aside)."""
+    host = benzene_host
+    ks = dft.RKS(host.mol)
+    ks.grids.level = 0
+    ks.initialize_grids(host.mol, scf.hf.init_guess_by_minao(host.mol))
+    ours = np.lexsort(np.column_stack([host.grid_coords, host.grid_weights]).T)
+    theirs = np.lexsort(np.column_stack([ks.grids.coords, ks.grids.weights]).T)
+    np.testing.assert_array_equal(host.grid_coords[ours], ks.grids.coords[theirs])
+    np.testing.assert_array_equal(host.grid_weights[ours], ks.grids.weights[theirs])
+
+
+def test_minao_guess_equals_pyscf_for_cno_f_and_h():
+    molecule = from_atom_string("C 0 0 0; N 0 0 1.16; O 1.2 0 -0.7; F -1.3 0 -0.7; H 0 1.0 -0.4; H 0 -1.0 -0.4")
+    for basis in ("sto-3g", "6-31g*"):
+        mol = build_mole(molecule, basis)
+        np.testing.assert_allclose(prepare(molecule, RKSConfig(basis=basis)).density_guess,
+                                   scf.hf.init_guess_by_minao(mol), atol=1e-12)  # fmt: skip
 
 
 def test_orthogonaliser_and_guess(benzene_host):
@@ -52,7 +72,7 @@ def test_bases(basis, nao):
     assert host.nao == nao
     mol = build_mole(from_name("water"), basis)
     np.testing.assert_allclose(ao2mo.restore(1, host.eri_s8, nao), mol.intor("int2e"), atol=1e-12)
-    np.testing.assert_allclose(host.density_guess, scf.hf.init_guess_by_minao(mol))
+    np.testing.assert_allclose(host.density_guess, scf.hf.init_guess_by_minao(mol), atol=1e-12)  # round-off
 
 
 def test_missing_elements_and_unknown_basis():
@@ -65,3 +85,14 @@ def test_missing_elements_and_unknown_basis():
 def test_hartree_fock_skips_the_grid():
     host = prepare(from_name("water"), RKSConfig(xc="hf"), needs_grid=False)
     assert host.grid_points == 0 and host.ao.shape == (4, 0, 7)
+
+
+def test_eri_primitive_screening_is_below_float32_resolution():
+    """libcint's primitive screening at the default exponent cutoff changes integrals by < 1e-7 Ha."""
+    molecule = from_name("benzene")
+    exact = prepare(molecule, RKSConfig(eri_expcutoff=0.0)).eri_s8
+    screened = prepare(molecule, RKSConfig()).eri_s8
+    coarse = prepare(molecule, RKSConfig(eri_expcutoff=15.0)).eri_s8
+    assert RKSConfig().eri_expcutoff == 30.0
+    np.testing.assert_allclose(screened, exact, rtol=0, atol=1e-7)
+    assert np.max(np.abs(coarse - exact)) > 1e-7  # the cutoff really screens
