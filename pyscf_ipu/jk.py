@@ -21,6 +21,7 @@ tile-partitioned contraction on a simulated IPU (:mod:`pyscf_ipu.ipu`); ``dense`
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from collections.abc import Callable
 from functools import partial
@@ -121,6 +122,16 @@ JK_BACKENDS: dict[str, Callable[[RKSConfig], JKBackend]] = {
     "dense": lambda config: DenseJK(),
     "s8": lambda config: S8JK(),
 }
+
+
+def jk_matrices(name: str, eri_s8: np.ndarray, nao: int, dm: np.ndarray, dtype=np.float32,
+                config: RKSConfig | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """J and K (each (N, N), numpy) of the symmetric density ``dm`` by the backend ``name``, in ``dtype``."""
+    backend = get_jk_backend(name, config)
+    with jax.enable_x64(True) if np.dtype(dtype) == np.float64 else contextlib.nullcontext():
+        data = backend.prepare(eri_s8, nao, nao, dtype)
+        j, k = jax.jit(backend.contract)(data, jnp.asarray(dm, dtype))
+        return np.asarray(j), np.asarray(k)
 
 
 def get_jk_backend(name: str, config: RKSConfig | None = None) -> JKBackend:

@@ -40,3 +40,38 @@ def plot_dataset(directory, path: str | Path | None = None) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def plot_gap_by_conformer(directory, path: str | Path, molecule_id: int | None = None) -> Path:
+    """The HOMO-LUMO gap of each conformer of one molecule (default: the one with most conformers).
+
+    How much the label moves with geometry alone: the spread a model must learn from positions.
+    """
+    from matplotlib.figure import Figure
+
+    with open_dataset(directory) as dataset:
+        molecules = dict(dataset.molecules())
+    if not molecules:
+        raise ValueError(f"{directory} has no records")
+    if molecule_id is None:
+        molecule_id = max(molecules, key=lambda m: (len(molecules[m]), -m))
+    if molecule_id not in molecules:
+        raise ValueError(f"molecule {molecule_id} has no records in {directory}")
+    records = molecules[molecule_id]
+    cols = records.columns
+    fig = Figure(figsize=(6, 3.8), layout="constrained")
+    ax = fig.subplots()
+    converged = cols["converged"].astype(bool)
+    ax.plot(cols["conformer_id"], cols["y"], color="0.6", zorder=1)
+    ax.scatter(cols["conformer_id"][converged], cols["y"][converged], label="converged", zorder=2)
+    if not converged.all():
+        ax.scatter(cols["conformer_id"][~converged], cols["y"][~converged], marker="x", color="tab:red",
+                   label="not converged", zorder=2)  # fmt: skip
+    ax.set_xlabel("conformer")
+    ax.set_ylabel("HOMO-LUMO gap y (eV)")
+    ax.set_title(f"molecule {molecule_id}: {cols['smile'][0]}; spread {np.ptp(cols['y']) * 1000:.0f} meV")
+    ax.legend()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path

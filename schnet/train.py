@@ -33,8 +33,9 @@ from jax.sharding import PartitionSpec as P
 from pyscf_ipu.config import option
 
 from .config import SchNetConfig, get_config
-from .data import Batch, GraphSet, Layout, batches, edge_count, layout_for, split_by_group
+from .data import Batch, GraphSet, Layout, batches, edge_count, layout_for, pack, pad_batch, split_by_group
 from .model import SchNet, parameter_count
+from .plots import plot_learning_curve
 
 DATA_AXIS = "data"
 CHECKPOINT = "checkpoint.eqx"
@@ -207,6 +208,25 @@ def mean_absolute_error(eval_step, params, graphs: GraphSet, indices, edges: np.
     return total / max(count, 1)
 
 
+def predict(model: SchNet, state: "RunState", graphs: GraphSet, indices) -> np.ndarray:
+    """The model's targets (eV) for graphs ``indices``, in that order (one pass, the run's batch layout)."""
+    params, static = eqx.partition(model, eqx.is_array)
+    layout, norm = state.layout, state.norm
+
+    @jax.jit
+    def step(params, batch: Batch):
+        out, wanted = normalised_output(eqx.combine(params, static), batch, layout)
+        return norm.mean + norm.std * out, wanted
+
+    edges = edge_count(graphs, model.config.neighbours, model.config.cutoff)
+    out = []
+    for chunk in pack(np.asarray(indices, np.int64), graphs, edges, layout):
+        values, wanted = step(params, pad_batch(graphs, chunk, layout))
+        check_edges(int(wanted), layout)
+        out.append(np.asarray(values)[: len(chunk)])
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
 @dataclass
 class RunState:
     """What a checkpoint restores besides the arrays."""
@@ -260,29 +280,6 @@ def _read_metrics(path: Path) -> list[dict]:
         return []
     with path.open(newline="") as handle:
         return list(csv.DictReader(handle))
-
-
-def plot_learning_curve(out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = _read_metrics(out / METRICS)
-    fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
-    for key, label in (("train_loss_mev", "train MAE (running)"), ("val_mae_mev", "validation MAE")):
-        points = [(int(r["step"]), float(r[key])) for r in rows if r[key]]
-        if points:
-            ax.plot(*zip(*points), marker="o" if key == "val_mae_mev" else None, label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel("HOMO-LUMO gap MAE (meV)")
-    ax.set_yscale("log")
-    ax.legend()
-    ax.grid(True, which="both", alpha=0.3)
-    path = out / "learning_curve.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 def train(train_config: TrainConfig, graphs: GraphSet) -> dict:
@@ -347,7 +344,7 @@ def train(train_config: TrainConfig, graphs: GraphSet) -> dict:
     bar.close()
     if val_mae is None:  # resumed at or past --steps: nothing new to evaluate
         val_mae = float(_read_metrics(out / METRICS)[-1]["val_mae_mev"])
-    plot_learning_curve(out)
+    plot_learning_curve(out / METRICS, out / "learning_curve.png")
     return {
         "val_mae_mev": val_mae,
         "steps": train_config.steps,

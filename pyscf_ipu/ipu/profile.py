@@ -118,3 +118,53 @@ def plot_tile_map(report: dict, path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def tile_owner_map(shape_plan: TilePlan, real_plan: TilePlan, eri_s8: np.ndarray, nao: int) -> dict[str, np.ndarray]:
+    """Which tile holds which integrals, drawn on the (npair, npair) matrix of AO pairs.
+
+    Returns panel title -> (npair, npair) array of global tile numbers (IPU * tiles per IPU + tile),
+    NaN where no tile holds anything. ``rows`` strategy: a tile holds whole rows of the J matrix
+    [(kl), (ij)] and of the K matrix [(il), (jk)], so one panel each, in bands. ``s8``: the unique
+    non-zero integrals (lower triangle, PySCF's s8 order) are dealt out to the tiles in runs.
+    """
+    from ..eri import tril_unpack
+    from .contract import _row_source, _tile_shape
+
+    npair = nao * (nao + 1) // 2
+    if shape_plan.strategy.name == "rows":
+        _, tiles, slots = _tile_shape(shape_plan)
+        source = _row_source(shape_plan)  # (num_ipus * T * L,) row of [MJ; MK] in each slot
+        slot = np.flatnonzero(source >= 0)
+        ipu, tile = np.divmod(slot // slots, tiles)
+        owner = np.full(source.max() + 1, np.nan)
+        owner[source[slot]] = ipu * shape_plan.model.tiles + tile
+        npair_pad = len(owner) // 2  # rows of padded AOs' pairs come after the real ones
+        panels = {"J rows (kl)": owner[:npair], "K rows (il)": owner[npair_pad : npair_pad + npair]}
+        return {name: np.repeat(rows[:, None], npair, axis=1) for name, rows in panels.items()}
+    kept = np.flatnonzero(eri_s8)
+    per_tile = real_plan.items.reshape(-1)  # items of each global tile, in placement order
+    owner = np.repeat(np.arange(per_tile.size), per_tile)
+    p, q = tril_unpack(kept)
+    image = np.full((npair, npair), np.nan)
+    image[p, q] = owner[: len(kept)]
+    return {"unique integrals (ij|kl), ij >= kl": image}
+
+
+def plot_tile_owners(maps: dict[str, np.ndarray], path: str | Path) -> Path:
+    """The :func:`tile_owner_map` panels as images, one colour per tile (colours repeat every 20)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.2 * len(maps) + 0.8, 4.8), layout="constrained")
+    axes = fig.subplots(1, len(maps), squeeze=False)[0]
+    for ax, (title, image) in zip(axes, maps.items()):
+        tiles = np.unique(image[np.isfinite(image)])
+        shown = ax.imshow(image % 20, cmap="tab20", vmin=0, vmax=20, interpolation="nearest")
+        ax.set_title(f"{title}: {len(tiles)} tiles", fontsize=10)
+        ax.set_xlabel("AO pair")
+        ax.set_ylabel("AO pair")
+    fig.colorbar(shown, ax=list(axes), label="tile number mod 20")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path
