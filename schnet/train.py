@@ -5,10 +5,11 @@ steps; :class:`TrainConfig` holds these, and shorter runs scale them. The target
 the training set's mean and standard deviation; the model predicts (y - mean) / std as a sum over
 atoms. Validation MAE is in meV.
 
-A run directory holds ``metrics.csv`` (step, train loss, validation MAE), ``checkpoint.eqx`` (the
-model and optimizer state, via ``eqx.tree_serialise_leaves``), ``state.json`` (step, normaliser,
-configs: what ``--resume`` needs to continue exactly, batches included) and ``learning_curve.png``.
-Checkpoints are written to a temporary name and renamed, so a crash never leaves half of one.
+A run directory holds ``metrics.csv`` (step, train loss, validation MAE), ``checkpoint.eqx`` and
+``learning_curve.png``. The checkpoint is one file: a JSON header (step, normaliser, batch layout,
+configs: what ``--resume`` needs to continue exactly, batches included), then the model and
+optimizer state (``eqx.tree_serialise_leaves``). It is written to a temporary name, synced and
+renamed, so a crash leaves the previous checkpoint or the new one, never half of one or a mix.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from .plots import plot_learning_curve
 
 DATA_AXIS = "data"
 CHECKPOINT = "checkpoint.eqx"
-STATE = "state.json"
 METRICS = "metrics.csv"
 
 
@@ -239,21 +239,50 @@ class RunState:
     split_sizes: dict = field(default_factory=dict)
 
 
+CHECKPOINT_MAGIC = b"schnet-checkpoint-1\n"
+
+
 def _save(out: Path, params, opt_state, state: RunState) -> None:
+    """One file, replaced atomically: the RunState (JSON) as a header, then the arrays.
+
+    Arrays and state in one file cannot disagree after a crash, as two separately replaced files
+    could (a new step's parameters with the previous step's data position).
+    """
+    header = json.dumps(dataclasses.asdict(state)).encode()
     tmp = out / (CHECKPOINT + ".tmp")
-    eqx.tree_serialise_leaves(tmp, (params, opt_state))
+    with tmp.open("wb") as handle:
+        handle.write(CHECKPOINT_MAGIC + len(header).to_bytes(8, "little") + header)
+        eqx.tree_serialise_leaves(handle, (params, opt_state))
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(tmp, out / CHECKPOINT)
-    tmp = out / (STATE + ".tmp")
-    tmp.write_text(json.dumps(dataclasses.asdict(state), indent=1))
-    os.replace(tmp, out / STATE)
+
+
+def _open_checkpoint(out: Path):
+    """(open file positioned at the arrays, RunState) of a run directory's checkpoint."""
+    path = out / CHECKPOINT
+    if not path.exists():
+        raise FileNotFoundError(f"{out} holds no SchNet checkpoint ({CHECKPOINT} missing)")
+    handle = path.open("rb")
+    if handle.read(len(CHECKPOINT_MAGIC)) != CHECKPOINT_MAGIC:
+        handle.close()
+        raise ValueError(f"{path} is not a checkpoint of this version of schnet")
+    raw = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
+    return handle, RunState(**{**raw, "norm": Normaliser(**raw["norm"]), "layout": Layout(**raw["layout"])})
 
 
 def read_state(out: Path) -> RunState:
     """The RunState of a run directory's last checkpoint."""
-    if not (out / STATE).exists():
-        raise FileNotFoundError(f"{out} holds no SchNet checkpoint ({STATE} missing)")
-    raw = json.loads((out / STATE).read_text())
-    return RunState(**{**raw, "norm": Normaliser(**raw["norm"]), "layout": Layout(**raw["layout"])})
+    handle, state = _open_checkpoint(out)
+    handle.close()
+    return state
+
+
+def _read_arrays(out: Path, like):
+    """The checkpoint's (params, opt_state), shaped like ``like``."""
+    handle, _ = _open_checkpoint(out)
+    with handle:
+        return eqx.tree_deserialise_leaves(handle, like)
 
 
 def load_run(out: str | Path):
@@ -263,7 +292,7 @@ def load_run(out: str | Path):
     model = SchNet(SchNetConfig(**state.model), key=jax.random.key(0))
     params, static = eqx.partition(model, eqx.is_array)
     tx = optimizer(TrainConfig(**state.train))
-    params, _ = eqx.tree_deserialise_leaves(out / CHECKPOINT, (params, tx.init(params)))
+    params, _ = _read_arrays(out, (params, tx.init(params)))
     return eqx.combine(params, static), state
 
 
@@ -299,7 +328,7 @@ def train(train_config: TrainConfig, graphs: GraphSet) -> dict:
             raise ValueError(f"--resume with other settings ({', '.join(changed)}) would not continue the same run")
         norm, start, layout = state.norm, state.step, state.layout
     else:
-        if (out / STATE).exists():
+        if (out / CHECKPOINT).exists():
             raise FileExistsError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
         targets = graphs.target[split["train"]]
         norm = Normaliser(float(targets.mean()), float(targets.std()) or 1.0)
@@ -311,7 +340,7 @@ def train(train_config: TrainConfig, graphs: GraphSet) -> dict:
     params, static = eqx.partition(model, eqx.is_array)
     opt_state = tx.init(params)
     if train_config.resume:
-        params, opt_state = eqx.tree_deserialise_leaves(out / CHECKPOINT, (params, opt_state))
+        params, opt_state = _read_arrays(out, (params, opt_state))
     devices = train_config.device_count
     step_fn, eval_fn = make_train_step(tx, static, norm, layout, devices), make_eval_step(static, norm, layout)
     state = RunState(start, norm, layout, dataclasses.asdict(model.config),

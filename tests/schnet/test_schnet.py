@@ -282,3 +282,19 @@ def test_qm1b_shards_and_parquet_load_the_same_graphs(qm9, tmp_path):
         np.testing.assert_allclose(graphs.target, qm9.target[:n])
         assert list(graphs.group) == [f"S{i // 2}" for i in range(n)]  # conformers share their molecule's group
     assert len(load(str(tmp_path / "data"), limit=4)) == 4
+
+
+def test_checkpoint_is_one_file_with_its_state(qm9, tmp_path):
+    """State and arrays travel together; a stray or foreign file is refused with a clear message."""
+    from schnet.train import CHECKPOINT, read_state
+
+    out = tmp_path / "run"
+    train(TrainConfig(config="tiny", steps=4, val_every=2, batch_size=8, num_val=40, out=str(out), progress=False), qm9)
+    assert sorted(p.name for p in out.iterdir()) == [CHECKPOINT, "learning_curve.png", "metrics.csv"]
+    assert read_state(out).step == 4
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / CHECKPOINT).write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="not a checkpoint of this version"):
+        read_state(tmp_path / "foreign")
+    with pytest.raises(FileNotFoundError, match="holds no SchNet checkpoint"):
+        read_state(tmp_path / "empty")
