@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from schnet.data import load, split_by_group
-from schnet.train import METRICS, TrainConfig, train
+from schnet.plots import plot_scaling
+from schnet.train import CHECKPOINT, METRICS, TrainConfig, train
 
 
 def final_mae(run: Path) -> float:
@@ -47,9 +48,10 @@ def main() -> None:
     results = []
     for size in sizes:
         run = out / f"{args.config}-{size}"
-        if not (run / "state.json").exists() or final_mae_steps(run) < args.steps:
+        started = (run / CHECKPOINT).exists()
+        if not started or final_mae_steps(run) < args.steps:
             config = TrainConfig(config=args.config, data=args.data, out=str(run), steps=args.steps, num_train=size,
-                                 num_val=args.num_val, val_every=args.val_every, resume=(run / "state.json").exists())  # fmt: skip
+                                 num_val=args.num_val, val_every=args.val_every, resume=started)  # fmt: skip
             train(config, graphs)
         split = split_by_group(graphs, val=args.num_val, train=size, seed=0)
         results.append((len(split["train"]), final_mae(run)))
@@ -57,18 +59,7 @@ def main() -> None:
 
     with (out / "scaling.csv").open("w", newline="") as handle:
         csv.writer(handle).writerows([("train_graphs", "val_mae_mev"), *results])
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 4), layout="constrained")
-    ax.loglog(*zip(*results), marker="o", label=f"{args.config}, {args.steps:,} steps")
-    ax.set_xlabel("training graphs")
-    ax.set_ylabel("validation MAE, HOMO-LUMO gap (meV)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.savefig(out / "scaling.png", dpi=100)
+    plot_scaling(results, out / "scaling.png", label=f"{args.config}, {args.steps:,} steps")
     print(f"wrote {out / 'scaling.png'} and {out / 'scaling.csv'}")
 
 

@@ -52,3 +52,14 @@ def plot_predictions(true: np.ndarray, predicted: np.ndarray, path: str | Path, 
     ax.set_ylabel("predicted gap (eV)")
     ax.set_title(f"{label}: {len(true)} molecules, MAE {1000 * mae:.0f} meV")
     return _save(fig, path)
+
+
+def plot_scaling(results: list[tuple[int, float]], path: str | Path, *, label: str) -> Path:
+    """Validation MAE (meV) against training-set size, log-log: the QM1B paper's scaling figure."""
+    fig, ax = _figure(size=(5.0, 4.0))
+    ax.loglog(*zip(*results), marker="o", label=label)
+    ax.set_xlabel("training graphs")
+    ax.set_ylabel("validation MAE, HOMO-LUMO gap (meV)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return _save(fig, path)

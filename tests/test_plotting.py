@@ -88,3 +88,9 @@ def test_schnet_plots(tmp_path):
     rng = np.random.default_rng(0)
     true = rng.uniform(4, 8, 50)
     assert_png(plot_predictions(true, true + rng.normal(0, 0.2, 50), tmp_path / "scatter.png"))
+
+
+def test_scaling_plot(tmp_path):
+    from schnet.plots import plot_scaling
+
+    assert_png(plot_scaling([(1000, 290.0), (4000, 160.0), (16000, 95.0)], tmp_path / "scaling.png", label="small"))
