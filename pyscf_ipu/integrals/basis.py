@@ -1,0 +1,79 @@
+"""A PySCF basis as flat arrays of primitive Cartesian Gaussians, for vectorised integral kernels.
+
+Each contracted Cartesian AO mu of PySCF's Cartesian order is a sum over primitives k of
+c_k x_A^i y_A^j z_A^l exp(-a_k |r - A|^2). The integral kernels work on all primitive pairs at
+once and contract with a (primitives, Cartesian AOs) matrix; spherical AOs follow from PySCF's
+``cart2sph_coeff``. Coefficients follow libcint's conventions, so the Cartesian results equal
+``mol.intor("..._cart")``: PySCF stores primitive coefficients with the radial normalisation
+(``gto_norm``) and the contraction normalisation folded in, and libcint multiplies s and p shells
+by the angular factors 1/sqrt(4 pi) and sqrt(3 / (4 pi)) (d and higher get theirs in the
+spherical transform).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from pyscf import gto
+
+# libcint's CINTcommon_fac_sp: the angular normalisation applied to s and p shells.
+ANGULAR_FACTOR = {0: 1.0 / math.sqrt(4.0 * math.pi), 1: math.sqrt(3.0 / (4.0 * math.pi))}
+MAX_L = 2  # s, p and d shells
+
+
+def cartesian_powers(l: int) -> list[tuple[int, int, int]]:
+    """PySCF's order of the Cartesian components of a shell: xx, xy, xz, yy, yz, zz for d."""
+    return [(l - a, a - b, b) for a in range(l + 1) for b in range(a + 1)]
+
+
+@dataclass(frozen=True)
+class PrimitiveBasis:
+    """Host arrays: one row per primitive Cartesian Gaussian (``P`` of them)."""
+
+    exponents: np.ndarray  # (P,)
+    centres: np.ndarray  # (P, 3) Bohr
+    powers: np.ndarray  # (P, 3) int: Cartesian powers (i, j, l)
+    contraction: np.ndarray  # (P, Nc): coefficient of each primitive in each Cartesian AO
+    cart2sph: np.ndarray  # (Nc, N): PySCF's Cartesian -> spherical AO transform
+    charges: np.ndarray  # (natm,) nuclear charges
+    coords: np.ndarray  # (natm, 3) Bohr
+
+
+def primitive_basis(mol: gto.Mole) -> PrimitiveBasis:
+    """Flatten ``mol``'s shells into primitive Cartesian Gaussians (s, p and d shells; no ECPs)."""
+    if mol.has_ecp():
+        raise ValueError("ECP basis sets are not supported by the device integrals")
+    exponents, centres, powers, rows = [], [], [], []
+    nao_cart = mol.nao_cart()
+    column = 0
+    for shell in range(mol.nbas):
+        l, nprim, nctr = (int(mol._bas[shell, k]) for k in (gto.ANG_OF, gto.NPRIM_OF, gto.NCTR_OF))
+        if l > MAX_L:
+            raise ValueError(f"shell {shell} has l = {l}: only s, p and d shells are supported")
+        exps = mol.bas_exp(shell)
+        start = int(mol._bas[shell, gto.PTR_COEFF])
+        coeff = mol._env[start : start + nprim * nctr].reshape(nctr, nprim) * ANGULAR_FACTOR.get(l, 1.0)
+        centre = mol.atom_coord(int(mol._bas[shell, gto.ATOM_OF]))
+        components = cartesian_powers(l)
+        for c in range(nctr):
+            for power in components:
+                for k in range(nprim):
+                    row = np.zeros(nao_cart)
+                    row[column] = coeff[c, k]
+                    rows.append(row)
+                    exponents.append(exps[k])
+                    centres.append(centre)
+                    powers.append(power)
+                column += 1
+    assert column == nao_cart
+    return PrimitiveBasis(
+        exponents=np.asarray(exponents),
+        centres=np.asarray(centres),
+        powers=np.asarray(powers, np.int32),
+        contraction=np.asarray(rows),
+        cart2sph=np.asarray(mol.cart2sph_coeff()),
+        charges=mol.atom_charges().astype(float),
+        coords=mol.atom_coords(),
+    )

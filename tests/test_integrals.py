@@ -1,0 +1,84 @@
+"""Device integrals (pyscf_ipu.integrals) against libcint and against the Boys function's definition.
+
+Tolerances: float64 within 1e-10 Hartree, the issue's bound (round-off is ~1e-13 here). float32:
+see FLOAT32_RTOL, relative to the element's size and at least that much absolute. The issue asks
+1e-6 absolute, which float32 cannot give for the largest elements (the nuclear attraction of an O
+or F core is 60-90 Hartree, where one float32 step is already 4-8e-6), and which the contraction
+sums miss on some O(0.1) elements where tight primitives cancel. Not met in float32 yet.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.special import hyp1f1
+
+from pyscf_ipu.host import build_mole
+from pyscf_ipu.integrals.basis import cartesian_powers, primitive_basis
+from pyscf_ipu.integrals.boys import boys
+from pyscf_ipu.integrals.one_electron import one_electron
+from pyscf_ipu.molecule import from_name
+from pyscf_ipu.qm9 import qm9_molecules
+
+MOLECULES = {"water": lambda: from_name("water"), "benzene": lambda: from_name("benzene"),
+             "qm9-21989": lambda: qm9_molecules([21989])[0].molecule,
+             "qm9-53938": lambda: qm9_molecules([53938])[0].molecule}  # fmt: skip
+
+
+def boys_reference(m, t):
+    """F_m(T) = 1F1(m + 1/2; m + 3/2; -T) / (2m + 1) (float64, scipy)."""
+    return hyp1f1(m + 0.5, m + 1.5, -t) / (2 * m + 1)
+
+
+def test_boys_function_over_its_whole_range():
+    t = np.concatenate([[0.0, 1e-12, 1e-6], np.geomspace(1e-3, 200.0, 400)])
+    for m in range(9):
+        ref = boys_reference(m, t)
+        with jax.enable_x64(True):
+            np.testing.assert_allclose(np.asarray(boys(m, jnp.asarray(t))), ref, rtol=1e-12, atol=0)
+        # float32: measured worst 5e-7 (m <= 3), 1.5e-6 (m = 4, the highest the nuclear attraction of
+        # d shells needs) and 2.8e-6 (m = 6); the ERIs of d shells (m up to 8) will want better.
+        rtol = 1e-6 if m <= 3 else 2e-6 if m == 4 else 5e-6
+        np.testing.assert_allclose(np.asarray(boys(m, jnp.asarray(t, jnp.float32))), ref, rtol=rtol, atol=0)
+
+
+def test_boys_gradient_is_finite_and_right():
+    with jax.enable_x64(True):
+        t = jnp.asarray([0.0, 0.3, 0.5, 0.7, 10.0])
+        grad = jax.vmap(jax.grad(lambda x: boys(2, x)))(t)
+        np.testing.assert_allclose(np.asarray(grad), -boys_reference(3, np.asarray(t)), rtol=1e-10)  # dF_m/dT = -F_{m+1}
+
+
+def test_cartesian_order_is_pyscfs():
+    assert cartesian_powers(2) == [(2, 0, 0), (1, 1, 0), (1, 0, 1), (0, 2, 0), (0, 1, 1), (0, 0, 2)]
+
+
+CI_CASES = {("water", "sto-3g"), ("water", "6-31g"), ("water", "6-31g*"), ("qm9-21989", "6-31g*")}
+CASES = [pytest.param(name, basis, marks=() if (name, basis) in CI_CASES else pytest.mark.slow)
+         for name in MOLECULES for basis in ("sto-3g", "6-31g", "6-31g*")]  # fmt: skip
+# float32, relative to max(1, |element|); measured worst: overlap 1e-6, kinetic 2.3e-6, nuclear 1.9e-5
+# (an O 2p - O 1s element of qm9:53938 at 6-31g*: -0.136 Ha, its tight primitives cancel in the
+# contraction). See the module doc: the issue's 1e-6 is not met in float32 yet.
+FLOAT32_RTOL = {"overlap": 4e-6, "kinetic": 4e-6, "nuclear": 4e-5}
+
+
+@pytest.mark.parametrize("name, basis_name", CASES)
+def test_one_electron_integrals_match_libcint(name, basis_name):
+    mol = build_mole(MOLECULES[name](), basis_name)
+    basis = primitive_basis(mol)
+    refs = {"overlap": mol.intor("int1e_ovlp"), "kinetic": mol.intor("int1e_kin"), "nuclear": mol.intor("int1e_nuc")}
+    with jax.enable_x64(True):
+        ours64 = one_electron(basis, jnp.float64)
+    ours32 = one_electron(basis, jnp.float32)
+    for key, ref in refs.items():
+        np.testing.assert_allclose(np.asarray(ours64[key]), ref, rtol=0, atol=1e-10, err_msg=key)
+        assert ours32[key].dtype == jnp.float32
+        error = np.abs(np.asarray(ours32[key], np.float64) - ref)
+        assert np.all(error <= FLOAT32_RTOL[key] * np.maximum(1.0, np.abs(ref))), (key, float(error.max()))
+
+
+def test_unsupported_shells_are_refused():
+    from pyscf import gto
+
+    with pytest.raises(ValueError, match="only s, p and d shells"):
+        primitive_basis(gto.M(atom="C 0 0 0; O 0 0 1.2", basis="cc-pvtz"))
