@@ -2,7 +2,8 @@
 
 - :mod:`.basis`: a PySCF ``Mole``'s basis as flat arrays of primitive Cartesian Gaussians;
 - :mod:`.boys`: the Boys function F_m(T);
-- :mod:`.one_electron`: overlap, kinetic and nuclear-attraction matrices by McMurchie-Davidson.
+- :mod:`.one_electron`: overlap, kinetic and nuclear-attraction matrices by McMurchie-Davidson;
+- :mod:`.ao_values`: AO values and gradients on grid points.
 
-The ERIs, AO values on the grid and forces build on these (not yet here).
+The ERIs, their tile distribution and the forces build on these (not yet here).
 """

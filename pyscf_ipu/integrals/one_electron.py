@@ -99,14 +99,14 @@ def _to_spherical(basis: PrimitiveBasis, primitive_matrix, n: int, dtype):
 
 def one_electron(basis: PrimitiveBasis, dtype=jnp.float32) -> dict[str, jax.Array]:
     """{"overlap", "kinetic", "nuclear"}: (N, N) spherical AO matrices in ``dtype`` (jit-compiled per shape)."""
-    arrays = (basis.exponents, basis.centres, basis.powers, basis.contraction, basis.cart2sph, basis.charges,
-              basis.coords)  # fmt: skip
+    arrays = (basis.exponents, basis.centres, basis.atoms, basis.powers, basis.contraction, basis.cart2sph,
+              basis.charges, basis.coords)  # fmt: skip
     return _one_electron(*(jnp.asarray(a, jnp.int32 if a.dtype.kind == "i" else dtype) for a in arrays))
 
 
 @jax.jit
-def _one_electron(exponents, centres, powers, contraction, cart2sph, charges, coords):
-    basis = PrimitiveBasis(exponents, centres, powers, contraction, cart2sph, charges, coords)
+def _one_electron(exponents, centres, atoms, powers, contraction, cart2sph, charges, coords):
+    basis = PrimitiveBasis(exponents, centres, atoms, powers, contraction, cart2sph, charges, coords)
     dtype = exponents.dtype
     n, a, b, ca, cb, la, lb = _pairs(basis, dtype)
     p = a + b
