@@ -25,8 +25,10 @@ R^{n}_{t+1,u,v} = t R^{n+1}_{t-1,u,v} + X_{PC} R^{n+1}_{tuv} (and in u, v alike)
 Every primitive pair is computed at once (arrays over pairs, the recursions unrolled at trace time
 up to d shells), then contracted to Cartesian AOs and transformed to spherical ones. In float64 the
 result equals libcint's ``int1e_ovlp``, ``int1e_kin`` and ``int1e_nuc`` to ~1e-13; in float32
-overlap and kinetic energy agree to a few 1e-6 relative, the nuclear attraction to 2e-5 on some
-core-valence elements, where tight primitives cancel in the contraction (tests/test_integrals.py).
+overlap and kinetic energy agree to 3e-7 and the nuclear attraction to 5e-6, relative to
+max(1, |element|) (tests/test_integrals.py). Geometry enters through differences (A - B, and A - C
+from the host in float64), so a pair of primitives on one atom sees exactly zero displacement:
+forming P and then P - A in float32 had cost 1e-4 relative on core-valence elements.
 """
 
 from __future__ import annotations
@@ -47,8 +49,10 @@ def hermite_coefficients(i_max: int, j_max: int, a, b, xa, xb):
     """
     p = a + b
     mu = a * b / p
-    xp = (a * xa + b * xb) / p
-    xpa, xpb, half = xp - xa, xp - xb, 0.5 / p
+    # P - A and P - B from A - B, never from P: exactly zero for two primitives on one atom
+    # (float32 rounding of P itself would leave ~1e-7, amplified by tight exponents).
+    xab = xa - xb
+    xpa, xpb, half = -(b / p) * xab, (a / p) * xab, 0.5 / p
     zero = jnp.zeros_like(p)
 
     def get(table, t):
@@ -86,7 +90,7 @@ def _pairs(basis: PrimitiveBasis, dtype):
     exps = jnp.asarray(basis.exponents, dtype)
     centres = jnp.asarray(basis.centres, dtype)
     powers = jnp.asarray(basis.powers)
-    return n, exps[alpha], exps[beta], centres[alpha], centres[beta], powers[alpha], powers[beta]
+    return n, alpha, exps[alpha], exps[beta], centres[alpha], centres[beta], powers[alpha], powers[beta]
 
 
 def _to_spherical(basis: PrimitiveBasis, primitive_matrix, n: int, dtype):
@@ -101,14 +105,17 @@ def one_electron(basis: PrimitiveBasis, dtype=jnp.float32) -> dict[str, jax.Arra
     """{"overlap", "kinetic", "nuclear"}: (N, N) spherical AO matrices in ``dtype`` (jit-compiled per shape)."""
     arrays = (basis.exponents, basis.centres, basis.atoms, basis.powers, basis.contraction, basis.cart2sph,
               basis.charges, basis.coords)  # fmt: skip
-    return _one_electron(*(jnp.asarray(a, jnp.int32 if a.dtype.kind == "i" else dtype) for a in arrays))
+    # A - C for every primitive centre A and nucleus C, in float64 on the host (see _nuclear)
+    centre_shifts = basis.centres[None, :, :] - basis.coords[:, None, :]  # (natm, P, 3)
+    return _one_electron(*(jnp.asarray(a, jnp.int32 if a.dtype.kind == "i" else dtype) for a in arrays),
+                         jnp.asarray(centre_shifts, dtype))  # fmt: skip
 
 
 @jax.jit
-def _one_electron(exponents, centres, atoms, powers, contraction, cart2sph, charges, coords):
+def _one_electron(exponents, centres, atoms, powers, contraction, cart2sph, charges, coords, centre_shifts):
     basis = PrimitiveBasis(exponents, centres, atoms, powers, contraction, cart2sph, charges, coords)
     dtype = exponents.dtype
-    n, a, b, ca, cb, la, lb = _pairs(basis, dtype)
+    n, alpha, a, b, ca, cb, la, lb = _pairs(basis, dtype)
     p = a + b
     lmax = MAX_L
     overlap_1d, kinetic_1d, e_nuc = [], [], []
@@ -130,7 +137,7 @@ def _one_electron(exponents, centres, atoms, powers, contraction, cart2sph, char
     tx, ty, tz = kinetic_1d
     overlap = sx * sy * sz
     kinetic = tx * sy * sz + sx * ty * sz + sx * sy * tz
-    nuclear = _nuclear(basis, a, b, ca, cb, e_nuc, dtype)
+    nuclear = _nuclear(basis, alpha, a, b, ca, cb, e_nuc, centre_shifts, dtype)
     return {name: _to_spherical(basis, values, n, dtype)
             for name, values in (("overlap", overlap), ("kinetic", kinetic), ("nuclear", nuclear))}  # fmt: skip
 
@@ -160,20 +167,23 @@ def hermite_coulomb(order: int, p, pc):
     return {(t, u, v): value for (t, u, v, n), value in r.items() if n == 0}
 
 
-def _nuclear(basis: PrimitiveBasis, a, b, ca, cb, e_nuc, dtype):
-    """(pairs,) primitive nuclear-attraction integrals summed over the nuclei."""
+def _nuclear(basis: PrimitiveBasis, alpha, a, b, ca, cb, e_nuc, centre_shifts, dtype):
+    """(pairs,) primitive nuclear-attraction integrals summed over the nuclei.
+
+    P - C = (A - C) + (P - A), with A - C from the host's float64 table ``centre_shifts`` and
+    P - A = -(b/p)(A - B): both exact for a pair on the nucleus itself.
+    """
     p = a + b
-    centre_p = (a[:, None] * ca + b[:, None] * cb) / p[:, None]
+    pa = -(b / p)[:, None] * (ca - cb)  # (pairs, 3)
     ex, ey, ez = e_nuc  # (pairs, 2 lmax + 1) each
     order = 2 * MAX_L
     charges = jnp.asarray(basis.charges, dtype)
-    coords = jnp.asarray(basis.coords, dtype)
 
     def one_nucleus(total, nucleus):
-        z, c = nucleus
-        r = hermite_coulomb(order, p, centre_p - c)
+        z, shifts = nucleus  # shifts (P, 3): primitive centres minus this nucleus
+        r = hermite_coulomb(order, p, shifts[alpha] + pa)
         value = sum(ex[:, t] * ey[:, u] * ez[:, v] * r[(t, u, v)] for (t, u, v) in r)
         return total - z * (2.0 * math.pi / p) * value, None
 
-    total, _ = jax.lax.scan(one_nucleus, jnp.zeros_like(p), (charges, coords))
+    total, _ = jax.lax.scan(one_nucleus, jnp.zeros_like(p), (charges, centre_shifts))
     return total
