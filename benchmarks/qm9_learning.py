@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from schnet.data import load_qm9, split_by_group
-from schnet.train import METRICS, TrainConfig, train
+from schnet.train import TrainConfig, final_validation_mae, read_metrics, train
 
 TORCH_GEOMETRIC_MEV, TORCH_GEOMETRIC_MINUTES = 178.0, 24.0
 
@@ -45,11 +45,11 @@ def main() -> None:
     mean_mae = 1000 * np.mean(np.abs(subset.target[split["val"]] - subset.target[split["train"]].mean()))
     summary = train(config, subset)
 
-    rows = [line.split(",") for line in open(os.path.join(args.out, METRICS)).read().splitlines()[1:]]
+    rows = read_metrics(args.out)
     print(f"\n{'step':>6s} {'train MAE meV':>14s} {'val MAE meV':>12s} {'seconds':>8s}")
-    for step, train_mae, val_mae, seconds in rows:
-        print(f"{step:>6s} {train_mae:>14s} {val_mae:>12s} {seconds:>8s}")
-    last3 = np.mean([float(r[2]) for r in rows[-3:]])
+    for r in rows:
+        print(f"{r['step']:>6s} {r['train_loss_mev']:>14s} {r['val_mae_mev']:>12s} {r['seconds']:>8s}")
+    last3 = final_validation_mae(rows)
     minutes = summary["seconds"] / 60
     print(f"\nsmall ({summary['parameters']:,} parameters), {summary['train']:,} train / {summary['val']:,} val molecules, "
           f"{args.steps:,} steps of 32: validation MAE {last3:.1f} meV (mean of the last three evaluations), "

@@ -16,17 +16,9 @@ import argparse
 import csv
 from pathlib import Path
 
-import numpy as np
-
 from schnet.data import load, split_by_group
 from schnet.plots import plot_scaling
-from schnet.train import CHECKPOINT, METRICS, TrainConfig, train
-
-
-def final_mae(run: Path) -> float:
-    """The mean of the last three validation MAEs (meV) of a run."""
-    rows = list(csv.DictReader((run / METRICS).open()))
-    return float(np.mean([float(r["val_mae_mev"]) for r in rows[-3:]]))
+from schnet.train import CHECKPOINT, TrainConfig, final_validation_mae, read_metrics, train
 
 
 def main() -> None:
@@ -49,24 +41,19 @@ def main() -> None:
     for size in sizes:
         run = out / f"{args.config}-{size}"
         started = (run / CHECKPOINT).exists()
-        if not started or final_mae_steps(run) < args.steps:
+        rows = read_metrics(run)
+        if not started or not rows or int(rows[-1]["step"]) < args.steps:
             config = TrainConfig(config=args.config, data=args.data, out=str(run), steps=args.steps, num_train=size,
                                  num_val=args.num_val, val_every=args.val_every, resume=started)  # fmt: skip
             train(config, graphs)
         split = split_by_group(graphs, val=args.num_val, train=size, seed=0)
-        results.append((len(split["train"]), final_mae(run)))
+        results.append((len(split["train"]), final_validation_mae(read_metrics(run))))
         print(f"{args.config}: {results[-1][0]:>7,d} training graphs -> validation MAE {results[-1][1]:.1f} meV")
 
     with (out / "scaling.csv").open("w", newline="") as handle:
         csv.writer(handle).writerows([("train_graphs", "val_mae_mev"), *results])
     plot_scaling(results, out / "scaling.png", label=f"{args.config}, {args.steps:,} steps")
     print(f"wrote {out / 'scaling.png'} and {out / 'scaling.csv'}")
-
-
-def final_mae_steps(run: Path) -> int:
-    """The last step a run evaluated (0 if none)."""
-    rows = list(csv.DictReader((run / METRICS).open())) if (run / METRICS).exists() else []
-    return int(rows[-1]["step"]) if rows else 0
 
 
 if __name__ == "__main__":

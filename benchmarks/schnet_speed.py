@@ -32,6 +32,7 @@ import time
 import equinox as eqx
 import jax
 import numpy as np
+from common import median_range
 
 from schnet.config import CONFIGS
 from schnet.data import edge_count, layout_for, load_qm9, pack, pad_batch
@@ -107,10 +108,6 @@ def jax_side(config, batches_of_graphs, graphs, layout, steps_per_window):
     return window, parameter_count(model)
 
 
-def fmt(values):
-    return f"{statistics.median(values):7.0f} [{min(values):.0f}-{max(values):.0f}]"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--configs", default="small,schnet-9m")
@@ -143,7 +140,8 @@ def main() -> None:
             print(f"{name:10s} every window was busy (load > {args.busy_load}); rerun on a quieter machine")
             continue
         ratios = [a / b for a, b in kept]
-        print(f"{name:10s} {ours_params:>12,d} | {fmt([a for a, _ in kept]):>22s} | {fmt([b for _, b in kept]):>22s} | "
+        ours_rate, their_rate = median_range([a for a, _ in kept], ".0f"), median_range([b for _, b in kept], ".0f")
+        print(f"{name:10s} {ours_params:>12,d} | {ours_rate:>22s} | {their_rate:>22s} | "
               f"{statistics.median(ratios):5.2f} | {len(kept)} of {args.windows}"
               + ("" if ours_params == their_params else f"  (torch has {their_params:,} parameters)"))  # fmt: skip
     print("\nratio = ours / torch_geometric molecules per second (median of per-window ratios); > 1: ours faster")

@@ -31,6 +31,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 
+from common import median_range  # noqa: E402
 from pyscf import dft, scf  # noqa: E402
 
 from pyscf_ipu.config import RKSConfig, enable_compilation_cache  # noqa: E402
@@ -61,10 +62,6 @@ def pyscf_cycles(molecule: Molecule, config: RKSConfig) -> tuple[float, int]:
     start = time.perf_counter()
     mf.kernel()
     return time.perf_counter() - start, mf.cycles
-
-
-def fmt(values: list[float]) -> str:
-    return f"{statistics.median(values):7.3f} [{min(values):.3f}-{max(values):.3f}]"
 
 
 def main() -> None:
@@ -112,8 +109,9 @@ def main() -> None:
     for name, nao, grid, cold, ours, total, loop, cycles, ref_cycles, its, de, loads in rows:
         ratio = statistics.median([a / b for a, b in zip(ours, total)])
         loop_ratio = statistics.median([a / b for a, b in zip(loop, cycles)])
-        print(f"{name:12s} {nao:4d} {grid:6d} | {cold:9.2f} | {fmt(ours)} | {fmt(total)} | {ratio:5.2f} || "
-              f"{fmt(loop)} | {fmt(cycles)} | {loop_ratio:5.2f} | {its:6d}/{ref_cycles:<6d} | {de:+7.3f} | "
+        ours, total, loop, cycles = (median_range(v) for v in (ours, total, loop, cycles))
+        print(f"{name:12s} {nao:4d} {grid:6d} | {cold:9.2f} | {ours} | {total} | {ratio:5.2f} || "
+              f"{loop} | {cycles} | {loop_ratio:5.2f} | {its:6d}/{ref_cycles:<6d} | {de:+7.3f} | "
               f"{min(loads):.1f}-{max(loads):.1f}")  # fmt: skip
     print("\nratio = ours / PySCF (median of per-repeat ratios); < 1 means we are faster.")
     print("\nOur time split, warm (median seconds):")

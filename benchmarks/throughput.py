@@ -35,6 +35,7 @@ import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+from common import median_range  # noqa: E402
 from pyscf import dft  # noqa: E402
 
 from pyscf_ipu.config import RKSConfig  # noqa: E402
@@ -59,10 +60,6 @@ def pyscf_labels(molecule, config: RKSConfig) -> dict[str, float]:
     homo, lumo = mf.mo_energy[nocc - 1], mf.mo_energy[nocc]
     return {"energy": energy * HARTREE_TO_EV, "homo": homo * HARTREE_TO_EV, "lumo": lumo * HARTREE_TO_EV,
             "y": (lumo - homo) * HARTREE_TO_EV, "converged": mf.converged}  # fmt: skip
-
-
-def fmt(values: list[float]) -> str:
-    return f"{statistics.median(values):9,.0f} [{min(values):,.0f}-{max(values):,.0f}]"
 
 
 def main() -> None:
@@ -111,8 +108,8 @@ def main() -> None:
     ratios = [a / b for a, b in zip(ours, theirs)]
     print(f"{'':22s} {'conformers per hour':>30s}")
     print(f"{'ours, cold (compiles)':22s} {3600 * count / cold:9,.0f}")
-    print(f"{'ours, warm':22s} {fmt(ours)}")
-    print(f"{'PySCF':22s} {fmt(theirs)}")
+    print(f"{'ours, warm':22s} {median_range(ours, ',.0f', 9)}")
+    print(f"{'PySCF':22s} {median_range(theirs, ',.0f', 9)}")
     print(f"ratio ours/PySCF (median of {args.windows} windows): {statistics.median(ratios):.2f} "
           f"[{min(ratios):.2f}-{max(ratios):.2f}]; load average {min(loads):.1f}-{max(loads):.1f}")  # fmt: skip
 

@@ -152,7 +152,8 @@ def disable_numpy_huge_pages() -> bool:
     """
     import numpy as np
 
-    switch = getattr(getattr(np, "_core", np.core).multiarray, "_set_madvise_hugepage", None)
+    core = getattr(np, "_core", None) or np.core  # numpy 2 moved np.core to np._core
+    switch = getattr(core.multiarray, "_set_madvise_hugepage", None)
     if switch is None:
         return False
     switch(False)

@@ -93,11 +93,11 @@ def row_blocks(s8: jnp.ndarray, source: jnp.ndarray, nao: int, nao_padded: int) 
       and k, D being symmetric).
 
     ``s8`` is PySCF's 8-fold packing of the ``nao`` real AOs, unpacked here to the 4-fold
-    (npair, npair) s4 with (ij|kl) = s4[pair(i, j), pair(k, l)]; ``source`` (R,) names the matrix row each output row holds (-1:
-    padding). Pairs of padded AOs (numbered after the real ones) and padding rows are zero. MJ is s4
-    scaled by columns; MK is gathered by whole rows and columns (``take``), which XLA does far faster
-    than element-wise gathers, and no index exceeds N^2, so int32 never overflows. Returns
-    (R, npair_pad).
+    (npair, npair) s4 with (ij|kl) = s4[pair(i, j), pair(k, l)]; ``source`` (R,) names the matrix
+    row each output row holds (-1: padding). Pairs of padded AOs (numbered after the real ones) and
+    padding rows are zero. MJ is s4 scaled by columns; MK is gathered by whole rows and columns
+    (``take``), which XLA does far faster than element-wise gathers, and no index exceeds N^2, so
+    int32 never overflows. Returns (R, npair_pad).
     """
     n = nao
     npair, npair_pad = n * (n + 1) // 2, nao_padded * (nao_padded + 1) // 2

@@ -2,11 +2,12 @@
 
 Everything the SCF loop needs that is not the loop itself: the basis, one-electron integrals, the
 8-fold-symmetric ERI with optional Schwarz screening, the Becke grid with AO values and gradients on
-it, the MINAO initial guess and an orthogonaliser of the overlap matrix. Parsed basis sets are cached
-per (basis, element): PySCF reads and parses the basis file on every molecule otherwise, which cost
-more than the one-electron integrals themselves (and 40 ms per molecule for MINAO's ANO basis). The result is a
-:class:`HostProblem` of plain float64 numpy arrays at the molecule's true sizes; padding to shared
-shapes and the cast to the device precision happen later (:mod:`pyscf_ipu.problem`).
+it, the MINAO initial guess and an orthogonaliser of the overlap matrix. Parsed basis sets are
+cached per (basis, element): PySCF reads and parses the basis file on every molecule otherwise,
+which cost more than the one-electron integrals themselves (and 40 ms per molecule for MINAO's ANO
+basis). The result is a :class:`HostProblem` of plain float64 numpy arrays at the molecule's true
+sizes; padding to shared shapes and the cast to the device precision happen later
+(:mod:`pyscf_ipu.problem`).
 """
 
 from __future__ import annotations

@@ -22,15 +22,16 @@ def bucket(n: int, minimum: int = 8, steps_per_octave: int = 8) -> int:
     return int(-(-n // step) * step)
 
 
-def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """An uninitialised array whose data starts on a 64-byte boundary.
+def aligned_empty(shape: tuple[int, ...], dtype, zeroed: bool = False) -> np.ndarray:
+    """An array (uninitialised, or zero with ``zeroed``) whose data starts on a 64-byte boundary.
 
     JAX's CPU device adopts such a buffer without copying it (``jax.device_put(x, may_alias=True)``);
-    numpy's own allocations are only 16-byte aligned, and then every transfer is a copy.
+    numpy's own allocations are only 16-byte aligned, and then every transfer is a copy. ``zeroed``
+    costs no pass of its own: large zero allocations get fresh pages the kernel zeroes on first touch.
     """
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(nbytes + 64, np.uint8)
+    raw = (np.zeros if zeroed else np.empty)(nbytes + 64, np.uint8)
     offset = -raw.ctypes.data % 64
     return raw[offset : offset + nbytes].view(dtype).reshape(shape)
 
@@ -38,7 +39,6 @@ def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
 def pad_to(array: np.ndarray, shape: tuple[int, ...], dtype=None) -> np.ndarray:
     """Embed ``array`` in the leading corner of a zero array of ``shape`` (of ``dtype``, default the
     array's); the result is 64-byte aligned (see :func:`aligned_empty`)."""
-    out = aligned_empty(shape, dtype or array.dtype)
-    out[...] = 0
+    out = aligned_empty(shape, dtype or array.dtype, zeroed=True)
     out[tuple(slice(0, s) for s in array.shape)] = array
     return out

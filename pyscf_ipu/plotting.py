@@ -1,8 +1,7 @@
 """Pictures of one calculation: the grid, the SCF convergence, orbitals, the ERI and J-K matrices.
 
 Each function draws a matplotlib figure from library objects, writes it as a PNG to ``path`` and
-returns the path; the notebooks show the PNGs. Figures are built with the object-oriented API
-(``matplotlib.figure.Figure``), so nothing here touches pyplot's global state or the backend.
+returns the path (see :mod:`pyscf_ipu.figures`); the notebooks show the PNGs.
 """
 
 from __future__ import annotations
@@ -11,23 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .figures import new_figure, save_png
 from .host import HostProblem
 from .results import SCFResult
 from .units import HARTREE_TO_EV
-
-
-def _figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (6.0, 4.0)):
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=size, layout="constrained")
-    return fig, fig.subplots(nrows, ncols, squeeze=False)
-
-
-def _save(fig, path: str | Path, dpi: int = 100) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    return path
 
 
 def principal_frame(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -57,7 +43,7 @@ def plot_grid(host: HostProblem, path: str | Path) -> Path:
     xy = (host.grid_coords[real] - centre) @ axes[:2].T
     log_w = np.log10(host.grid_weights[real])
     order = np.argsort(log_w)  # heavy (outer) points last, on top
-    fig, ((ax,),) = _figure(size=(6.5, 5.5))
+    fig, ((ax,),) = new_figure(size=(6.5, 5.5))
     low = np.percentile(log_w, 2)  # a few near-zero Becke weights would stretch the scale to 1e-40
     points = ax.scatter(xy[order, 0], xy[order, 1], c=np.maximum(log_w[order], low), s=3, cmap="viridis",
                         linewidths=0)  # fmt: skip
@@ -67,13 +53,13 @@ def plot_grid(host: HostProblem, path: str | Path) -> Path:
     ax.set_xlabel("first principal axis (Bohr)")
     ax.set_ylabel("second principal axis (Bohr)")
     ax.set_title(f"{int(real.sum()):,} grid points, projected onto the molecular plane")
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_scf_history(result: SCFResult, path: str | Path) -> Path:
     """Energy error and change, and DIIS error (max|FDS - SDF|), against iteration, on log axes."""
     iterations = np.arange(1, result.iterations + 1)
-    fig, ((left, right),) = _figure(ncols=2, size=(10, 3.8))
+    fig, ((left, right),) = new_figure(ncols=2, size=(10, 3.8))
     error = np.abs(result.energy_history - result.energy)
     left.semilogy(iterations, np.maximum(error, 1e-12), marker="o", label="|E_k - E_final|")
     # The loop's float32 totals resolve ~1e-4 Ha of a few hundred; its energy changes, summed from
@@ -89,7 +75,7 @@ def plot_scf_history(result: SCFResult, path: str | Path) -> Path:
     for ax in (left, right):
         ax.set_xlabel("iteration")
         ax.grid(True, which="both", alpha=0.3)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_orbitals(host: HostProblem, result: SCFResult, path: str | Path, *, height: float = 1.0,
@@ -109,7 +95,7 @@ def plot_orbitals(host: HostProblem, result: SCFResult, path: str | Path, *, hei
     plane = centre + s.reshape(-1, 1) * axes[0] + t.reshape(-1, 1) * axes[1] + height * axes[2]  # (P, 3)
     ao = dft.numint.eval_ao(host.mol, plane)  # (P, N)
     nocc = host.nocc
-    fig, axes_grid = _figure(ncols=2, size=(11, 4.8))
+    fig, axes_grid = new_figure(ncols=2, size=(11, 4.8))
     for ax, (name, index) in zip(axes_grid[0], (("HOMO", nocc - 1), ("LUMO", nocc))):
         values = (ao @ result.mo_coeff[:, index]).reshape(s.shape)
         top = np.abs(values).max()
@@ -121,7 +107,7 @@ def plot_orbitals(host: HostProblem, result: SCFResult, path: str | Path, *, hei
         ax.set_aspect("equal")
         ax.set_xlabel("Bohr")
         ax.set_title(f"{name}: {result.mo_energy[index] * HARTREE_TO_EV:.3f} eV, slice {height:g} Bohr above the plane")
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_eri(eri_s8: np.ndarray, nao: int, path: str | Path, *, threshold: float = 1e-10) -> Path:
@@ -141,7 +127,7 @@ def plot_eri(eri_s8: np.ndarray, nao: int, path: str | Path, *, threshold: float
     lower = np.tril(np.ones((npair, npair), bool))
     screened = lower & (bound < threshold)
     kept = lower & ~screened
-    fig, ((left, right),) = _figure(ncols=2, size=(12, 5.4))
+    fig, ((left, right),) = new_figure(ncols=2, size=(12, 5.4))
     image = left.imshow(np.log10(np.maximum(np.abs(full), 1e-12)), cmap="magma", vmin=-12, interpolation="nearest")
     fig.colorbar(image, ax=left, label="log10 |(ij|kl)| (Hartree)")
     left.set_title(f"(ij|kl) as an ({nao * nao}, {nao * nao}) matrix: {nao**4:,} elements")
@@ -158,14 +144,14 @@ def plot_eri(eri_s8: np.ndarray, nao: int, path: str | Path, *, threshold: float
                     f"{int(screened.sum()):,} screened (grey)", fontsize=9)  # fmt: skip
     right.set_xlabel("pair kl (k >= l)")
     right.set_ylabel("pair ij (i >= j)")
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_jk(matrices: dict[str, tuple[np.ndarray, np.ndarray]], path: str | Path) -> Path:
     """J and K of the first entry of ``matrices`` (name -> (J, K)), and every other entry's difference from it."""
     names = list(matrices)
     reference = names[0]
-    fig, axes = _figure(ncols=len(names), nrows=2, size=(4.2 * len(names), 7.4))
+    fig, axes = new_figure(ncols=len(names), nrows=2, size=(4.2 * len(names), 7.4))
     for row, label in enumerate("JK"):
         ref = np.asarray(matrices[reference][row], np.float64)
         image = axes[row, 0].imshow(ref, cmap="RdBu_r", vmin=-np.abs(ref).max(), vmax=np.abs(ref).max())
@@ -176,7 +162,7 @@ def plot_jk(matrices: dict[str, tuple[np.ndarray, np.ndarray]], path: str | Path
             image = axes[row, col].imshow(np.log10(np.maximum(diff, 1e-12)), cmap="magma", vmin=-12)
             fig.colorbar(image, ax=axes[row, col], shrink=0.8, label="log10 |difference|")
             axes[row, col].set_title(f"{label}: |{name} - {reference}|, max {diff.max():.1e}")
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 __all__ = ["plot_eri", "plot_grid", "plot_jk", "plot_orbitals", "plot_scf_history", "principal_frame"]

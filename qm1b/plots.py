@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pyscf_ipu.figures import new_figure, save_png
+
 from .store import open_dataset
 
 
@@ -47,8 +49,6 @@ def plot_gap_by_conformer(directory, path: str | Path, molecule_id: int | None =
 
     How much the label moves with geometry alone: the spread a model must learn from positions.
     """
-    from matplotlib.figure import Figure
-
     with open_dataset(directory) as dataset:
         molecules = dict(dataset.molecules())
     if not molecules:
@@ -59,8 +59,7 @@ def plot_gap_by_conformer(directory, path: str | Path, molecule_id: int | None =
         raise ValueError(f"molecule {molecule_id} has no records in {directory}")
     records = molecules[molecule_id]
     cols = records.columns
-    fig = Figure(figsize=(6, 3.8), layout="constrained")
-    ax = fig.subplots()
+    fig, ((ax,),) = new_figure(size=(6, 3.8))
     converged = cols["converged"].astype(bool)
     ax.plot(cols["conformer_id"], cols["y"], color="0.6", zorder=1)
     ax.scatter(cols["conformer_id"][converged], cols["y"][converged], label="converged", zorder=2)
@@ -71,7 +70,4 @@ def plot_gap_by_conformer(directory, path: str | Path, molecule_id: int | None =
     ax.set_ylabel("HOMO-LUMO gap y (eV)")
     ax.set_title(f"molecule {molecule_id}: {cols['smile'][0]}; spread {np.ptp(cols['y']) * 1000:.0f} meV")
     ax.legend()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    return path
+    return save_png(fig, path)

@@ -304,11 +304,18 @@ def _write_metrics(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def _read_metrics(path: Path) -> list[dict]:
+def read_metrics(out: str | Path) -> list[dict]:
+    """The rows of a run directory's metrics CSV (strings, as written), [] before its first evaluation."""
+    path = Path(out) / METRICS
     if not path.exists():
         return []
     with path.open(newline="") as handle:
         return list(csv.DictReader(handle))
+
+
+def final_validation_mae(rows: list[dict], last: int = 3) -> float:
+    """The mean of the last ``last`` validation MAEs (meV): the QM9 learning benchmark's figure."""
+    return float(np.mean([float(r["val_mae_mev"]) for r in rows[-last:]]))
 
 
 def train(train_config: TrainConfig, graphs: GraphSet) -> dict:
@@ -372,8 +379,8 @@ def train(train_config: TrainConfig, graphs: GraphSet) -> dict:
         bar.update(size)
     bar.close()
     if val_mae is None:  # resumed at or past --steps: nothing new to evaluate
-        val_mae = float(_read_metrics(out / METRICS)[-1]["val_mae_mev"])
-    plot_learning_curve(out / METRICS, out / "learning_curve.png")
+        val_mae = float(read_metrics(out)[-1]["val_mae_mev"])
+    plot_learning_curve(read_metrics(out), out / "learning_curve.png")
     return {
         "val_mae_mev": val_mae,
         "steps": train_config.steps,

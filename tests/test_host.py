@@ -90,9 +90,9 @@ def test_hartree_fock_skips_the_grid():
 def test_eri_primitive_screening_is_below_float32_resolution():
     """libcint's primitive screening at the default exponent cutoff changes integrals by < 1e-7 Ha."""
     molecule = from_name("benzene")
-    exact = prepare(molecule, RKSConfig(eri_expcutoff=0.0)).eri_s8
-    screened = prepare(molecule, RKSConfig()).eri_s8
-    coarse = prepare(molecule, RKSConfig(eri_expcutoff=15.0)).eri_s8
+    exact = prepare(molecule, RKSConfig(eri_expcutoff=0.0), needs_grid=False).eri_s8
+    screened = prepare(molecule, RKSConfig(), needs_grid=False).eri_s8
+    coarse = prepare(molecule, RKSConfig(eri_expcutoff=15.0), needs_grid=False).eri_s8
     assert RKSConfig().eri_expcutoff == 30.0
     np.testing.assert_allclose(screened, exact, rtol=0, atol=1e-7)
     assert np.max(np.abs(coarse - exact)) > 1e-7  # the cutoff really screens

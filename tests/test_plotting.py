@@ -82,9 +82,10 @@ def test_dataset_plots(tmp_path):
 def test_schnet_plots(tmp_path):
     from schnet.plots import plot_learning_curve, plot_predictions
 
-    metrics = tmp_path / "metrics.csv"
-    metrics.write_text("step,train_loss_mev,val_mae_mev\n10,900,\n20,500,700\n30,300,450\n")
-    assert_png(plot_learning_curve(metrics, tmp_path / "curve.png"))
+    rows = [{"step": "10", "train_loss_mev": "900", "val_mae_mev": ""},  # as read_metrics returns them
+            {"step": "20", "train_loss_mev": "500", "val_mae_mev": "700"},
+            {"step": "30", "train_loss_mev": "300", "val_mae_mev": "450"}]  # fmt: skip
+    assert_png(plot_learning_curve(rows, tmp_path / "curve.png"))
     rng = np.random.default_rng(0)
     true = rng.uniform(4, 8, 50)
     assert_png(plot_predictions(true, true + rng.normal(0, 0.2, 50), tmp_path / "scatter.png"))

@@ -33,9 +33,9 @@ def ao_values(basis: PrimitiveBasis, coords: np.ndarray, owners: np.ndarray, dty
     owners = np.maximum(np.asarray(owners), 0)
     offsets = np.asarray(coords, np.float64) - basis.coords[owners]  # (G, 3), float64 on the host
     shifts = basis.coords[:, None, :] - basis.centres[None, :, :]  # (natm, P, 3): atom minus primitive centre
-    return _ao_values(jnp.asarray(basis.exponents, dtype), jnp.asarray(basis.powers), jnp.asarray(basis.contraction, dtype),
-                      jnp.asarray(basis.cart2sph, dtype), jnp.asarray(offsets, dtype), jnp.asarray(owners),
-                      jnp.asarray(shifts, dtype))  # fmt: skip
+    floats = (jnp.asarray(a, dtype) for a in (basis.exponents, basis.contraction, basis.cart2sph, offsets, shifts))
+    exponents, contraction, cart2sph, offsets, shifts = floats
+    return _ao_values(exponents, jnp.asarray(basis.powers), contraction, cart2sph, offsets, jnp.asarray(owners), shifts)
 
 
 @jax.jit

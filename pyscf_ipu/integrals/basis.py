@@ -34,7 +34,6 @@ class PrimitiveBasis:
 
     exponents: np.ndarray  # (P,)
     centres: np.ndarray  # (P, 3) Bohr
-    atoms: np.ndarray  # (P,) int: the atom each primitive sits on
     powers: np.ndarray  # (P, 3) int: Cartesian powers (i, j, l)
     contraction: np.ndarray  # (P, Nc): coefficient of each primitive in each Cartesian AO
     cart2sph: np.ndarray  # (Nc, N): PySCF's Cartesian -> spherical AO transform
@@ -46,7 +45,7 @@ def primitive_basis(mol: gto.Mole) -> PrimitiveBasis:
     """Flatten ``mol``'s shells into primitive Cartesian Gaussians (s, p and d shells; no ECPs)."""
     if mol.has_ecp():
         raise ValueError("ECP basis sets are not supported by the device integrals")
-    exponents, centres, atoms, powers, rows = [], [], [], [], []
+    exponents, centres, powers, rows = [], [], [], []
     nao_cart = mol.nao_cart()
     column = 0
     for shell in range(mol.nbas):
@@ -56,8 +55,7 @@ def primitive_basis(mol: gto.Mole) -> PrimitiveBasis:
         exps = mol.bas_exp(shell)
         start = int(mol._bas[shell, gto.PTR_COEFF])
         coeff = mol._env[start : start + nprim * nctr].reshape(nctr, nprim) * ANGULAR_FACTOR.get(l, 1.0)
-        atom = int(mol._bas[shell, gto.ATOM_OF])
-        centre = mol.atom_coord(atom)
+        centre = mol.atom_coord(int(mol._bas[shell, gto.ATOM_OF]))
         components = cartesian_powers(l)
         for c in range(nctr):
             for power in components:
@@ -67,14 +65,12 @@ def primitive_basis(mol: gto.Mole) -> PrimitiveBasis:
                     rows.append(row)
                     exponents.append(exps[k])
                     centres.append(centre)
-                    atoms.append(atom)
                     powers.append(power)
                 column += 1
     assert column == nao_cart
     return PrimitiveBasis(
         exponents=np.asarray(exponents),
         centres=np.asarray(centres),
-        atoms=np.asarray(atoms, np.int32),
         powers=np.asarray(powers, np.int32),
         contraction=np.asarray(rows),
         cart2sph=np.asarray(mol.cart2sph_coeff()),

@@ -73,73 +73,60 @@ def hermite_coefficients(i_max: int, j_max: int, a, b, xa, xb):
     return e
 
 
-def _select(table, i_max: int, j_max: int, t_max: int, i, j):
-    """Stack E[i][j][t] to (pairs, i_max + 1, j_max + 1, t_max + 1) and pick each pair's (i, j): (pairs, t_max + 1)."""
+def _stack(table, i_max: int, j_max: int, t_max: int):
+    """E[i][j][t] as one array (pairs, i_max + 1, j_max + 1, t_max + 1), zero beyond t = i + j."""
     zero = jnp.zeros_like(table[0][0][0])
-    stacked = jnp.stack([jnp.stack([jnp.stack([table[a][b][t] if t < len(table[a][b]) else zero
-                                               for t in range(t_max + 1)], -1)
-                                    for b in range(j_max + 1)], -2)
-                         for a in range(i_max + 1)], -3)  # fmt: skip
-    return stacked[jnp.arange(stacked.shape[0]), i, j]
-
-
-def _pairs(basis: PrimitiveBasis, dtype):
-    """Every ordered primitive pair (alpha, beta) as flat arrays."""
-    n = basis.exponents.shape[0]
-    alpha, beta = (x.reshape(-1) for x in jnp.meshgrid(jnp.arange(n), jnp.arange(n), indexing="ij"))
-    exps = jnp.asarray(basis.exponents, dtype)
-    centres = jnp.asarray(basis.centres, dtype)
-    powers = jnp.asarray(basis.powers)
-    return n, alpha, exps[alpha], exps[beta], centres[alpha], centres[beta], powers[alpha], powers[beta]
-
-
-def _to_spherical(basis: PrimitiveBasis, primitive_matrix, n: int, dtype):
-    """(pairs,) primitive values -> the (N, N) spherical AO matrix."""
-    contraction = jnp.asarray(basis.contraction, dtype)  # (P, Nc)
-    c2s = jnp.asarray(basis.cart2sph, dtype)  # (Nc, N)
-    cart = contraction.T @ primitive_matrix.reshape(n, n) @ contraction
-    return c2s.T @ cart @ c2s
+    return jnp.stack([jnp.stack([jnp.stack([table[a][b][t] if t < len(table[a][b]) else zero
+                                            for t in range(t_max + 1)], -1)
+                                 for b in range(j_max + 1)], -2)
+                      for a in range(i_max + 1)], -3)  # fmt: skip
 
 
 def one_electron(basis: PrimitiveBasis, dtype=jnp.float32) -> dict[str, jax.Array]:
     """{"overlap", "kinetic", "nuclear"}: (N, N) spherical AO matrices in ``dtype`` (jit-compiled per shape)."""
-    arrays = (basis.exponents, basis.centres, basis.atoms, basis.powers, basis.contraction, basis.cart2sph,
-              basis.charges, basis.coords)  # fmt: skip
     # A - C for every primitive centre A and nucleus C, in float64 on the host (see _nuclear)
     centre_shifts = basis.centres[None, :, :] - basis.coords[:, None, :]  # (natm, P, 3)
-    return _one_electron(*(jnp.asarray(a, jnp.int32 if a.dtype.kind == "i" else dtype) for a in arrays),
-                         jnp.asarray(centre_shifts, dtype))  # fmt: skip
+    floats = (basis.exponents, basis.centres, basis.contraction, basis.cart2sph, basis.charges, centre_shifts)
+    exponents, centres, contraction, cart2sph, charges, centre_shifts = (jnp.asarray(a, dtype) for a in floats)
+    return _one_electron(exponents, centres, jnp.asarray(basis.powers), contraction, cart2sph, charges, centre_shifts)
 
 
 @jax.jit
-def _one_electron(exponents, centres, atoms, powers, contraction, cart2sph, charges, coords, centre_shifts):
-    basis = PrimitiveBasis(exponents, centres, atoms, powers, contraction, cart2sph, charges, coords)
+def _one_electron(exponents, centres, powers, contraction, cart2sph, charges, centre_shifts):
     dtype = exponents.dtype
-    n, alpha, a, b, ca, cb, la, lb = _pairs(basis, dtype)
+    n = exponents.shape[0]  # primitives
+    alpha, beta = (x.reshape(-1) for x in jnp.meshgrid(jnp.arange(n), jnp.arange(n), indexing="ij"))  # all pairs
+    a, b, ca, cb, la, lb = exponents[alpha], exponents[beta], centres[alpha], centres[beta], powers[alpha], powers[beta]
     p = a + b
     lmax = MAX_L
+    pair = jnp.arange(alpha.shape[0])
     overlap_1d, kinetic_1d, e_nuc = [], [], []
     for axis in range(3):
-        # i and j up to l + 1: the gradients raise each side by one.
-        table = hermite_coefficients(lmax + 1, lmax + 1, a, b, ca[:, axis], cb[:, axis])
+        # i and j up to l + 1: the gradients raise each side by one; t up to 2 lmax for the nuclei.
+        table = _stack(hermite_coefficients(lmax + 1, lmax + 1, a, b, ca[:, axis], cb[:, axis]),
+                       lmax + 1, lmax + 1, 2 * lmax)  # fmt: skip
         i, j = la[:, axis], lb[:, axis]
         root = jnp.sqrt(math.pi / p)
 
         def s(di, dj):
-            return _select(table, lmax + 1, lmax + 1, 0, jnp.maximum(i + di, 0), jnp.maximum(j + dj, 0))[:, 0] * root
+            return table[pair, jnp.maximum(i + di, 0), jnp.maximum(j + dj, 0), 0] * root
 
         fi, fj = i.astype(dtype), j.astype(dtype)
         gradient = fi * fj * s(-1, -1) - 2.0 * a * fj * s(1, -1) - 2.0 * b * fi * s(-1, 1) + 4.0 * a * b * s(1, 1)
         overlap_1d.append(s(0, 0))
         kinetic_1d.append(0.5 * gradient)
-        e_nuc.append(_select(table, lmax + 1, lmax + 1, 2 * lmax, i, j))  # (pairs, 2 lmax + 1)
+        e_nuc.append(table[pair, i, j])  # (pairs, 2 lmax + 1)
     sx, sy, sz = overlap_1d
     tx, ty, tz = kinetic_1d
     overlap = sx * sy * sz
     kinetic = tx * sy * sz + sx * ty * sz + sx * sy * tz
-    nuclear = _nuclear(basis, alpha, a, b, ca, cb, e_nuc, centre_shifts, dtype)
-    return {name: _to_spherical(basis, values, n, dtype)
-            for name, values in (("overlap", overlap), ("kinetic", kinetic), ("nuclear", nuclear))}  # fmt: skip
+    nuclear = _nuclear(alpha, a, b, ca, cb, e_nuc, charges, centre_shifts)
+
+    def spherical(values):  # (pairs,) primitive values -> (N, N) spherical AOs
+        cart = contraction.T @ values.reshape(n, n) @ contraction
+        return cart2sph.T @ cart @ cart2sph
+
+    return {"overlap": spherical(overlap), "kinetic": spherical(kinetic), "nuclear": spherical(nuclear)}
 
 
 def hermite_coulomb(order: int, p, pc):
@@ -167,7 +154,7 @@ def hermite_coulomb(order: int, p, pc):
     return {(t, u, v): value for (t, u, v, n), value in r.items() if n == 0}
 
 
-def _nuclear(basis: PrimitiveBasis, alpha, a, b, ca, cb, e_nuc, centre_shifts, dtype):
+def _nuclear(alpha, a, b, ca, cb, e_nuc, charges, centre_shifts):
     """(pairs,) primitive nuclear-attraction integrals summed over the nuclei.
 
     P - C = (A - C) + (P - A), with A - C from the host's float64 table ``centre_shifts`` and
@@ -177,7 +164,6 @@ def _nuclear(basis: PrimitiveBasis, alpha, a, b, ca, cb, e_nuc, centre_shifts, d
     pa = -(b / p)[:, None] * (ca - cb)  # (pairs, 3)
     ex, ey, ez = e_nuc  # (pairs, 2 lmax + 1) each
     order = 2 * MAX_L
-    charges = jnp.asarray(basis.charges, dtype)
 
     def one_nucleus(total, nucleus):
         z, shifts = nucleus  # shifts (P, 3): primitive centres minus this nucleus

@@ -38,7 +38,7 @@ def _tile_blocks(shape_plan: TilePlan, items: np.ndarray, rows: np.ndarray) -> n
     problem, with at least as much per IPU and per tile) fixes the array shape (num_ipus, T, L, ...)
     so that every molecule of a shape bucket gets the same one. The rest is zero padding.
     """
-    shape = _tile_shape(shape_plan)
+    shape = tile_shape(shape_plan)
     tiles = shape[1]
     out = np.zeros(shape + rows.shape[1:], rows.dtype)
     start = 0
@@ -50,22 +50,22 @@ def _tile_blocks(shape_plan: TilePlan, items: np.ndarray, rows: np.ndarray) -> n
     return out
 
 
-def _tile_shape(plan: TilePlan) -> tuple[int, int, int]:
+def tile_shape(plan: TilePlan) -> tuple[int, int, int]:
     """(num_ipus, T, L): IPUs, tiles used per IPU (the most of any IPU), items on the fullest tile."""
     return plan.num_ipus, int(np.count_nonzero(plan.items, axis=1).max()), plan.max_items
 
 
 def _order(plan: TilePlan) -> np.ndarray:
     """Positions of the real rows, in order, within the flattened (num_ipus, T, L) output."""
-    _, tiles, slots = _tile_shape(plan)
+    _, tiles, slots = tile_shape(plan)
     mask = np.arange(slots)[None, None, :] < plan.items[:, :tiles, None]
     return np.flatnonzero(mask.reshape(-1)).astype(np.int32)
 
 
-def _row_source(plan: TilePlan) -> np.ndarray:
+def row_source(plan: TilePlan) -> np.ndarray:
     """The inverse of :func:`_order`: which row each (IPU, tile, slot) holds, -1 for padding."""
     order = _order(plan)
-    source = np.full(int(np.prod(_tile_shape(plan))), -1, np.int32)
+    source = np.full(int(np.prod(tile_shape(plan))), -1, np.int32)
     source[order] = np.arange(len(order), dtype=np.int32)
     return source
 
@@ -80,13 +80,13 @@ def layout(shape_plan: TilePlan, real_plan: TilePlan, eri_s8: np.ndarray, nao: i
     """
     npad = shape_plan.workload.nao
     if shape_plan.strategy.name == "rows":
-        source = _row_source(shape_plan)  # (num_ipus * T * L,) matrix row of each slot
+        source = row_source(shape_plan)  # (num_ipus * T * L,) matrix row of each slot
         # Cast on the host: half the bytes to send; unpacked on the device. Padded AOs' pairs last.
         rows = row_blocks(jnp.asarray(eri_s8.astype(dtype)), jnp.asarray(source), nao, npad)
         npair_pad = npad * (npad + 1) // 2
         i, j = tril_unpack(np.arange(npair_pad))  # the AOs of each pair
         return {
-            "rows": rows.reshape(_tile_shape(shape_plan) + (npair_pad,)),
+            "rows": rows.reshape(tile_shape(shape_plan) + (npair_pad,)),
             "order": _order(shape_plan),  # (2 npair_pad,)
             "pair_aos": np.stack([i, j]).astype(np.int32),  # (2, npair_pad)
             "pairs": pair_index(npad),  # (Np, Np)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..figures import new_figure, save_png
 from .plan import TilePlan
 
 TIME_FORMULA = (
@@ -129,12 +130,12 @@ def tile_owner_map(shape_plan: TilePlan, real_plan: TilePlan, eri_s8: np.ndarray
     non-zero integrals (lower triangle, PySCF's s8 order) are dealt out to the tiles in runs.
     """
     from ..eri import tril_unpack
-    from .contract import _row_source, _tile_shape
+    from .contract import row_source, tile_shape
 
     npair = nao * (nao + 1) // 2
     if shape_plan.strategy.name == "rows":
-        _, tiles, slots = _tile_shape(shape_plan)
-        source = _row_source(shape_plan)  # (num_ipus * T * L,) row of [MJ; MK] in each slot
+        _, tiles, slots = tile_shape(shape_plan)
+        source = row_source(shape_plan)  # (num_ipus * T * L,) row of [MJ; MK] in each slot
         slot = np.flatnonzero(source >= 0)
         ipu, tile = np.divmod(slot // slots, tiles)
         owner = np.full(source.max() + 1, np.nan)
@@ -153,10 +154,8 @@ def tile_owner_map(shape_plan: TilePlan, real_plan: TilePlan, eri_s8: np.ndarray
 
 def plot_tile_owners(maps: dict[str, np.ndarray], path: str | Path) -> Path:
     """The :func:`tile_owner_map` panels as images, one colour per tile (colours repeat every 20)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(5.2 * len(maps) + 0.8, 4.8), layout="constrained")
-    axes = fig.subplots(1, len(maps), squeeze=False)[0]
+    fig, axes = new_figure(ncols=len(maps), size=(5.2 * len(maps) + 0.8, 4.8))
+    axes = axes[0]
     for ax, (title, image) in zip(axes, maps.items()):
         tiles = np.unique(image[np.isfinite(image)])
         shown = ax.imshow(image % 20, cmap="tab20", vmin=0, vmax=20, interpolation="nearest")
@@ -164,7 +163,4 @@ def plot_tile_owners(maps: dict[str, np.ndarray], path: str | Path) -> Path:
         ax.set_xlabel("AO pair")
         ax.set_ylabel("AO pair")
     fig.colorbar(shown, ax=list(axes), label="tile number mod 20")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    return path
+    return save_png(fig, path)
