@@ -35,7 +35,7 @@ import numpy as np
 from common import median_range
 
 from schnet.config import CONFIGS
-from schnet.data import edge_count, layout_for, load_qm9, pack, pad_batch
+from schnet.data import pair_count, layout_for, load_qm9, pack, pad_batch
 from schnet.model import SchNet, parameter_count
 from schnet.train import Normaliser, TrainConfig, make_train_step, optimizer
 
@@ -122,9 +122,9 @@ def main() -> None:
     print(f"{'config':10s} {'parameters':>12s} | {'ours mol/s':>22s} | {'torch_geometric mol/s':>22s} | {'ratio':>5s} | windows kept")
     for name in args.configs.split(","):
         config = CONFIGS[name]
-        edges = edge_count(graphs, config.neighbours, config.cutoff)
-        layout = layout_for(graphs, edges, 32)
-        chunks = pack(np.random.default_rng(1).permutation(len(graphs)), graphs, edges, layout)
+        pairs = pair_count(graphs, config.neighbours, config.cutoff)
+        layout = layout_for(graphs, pairs, 32)
+        chunks = pack(np.random.default_rng(1).permutation(len(graphs)), graphs, pairs, layout)
         ours, ours_params = jax_side(config, chunks, graphs, layout, args.steps)
         theirs, their_params = torch_side(config, chunks, graphs, args.steps)
         ours(0), theirs(0)  # warm-up: compilation, allocator

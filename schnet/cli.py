@@ -48,7 +48,7 @@ def eval_main(argv: list[str] | None = None) -> int:
         import equinox as eqx
         import numpy as np
 
-        from .data import edge_count, load, split_by_group
+        from .data import pair_count, load, split_by_group
         from .train import TrainConfig, load_run, make_eval_step, mean_absolute_error
 
         model, state = load_run(args.run)
@@ -60,8 +60,8 @@ def eval_main(argv: list[str] | None = None) -> int:
             indices = split_by_group(graphs, val=train_config.num_val, train=train_config.num_train,
                                      seed=train_config.seed)[args.split]  # fmt: skip
         params, static = eqx.partition(model, eqx.is_array)
-        edges = edge_count(graphs, model.config.neighbours, model.config.cutoff)
-        mae = mean_absolute_error(make_eval_step(static, state.norm, state.layout), params, graphs, indices, edges,
+        pairs = pair_count(graphs, model.config.neighbours, model.config.cutoff)
+        mae = mean_absolute_error(make_eval_step(static, state.norm, state.layout), params, graphs, indices, pairs,
                                   state.layout)  # fmt: skip
     except (ValueError, FileNotFoundError, KeyError) as err:
         print(f"schnet-eval: error: {err}", file=sys.stderr)

@@ -8,10 +8,11 @@ Sources:
   file: the target is the column ``y`` (gap, eV), positions are converted from Bohr.
 
 A :class:`GraphSet` keeps every graph ragged (atoms flat, plus counts). A batch holds its atoms flat
-too, each tagged with its graph, padded to a fixed :class:`Layout` (graphs, atoms, edges), so one
-compiled train step serves every batch; a padded atom has z = 0, a padded graph weight 0 in the
-loss. Graphs are packed into batches greedily, so that the edges the model will find (counted on
-the host by :func:`edge_count`) fit the edge budget: only real edges cost filter evaluations.
+too, each tagged with its graph, padded to a fixed :class:`Layout` (graphs, atoms, neighbour pairs),
+so one compiled train step serves every batch; a padded atom has z = 0, a padded graph weight 0 in
+the loss. Graphs are packed into batches greedily, so that the neighbour pairs the model will find
+(counted on the host by :func:`pair_count`) fit the pair budget: only real pairs cost filter
+evaluations.
 """
 
 from __future__ import annotations
@@ -76,22 +77,24 @@ class Batch:
 
 @dataclass(frozen=True)
 class Layout:
-    """The fixed shape of every batch: at most ``graphs`` graphs, ``atoms`` atoms and ``edges`` edges,
-    and no graph larger than ``graph_atoms`` atoms (the model's neighbour window)."""
+    """The fixed shape of every batch: at most ``graphs`` graphs, ``atoms`` atoms and ``pairs``
+    neighbour pairs (:func:`schnet.model.neighbour_pairs`), and no graph larger than ``graph_atoms``
+    atoms (the model's neighbour window)."""
 
     graphs: int
     atoms: int
-    edges: int
+    pairs: int
     graph_atoms: int
 
 
 EDGE_MARGIN = 1e-4  # Angstrom: host counts include near-ties, so they bound the float32 count in jit
 
 
-def edge_count(graphs: GraphSet, neighbours: int | None, cutoff: float) -> np.ndarray:
-    """(n,) edges of each graph under the model's rule (:func:`schnet.model.neighbour_list`), in float64.
+def pair_count(graphs: GraphSet, neighbours: int | None, cutoff: float) -> np.ndarray:
+    """(n,) neighbour pairs of each graph under the model's rule (:func:`schnet.model.neighbour_pairs`).
 
-    Pairs within EDGE_MARGIN of the cutoff or of the k-th distance count too, so the result is an
+    A pair {i, j} counts once if either atom receives from the other. Computed in float64, with
+    pairs within EDGE_MARGIN of the cutoff or of the k-th distance counted too, so the result is an
     upper bound of what the float32 computation finds.
     """
     off = graphs.offsets
@@ -101,34 +104,37 @@ def edge_count(graphs: GraphSet, neighbours: int | None, cutoff: float) -> np.nd
         n = len(pos)
         d = np.linalg.norm(pos[:, None] - pos[None], axis=-1)
         np.fill_diagonal(d, np.inf)
-        keep = d < cutoff + EDGE_MARGIN
+        keep = d < cutoff + EDGE_MARGIN  # (n, n): i receives from j
         if neighbours is not None and neighbours < n - 1:
             kth = np.sort(d, axis=1)[:, neighbours - 1]
             keep &= d <= kth[:, None] + EDGE_MARGIN
-        out[g] = np.count_nonzero(keep)
+        out[g] = np.count_nonzero(np.triu(keep | keep.T, 1))
     return out
 
 
-def layout_for(graphs: GraphSet, edges: np.ndarray, batch_size: int, slack: float = 1.25) -> Layout:
-    """Budgets for batches of ``batch_size`` graphs: the mean atoms and edges per graph with ``slack``.
+def layout_for(graphs: GraphSet, pairs: np.ndarray, batch_size: int, sigmas: float = 4.0) -> Layout:
+    """Budgets for batches of ``batch_size`` random graphs: the mean atoms and pairs plus ``sigmas`` sd.
 
-    Random batches of 32 QM9 molecules stay within 25% of the mean, so nearly every batch holds
-    ``batch_size`` graphs; the largest graph always fits. Rounded up to multiples of 64.
+    A batch of B graphs drawn at random holds B mean +- sqrt(B) sd atoms (and pairs), so at 4 sd
+    a few batches in 100,000 are cut short by a budget; padding is what the compiled step
+    computes in vain, so the budgets stay that tight. The largest graph always fits. Rounded up to
+    multiples of 32.
     """
 
     def budget(per_graph: np.ndarray) -> int:
-        need = max(int(np.ceil(batch_size * per_graph.mean() * slack)), int(per_graph.max()), 1)
-        return -(-need // 64) * 64
+        need = batch_size * per_graph.mean() + sigmas * per_graph.std() * np.sqrt(batch_size)
+        need = max(int(np.ceil(need)), int(per_graph.max()), 1)
+        return -(-need // 32) * 32
 
-    return Layout(batch_size, budget(graphs.natoms), budget(edges), graphs.max_atoms)
+    return Layout(batch_size, budget(graphs.natoms), budget(pairs), graphs.max_atoms)
 
 
-def pack(order: np.ndarray, graphs: GraphSet, edges: np.ndarray, layout: Layout) -> list[np.ndarray]:
+def pack(order: np.ndarray, graphs: GraphSet, pairs: np.ndarray, layout: Layout) -> list[np.ndarray]:
     """Cut ``order`` into consecutive batches that fit ``layout`` (greedy; the order is kept)."""
     out, current, atoms, count = [], [], 0, 0
     for g in order:
-        n, e = int(graphs.natoms[g]), int(edges[g])
-        if current and (len(current) == layout.graphs or atoms + n > layout.atoms or count + e > layout.edges):
+        n, e = int(graphs.natoms[g]), int(pairs[g])
+        if current and (len(current) == layout.graphs or atoms + n > layout.atoms or count + e > layout.pairs):
             out.append(np.asarray(current, np.int64))
             current, atoms, count = [], 0, 0
         current.append(g)
@@ -156,7 +162,7 @@ def pad_batch(graphs: GraphSet, indices, layout: Layout) -> Batch:
     return Batch(z, pos, z > 0, graph_index, target, np.arange(layout.graphs) < len(indices))
 
 
-def batches(graphs: GraphSet, indices, edges: np.ndarray, layout: Layout, *, seed: int | None = None,
+def batches(graphs: GraphSet, indices, pairs: np.ndarray, layout: Layout, *, seed: int | None = None,
             start: int = 0) -> Iterator[Batch]:  # fmt: skip
     """Batches over ``indices``: reshuffled every epoch from ``seed`` and endless, or (seed None) one pass in order.
 
@@ -164,13 +170,13 @@ def batches(graphs: GraphSet, indices, edges: np.ndarray, layout: Layout, *, see
     """
     indices = np.asarray(indices, np.int64)
     if seed is None:
-        yield from (pad_batch(graphs, b, layout) for b in itertools.islice(pack(indices, graphs, edges, layout), start, None))
+        yield from (pad_batch(graphs, b, layout) for b in itertools.islice(pack(indices, graphs, pairs, layout), start, None))
         return
     if not len(indices):
         raise ValueError("no training graphs")
     skipped = 0
     for epoch in itertools.count():
-        chunks = pack(np.random.default_rng([seed, epoch]).permutation(indices), graphs, edges, layout)
+        chunks = pack(np.random.default_rng([seed, epoch]).permutation(indices), graphs, pairs, layout)
         if skipped + len(chunks) <= start:  # this whole epoch was done before
             skipped += len(chunks)
             continue

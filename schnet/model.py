@@ -8,8 +8,8 @@ A batch of graphs (atoms flat, padded to N atoms and E edges, with masks) goes t
 
 1. embedding: x_i = E[z_i], (A, F);
 2. neighbours: the k nearest atoms within the cutoff (``neighbours=k``), or every atom within the
-   cutoff (``neighbours=None``), as a fixed-size edge list computed inside jit (see
-   :func:`neighbour_list`); the atoms of a batch are flat, each tagged with its graph;
+   cutoff (``neighbours=None``), as a fixed-size list of atom pairs computed inside jit (see
+   :func:`neighbour_pairs`); the atoms of a batch are flat, each tagged with its graph;
 3. T interaction blocks, each x_i += Dense(ssp(Dense(sum_j Dense(x_j) * W(d_ij)))), with the
    continuous filter W(d) = Dense(ssp(Dense(rbf(d)))) * C(d): Gaussians exp(-gamma (d - mu_g)^2)
    with centres mu_g evenly spaced on [0, cutoff] and gamma = 1 / (2 spacing^2), and the cosine
@@ -33,8 +33,17 @@ from .config import SchNetConfig
 
 @jax.custom_jvp
 def shifted_softplus(x):
-    """ssp(x) = log(1 + e^x) - log 2, as max(x, 0) + log1p(e^-|x|) - log 2 (no overflow)."""
-    return jnp.maximum(x, 0.0) + jnp.log1p(jnp.exp(-jnp.abs(x))) - math.log(2.0)
+    """ssp(x) = log(1 + e^x) - log 2, as max(x, 0) + log(1 + e^-|x|) - log 2 (no overflow).
+
+    log(1 + e) rather than log1p(e): e is in (0, 1], so the two differ by less than float32's
+    resolution of the result near log 2 (absolute error <= 6e-8), and XLA's CPU log is 1.4x faster.
+    """
+    return _ssp(x, jnp.exp(-jnp.abs(x)))
+
+
+def _ssp(x, e):
+    """ssp(x) given e = exp(-|x|)."""
+    return jnp.maximum(x, 0.0) + jnp.log(1.0 + e) - math.log(2.0)
 
 
 @shifted_softplus.defjvp
@@ -42,14 +51,13 @@ def _shifted_softplus_jvp(primals, tangents):
     """The derivative sigmoid(x) from the same e^-|x| as the value: one exp per element for both.
 
     ``jax.nn.softplus`` (logaddexp) evaluates its exponentials again for the derivative; on the
-    (edges, filters) arrays of the filter network that made the shifted softplus the largest
+    (pairs, filters) arrays of the filter network that made the shifted softplus the largest
     elementwise cost of a training step here (2.2 ms forward and 3.2 ms with its gradient per
     (11328, 128) array, against 1.0 and 0.6 ms this way).
     """
     (x,), (dx,) = primals, tangents
     e = jnp.exp(-jnp.abs(x))
-    value = jnp.maximum(x, 0.0) + jnp.log1p(e) - math.log(2.0)
-    return value, jnp.where(x >= 0, 1.0, e) / (1.0 + e) * dx
+    return _ssp(x, e), jnp.where(x >= 0, 1.0, e) / (1.0 + e) * dx
 
 
 def dense(layer: eqx.nn.Linear, x):
@@ -58,25 +66,32 @@ def dense(layer: eqx.nn.Linear, x):
     return y if layer.bias is None else y + layer.bias
 
 
-class Edges(NamedTuple):
-    """A fixed-size edge list: messages flow from ``source`` to ``target`` (both (E,) atom indices)."""
+class Pairs(NamedTuple):
+    """A fixed-size list of atom pairs i < j joined by an edge in at least one direction.
 
-    source: jax.Array  # (E,)
-    target: jax.Array  # (E,) sorted
-    distance: jax.Array  # (E,) Angstrom; the cutoff on padding edges
-    mask: jax.Array  # (E,) real edges
-    count: jax.Array  # () edges wanted; more than E means the budget was too small
+    The continuous filter depends on the distance only, so one evaluation per pair serves both
+    directions (the messages j -> i and i -> j); with symmetric neighbourhoods (a radius graph, or
+    k at least the atoms of a molecule) that halves the filter network's work against an edge list.
+    """
+
+    first: jax.Array  # (P,) i, sorted
+    second: jax.Array  # (P,) j > i, same graph
+    distance: jax.Array  # (P,) Angstrom; the cutoff on padding pairs (so the cosine envelope is 0)
+    forward: jax.Array  # (P,) 1.0 if i receives a message from j, else 0.0
+    backward: jax.Array  # (P,) 1.0 if j receives a message from i, else 0.0
+    count: jax.Array  # () pairs wanted; more than P means the budget was too small
 
 
-def neighbour_list(pos, atom_mask, graph_index, k: int | None, cutoff: float, max_edges: int, window: int) -> Edges:
-    """The edges of a flat batch of atoms, computed inside jit with fixed shapes.
+def neighbour_pairs(pos, atom_mask, graph_index, k: int | None, cutoff: float, max_pairs: int, window: int) -> Pairs:
+    """The neighbour pairs of a flat batch of atoms, computed inside jit with fixed shapes.
 
     Atom i receives messages from j if both are real atoms of the same graph, j != i, their
     distance is below the cutoff and (``k`` given) j is among i's k nearest atoms (distance at most
-    the k-th smallest). A graph's atoms are contiguous, so i's candidates are the ``window`` atoms
-    from the start of its graph (``window`` >= the largest graph): the search costs N x window, not
-    N^2. The edges are compacted, in target order, to ``max_edges``; the batcher sizes batches so
-    that they fit (see :func:`schnet.data.edge_count`), and ``count`` lets the caller check.
+    the k-th smallest); k nearest is not symmetric, so each pair carries a flag per direction. A
+    graph's atoms are contiguous, so i's candidates are the ``window`` atoms from the start of its
+    graph (``window`` >= the largest graph): the search costs N x window, not N^2. The pairs are
+    compacted, in order of i, to ``max_pairs``; the batcher sizes batches so that they fit (see
+    :func:`schnet.data.pair_count`), and ``count`` lets the caller check.
     """
     n = pos.shape[0]
     atoms = jnp.arange(n)
@@ -88,14 +103,17 @@ def neighbour_list(pos, atom_mask, graph_index, k: int | None, cutoff: float, ma
     diff = pos[:, None, :] - pos[candidate]  # (N, window, 3)
     # sqrt of a positive value only, so no NaN gradient from masked pairs
     dist = jnp.sqrt(jnp.where(valid, jnp.sum(diff * diff, axis=-1), 1.0))  # (N, window)
-    mask = valid & (dist < cutoff)
+    receives = valid & (dist < cutoff)  # (N, window): i receives from candidate
     if k is not None and k < window - 1:
         kth = -jax.lax.top_k(-jnp.where(valid, dist, jnp.inf), k)[0][:, -1]  # (N,) k-th smallest distance
-        mask &= dist <= kth[:, None]
-    target, slot = jnp.nonzero(mask, size=max_edges, fill_value=0)
-    real = jnp.arange(max_edges) < jnp.sum(mask)
-    distance = jnp.where(real, dist[target, slot], cutoff)
-    return Edges(candidate[target, slot], target, distance, real, jnp.sum(mask))
+        receives &= dist <= kth[:, None]
+    rank = jnp.minimum(atoms - first, window - 1)  # (N,) i's slot in the window of its graph's atoms
+    sends = valid & receives[candidate, rank[:, None]]  # (N, window): candidate receives from i
+    pair = (receives | sends) & (slots > atoms[:, None])
+    i, s = jnp.nonzero(pair, size=max_pairs, fill_value=0)
+    real = jnp.arange(max_pairs) < jnp.sum(pair)
+    flag = lambda m: (m[i, s] & real).astype(pos.dtype)  # noqa: E731
+    return Pairs(i, candidate[i, s], jnp.where(real, dist[i, s], cutoff), flag(receives), flag(sends), jnp.sum(pair))
 
 
 class Interaction(eqx.Module):
@@ -116,11 +134,15 @@ class Interaction(eqx.Module):
         self.atom_out = eqx.nn.Linear(w, f, key=k4)
         self.update = eqx.nn.Linear(f, f, key=k5)
 
-    def __call__(self, x, rbf, envelope, edges: Edges):
-        """x (N, F); rbf (E, G) and envelope (E,) (cutoff weights, 0 on padding) of the edges."""
-        w = dense(self.filter_out, shifted_softplus(dense(self.filter_in, rbf))) * envelope[:, None]  # (E, W)
-        products = dense(self.atom_in, x)[edges.source] * w  # (E, W)
-        messages = jax.ops.segment_sum(products, edges.target, x.shape[0], indices_are_sorted=True)  # (N, W)
+    def __call__(self, x, rbf, envelope, pairs: Pairs):
+        """x (N, F); rbf (P, G) and envelope (P,) (cutoff weights, 0 on padding) of the pairs."""
+        w = dense(self.filter_out, shifted_softplus(dense(self.filter_in, rbf)))  # (P, W), once per pair
+        h = dense(self.atom_in, x)  # (N, W)
+        to_first = h[pairs.second] * (w * (envelope * pairs.forward)[:, None])  # (P, W) j -> i
+        to_second = h[pairs.first] * (w * (envelope * pairs.backward)[:, None])  # (P, W) i -> j
+        n = x.shape[0]
+        messages = (jax.ops.segment_sum(to_first, pairs.first, n, indices_are_sorted=True)
+                    + jax.ops.segment_sum(to_second, pairs.second, n))  # (N, W)  # fmt: skip
         return x + dense(self.update, shifted_softplus(dense(self.atom_out, messages)))
 
 
@@ -155,20 +177,20 @@ class SchNet(eqx.Module):
         spacing = c.cutoff / max(c.gaussians - 1, 1)
         return jnp.exp(-0.5 / spacing**2 * (dist[..., None] - centres) ** 2)
 
-    def atom_outputs(self, z, pos, atom_mask, graph_index, max_edges: int, window: int):
-        """((N,) per-atom contributions, zero on padding; the edges wanted)."""
+    def atom_outputs(self, z, pos, atom_mask, graph_index, max_pairs: int, window: int):
+        """((N,) per-atom contributions, zero on padding; the pairs wanted)."""
         c = self.config
-        edges = neighbour_list(pos, atom_mask, graph_index, c.neighbours, c.cutoff, max_edges, window)
-        envelope = jnp.where(edges.mask, 0.5 * (jnp.cos(jnp.pi * edges.distance / c.cutoff) + 1.0), 0.0)  # (E,)
-        rbf = self.radial_basis(edges.distance)  # (E, G)
+        pairs = neighbour_pairs(pos, atom_mask, graph_index, c.neighbours, c.cutoff, max_pairs, window)
+        envelope = 0.5 * (jnp.cos(jnp.pi * pairs.distance / c.cutoff) + 1.0)  # (P,); padding sits at the cutoff
+        rbf = self.radial_basis(pairs.distance)  # (P, G)
         x = self.embedding.weight[z]  # (N, F)
         for block in self.interactions:
-            x = block(x, rbf, envelope, edges)
+            x = block(x, rbf, envelope, pairs)
         out = dense(self.head_out, shifted_softplus(dense(self.head_hidden, x)))[:, 0]
-        return jnp.where(atom_mask, out, 0.0), edges.count
+        return jnp.where(atom_mask, out, 0.0), pairs.count
 
-    def __call__(self, z, pos, atom_mask, graph_index, num_graphs: int, max_edges: int, window: int):
-        out, wanted = self.atom_outputs(z, pos, atom_mask, graph_index, max_edges, window)
+    def __call__(self, z, pos, atom_mask, graph_index, num_graphs: int, max_pairs: int, window: int):
+        out, wanted = self.atom_outputs(z, pos, atom_mask, graph_index, max_pairs, window)
         return jax.ops.segment_sum(out, graph_index, num_graphs), wanted
 
 

@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 from pyscf_ipu.config import option
 
 from .config import SchNetConfig, get_config
-from .data import Batch, GraphSet, Layout, batches, edge_count, layout_for, pack, pad_batch, split_by_group
+from .data import Batch, GraphSet, Layout, batches, pair_count, layout_for, pack, pad_batch, split_by_group
 from .model import SchNet, parameter_count
 from .plots import plot_learning_curve
 
@@ -109,13 +109,13 @@ def optimizer(train: TrainConfig) -> optax.GradientTransformation:
 
 
 def normalised_output(model: SchNet, batch: Batch, layout: Layout):
-    """((B,) model outputs, the edges the batch wanted)."""
-    return model(batch.z, batch.pos, batch.atom_mask, batch.graph_index, batch.target.shape[0], layout.edges,
+    """((B,) model outputs, the neighbour pairs the batch wanted)."""
+    return model(batch.z, batch.pos, batch.atom_mask, batch.graph_index, batch.target.shape[0], layout.pairs,
                  layout.graph_atoms)  # fmt: skip
 
 
 def error_sum(model: SchNet, batch: Batch, norm: Normaliser, layout: Layout):
-    """(sum of |error| of the normalised target over the real graphs of the batch, edges wanted).
+    """(sum of |error| of the normalised target over the real graphs of the batch, pairs wanted).
 
     Times ``norm.std`` it is the sum of |error| in eV.
     """
@@ -125,14 +125,14 @@ def error_sum(model: SchNet, batch: Batch, norm: Normaliser, layout: Layout):
 
 
 def l1_loss(model: SchNet, batch: Batch, norm: Normaliser, layout: Layout):
-    """(mean |error| of the normalised target over the real graphs of the batch, edges wanted)."""
+    """(mean |error| of the normalised target over the real graphs of the batch, pairs wanted)."""
     total, wanted = error_sum(model, batch, norm, layout)
     return total / jnp.maximum(jnp.sum(batch.graph_mask), 1), wanted
 
 
 def make_train_step(tx: optax.GradientTransformation, static: SchNet, norm: Normaliser, layout: Layout,
                     devices: int = 1):  # fmt: skip
-    """A jitted step (params, opt_state, batch) -> (params, opt_state, loss, edges wanted); compiles once.
+    """A jitted step (params, opt_state, batch) -> (params, opt_state, loss, pairs wanted); compiles once.
 
     ``devices > 1``: data parallel over that many local devices (``shard_map``); the batch then has
     a leading device axis (see :func:`device_batches`), each device computes its graphs' error sum
@@ -179,7 +179,7 @@ def device_batches(stream, devices: int):
 
 
 def make_eval_step(static: SchNet, norm: Normaliser, layout: Layout):
-    """Jitted (params, batch) -> (sum of |error| in eV over real graphs, their count, edges wanted)."""
+    """Jitted (params, batch) -> (sum of |error| in eV over real graphs, their count, pairs wanted)."""
 
     @jax.jit
     def step(params, batch: Batch):
@@ -189,21 +189,21 @@ def make_eval_step(static: SchNet, norm: Normaliser, layout: Layout):
     return step
 
 
-class EdgeBudgetError(RuntimeError):
-    """A batch wanted more edges than its layout holds (a bug: the batcher's counts are upper bounds)."""
+class PairBudgetError(RuntimeError):
+    """A batch wanted more neighbour pairs than its layout holds (a bug: the batcher's counts are upper bounds)."""
 
 
-def check_edges(wanted: int, layout: Layout) -> None:
-    if wanted > layout.edges:
-        raise EdgeBudgetError(f"a batch wanted {wanted} edges, more than the layout's {layout.edges}")
+def check_pairs(wanted: int, layout: Layout) -> None:
+    if wanted > layout.pairs:
+        raise PairBudgetError(f"a batch wanted {wanted} neighbour pairs, more than the layout's {layout.pairs}")
 
 
-def mean_absolute_error(eval_step, params, graphs: GraphSet, indices, edges: np.ndarray, layout: Layout) -> float:
+def mean_absolute_error(eval_step, params, graphs: GraphSet, indices, pairs: np.ndarray, layout: Layout) -> float:
     """MAE in eV over ``indices`` (one pass)."""
     total, count = 0.0, 0
-    for batch in batches(graphs, indices, edges, layout):
+    for batch in batches(graphs, indices, pairs, layout):
         s, c, wanted = eval_step(params, batch)
-        check_edges(int(wanted), layout)
+        check_pairs(int(wanted), layout)
         total, count = total + float(s), count + int(c)
     return total / max(count, 1)
 
@@ -218,11 +218,11 @@ def predict(model: SchNet, state: "RunState", graphs: GraphSet, indices) -> np.n
         out, wanted = normalised_output(eqx.combine(params, static), batch, layout)
         return norm.mean + norm.std * out, wanted
 
-    edges = edge_count(graphs, model.config.neighbours, model.config.cutoff)
+    pairs = pair_count(graphs, model.config.neighbours, model.config.cutoff)
     out = []
-    for chunk in pack(np.asarray(indices, np.int64), graphs, edges, layout):
+    for chunk in pack(np.asarray(indices, np.int64), graphs, pairs, layout):
         values, wanted = step(params, pad_batch(graphs, chunk, layout))
-        check_edges(int(wanted), layout)
+        check_pairs(int(wanted), layout)
         out.append(np.asarray(values)[: len(chunk)])
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
@@ -239,7 +239,7 @@ class RunState:
     split_sizes: dict = field(default_factory=dict)
 
 
-CHECKPOINT_MAGIC = b"schnet-checkpoint-1\n"
+CHECKPOINT_MAGIC = b"schnet-checkpoint-2\n"  # 2: Layout counts neighbour pairs, not edges
 
 
 def _save(out: Path, params, opt_state, state: RunState) -> None:
@@ -325,7 +325,7 @@ def train(train_config: TrainConfig, graphs: GraphSet) -> dict:
     out = Path(train_config.out)
     split = split_by_group(graphs, val=train_config.num_val, train=train_config.num_train, seed=train_config.seed)
     model_config = get_config(train_config.config)
-    edges = edge_count(graphs, model_config.neighbours, model_config.cutoff)  # (n,) per graph
+    pairs = pair_count(graphs, model_config.neighbours, model_config.cutoff)  # (n,) per graph
     if train_config.resume:
         state = read_state(out)
         model = SchNet(SchNetConfig(**state.model), key=jax.random.key(0))  # parameters: from the checkpoint below
@@ -341,7 +341,7 @@ def train(train_config: TrainConfig, graphs: GraphSet) -> dict:
         norm = Normaliser(float(targets.mean()), float(targets.std()) or 1.0)
         model = SchNet(model_config, key=jax.random.key(train_config.seed))
         start = 0
-        layout = layout_for(graphs, edges, train_config.batch_size // train_config.device_count)  # per device
+        layout = layout_for(graphs, pairs, train_config.batch_size // train_config.device_count)  # per device
     out.mkdir(parents=True, exist_ok=True)
     tx = optimizer(train_config)
     params, static = eqx.partition(model, eqx.is_array)
@@ -354,7 +354,7 @@ def train(train_config: TrainConfig, graphs: GraphSet) -> dict:
                      {**dataclasses.asdict(train_config), "resume": False},
                      {k: len(v) for k, v in split.items()})  # fmt: skip
 
-    stream = device_batches(batches(graphs, split["train"], edges, layout, seed=train_config.seed, start=start * devices),
+    stream = device_batches(batches(graphs, split["train"], pairs, layout, seed=train_config.seed, start=start * devices),
                             devices)  # fmt: skip
     size = train_config.batch_size
     bar = tqdm(total=train_config.steps * size, initial=start * size, disable=not train_config.progress, unit="mol")
@@ -366,9 +366,9 @@ def train(train_config: TrainConfig, graphs: GraphSet) -> dict:
         wanted = jnp.maximum(wanted, batch_wanted)  # checked at each evaluation, without a sync per step
         done = step + 1
         if done % train_config.val_every == 0 or done == train_config.steps:
-            check_edges(int(wanted), layout)
+            check_pairs(int(wanted), layout)
             train_mae = float(np.mean(jax.device_get(running))) * norm.std * 1000
-            val_mae = 1000 * mean_absolute_error(eval_fn, params, graphs, split["val"], edges, layout)
+            val_mae = 1000 * mean_absolute_error(eval_fn, params, graphs, split["val"], pairs, layout)
             rows.append({"step": done, "train_loss_mev": f"{train_mae:.3f}", "val_mae_mev": f"{val_mae:.3f}",
                          "seconds": f"{time.perf_counter() - t0:.1f}"})  # fmt: skip
             state.step = done

@@ -16,8 +16,8 @@ import pytest
 
 from schnet.cli import eval_main, train_main
 from schnet.config import CONFIGS
-from schnet.data import GraphSet, Layout, batches, edge_count, layout_for, load_qm9, pack, pad_batch, split_by_group
-from schnet.model import SchNet, neighbour_list, parameter_count
+from schnet.data import GraphSet, Layout, batches, pair_count, layout_for, load_qm9, pack, pad_batch, split_by_group
+from schnet.model import SchNet, neighbour_pairs, parameter_count
 from schnet.train import Normaliser, TrainConfig, l1_loss, load_run, make_train_step, normalised_output, optimizer, train
 
 RTOL = 1e-5
@@ -70,7 +70,7 @@ def test_rotation_translation_and_permutation_invariance(qm9, tiny):
 
 def test_padding_changes_no_prediction(qm9, tiny):
     tight = roomy(qm9, 5)
-    loose = Layout(16, tight.atoms + 100, tight.edges + 500, tight.graph_atoms + 3)  # 11 padded graphs, more of all
+    loose = Layout(16, tight.atoms + 100, tight.pairs + 500, tight.graph_atoms + 3)  # 11 padded graphs, more of all
     a = predict(tiny, pad_batch(qm9, range(5), tight), tight)
     b = predict(tiny, pad_batch(qm9, range(5), loose), loose)
     np.testing.assert_allclose(b[:5], a, rtol=RTOL, atol=1e-6)
@@ -85,38 +85,80 @@ def test_knn_and_radius_graph_agree_when_k_covers_every_atom(qm9):
     np.testing.assert_allclose(predict(knn, batch, layout), predict(radius, batch, layout), rtol=RTOL, atol=1e-6)
 
 
-@pytest.mark.parametrize("k", [2, 5, None])
-def test_neighbour_list_matches_a_direct_search(qm9, k):
-    """The edges of a batch are exactly the pairs within the cutoff among each atom's k nearest (numpy, float64)."""
-    layout = roomy(qm9, 4)
-    batch = pad_batch(qm9, range(4), layout)
-    edges = neighbour_list(batch.pos, batch.atom_mask, batch.graph_index, k, 3.0, layout.edges, layout.graph_atoms)
-    found = {(int(t), int(s)) for t, s, m in zip(edges.target, edges.source, edges.mask) if m}
-    expected, off = set(), qm9.offsets
-    for g in range(4):
-        pos = qm9.pos[off[g] : off[g + 1]].astype(np.float64)
+def directed_edges(graphs: GraphSet, count: int, k: int | None, cutoff: float) -> set[tuple[int, int]]:
+    """(i, j): i receives from j, for the first ``count`` graphs, by a direct float64 search in numpy."""
+    expected, off = set(), graphs.offsets
+    for g in range(count):
+        pos = graphs.pos[off[g] : off[g + 1]].astype(np.float64)
         d = np.linalg.norm(pos[:, None] - pos[None], axis=-1)
         np.fill_diagonal(d, np.inf)
-        keep = d < 3.0
+        keep = d < cutoff
         if k is not None and k < len(pos) - 1:  # fewer atoms than k + 1: all of them are neighbours
             keep &= d <= np.sort(d, axis=1)[:, [k - 1]]
         expected |= {(off[g] + i, off[g] + j) for i, j in zip(*np.nonzero(keep))}
-    assert found == expected and int(edges.count) == len(expected)
-    assert np.all(np.diff(np.asarray(edges.target)[np.asarray(edges.mask)]) >= 0)  # sorted, as segment_sum is told
+    return expected
 
 
-def test_edge_budgets_bound_what_the_model_finds(qm9):
+@pytest.mark.parametrize("k", [2, 5, None])
+def test_neighbour_pairs_match_a_direct_search(qm9, k):
+    """The pairs and their direction flags give exactly the edges of a direct search (k nearest is not symmetric)."""
+    layout = roomy(qm9, 4)
+    batch = pad_batch(qm9, range(4), layout)
+    pairs = neighbour_pairs(batch.pos, batch.atom_mask, batch.graph_index, k, 3.0, layout.pairs, layout.graph_atoms)
+    real = np.arange(layout.pairs) < int(pairs.count)
+    i, j = np.asarray(pairs.first)[real], np.asarray(pairs.second)[real]
+    forward, backward = np.asarray(pairs.forward)[real] == 1, np.asarray(pairs.backward)[real] == 1
+    found = {(a, b) for a, b in zip(i[forward], j[forward])} | {(b, a) for a, b in zip(i[backward], j[backward])}
+    expected = directed_edges(qm9, 4, k, 3.0)
+    assert found == expected
+    assert np.all(i < j) and np.all(forward | backward) and len(set(zip(i, j))) == len(i)  # each pair once, used
+    assert np.all(np.diff(i) >= 0)  # sorted, as segment_sum is told
+    assert np.all(np.asarray(pairs.forward)[~real] == 0) and np.all(np.asarray(pairs.backward)[~real] == 0)
+    if k == 2:
+        assert np.count_nonzero(forward != backward) > 0  # the asymmetric case really is exercised
+
+
+def test_model_matches_an_edge_by_edge_schnet(qm9):
+    """The pair-wise model equals SchNet written edge by edge (numpy, float64) with k = 3, where many
+    neighbourhoods are one-sided."""
+    config = CONFIGS["tiny"].replace(neighbours=3)
+    model = SchNet(config, key=jax.random.key(3))
+    layout = roomy(qm9, 5)
+    batch = pad_batch(qm9, range(5), layout)
+    edges = np.array(sorted(directed_edges(qm9, 5, 3, config.cutoff)))  # (E, 2) target, source
+    target, source = edges[:, 0], edges[:, 1]
+    m = int(qm9.natoms[:5].sum())
+    pos = qm9.pos[:m].astype(np.float64)
+    d = np.linalg.norm(pos[target] - pos[source], axis=-1)  # (E,)
+    f64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    lin = lambda layer, x: x @ f64(layer.weight).T + (0 if layer.bias is None else f64(layer.bias))  # noqa: E731
+    ssp = lambda x: np.logaddexp(x, 0.0) - np.log(2.0)  # noqa: E731
+    rbf = f64(model.radial_basis(jnp.asarray(d, jnp.float32)))  # (E, G) the same Gaussians
+    envelope = 0.5 * (np.cos(np.pi * d / config.cutoff) + 1.0)
+    x = f64(model.embedding.weight)[qm9.z[:m]]  # (m, F)
+    for block in model.interactions:
+        w = lin(block.filter_out, ssp(lin(block.filter_in, rbf))) * envelope[:, None]  # (E, W)
+        messages = np.zeros((m, config.filters))
+        np.add.at(messages, target, lin(block.atom_in, x)[source] * w)
+        x = x + lin(block.update, ssp(lin(block.atom_out, messages)))
+    atoms = lin(model.head_out, ssp(lin(model.head_hidden, x)))[:, 0]
+    expected = np.bincount(np.repeat(np.arange(5), qm9.natoms[:5]), atoms)
+    got = predict(model, batch, layout)
+    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=1e-5)
+
+
+def test_pair_budgets_bound_what_the_model_finds(qm9):
     config = CONFIGS["small"]
-    counts = edge_count(qm9, config.neighbours, config.cutoff)
+    counts = pair_count(qm9, config.neighbours, config.cutoff)
     layout = layout_for(qm9, counts, 32)
     order = np.random.default_rng(0).permutation(len(qm9))  # as training packs them (QM9's own order grows in size)
     chunks = pack(order, qm9, counts, layout)
     assert np.array_equal(np.concatenate(chunks), order)  # every graph once, in the given order
     for chunk in chunks:
         batch = pad_batch(qm9, chunk, layout)
-        edges = neighbour_list(batch.pos, batch.atom_mask, batch.graph_index, config.neighbours, config.cutoff,
-                               layout.edges, layout.graph_atoms)  # fmt: skip
-        assert int(edges.count) <= counts[chunk].sum() <= layout.edges
+        pairs = neighbour_pairs(batch.pos, batch.atom_mask, batch.graph_index, config.neighbours, config.cutoff,
+                                layout.pairs, layout.graph_atoms)  # fmt: skip
+        assert int(pairs.count) <= counts[chunk].sum() <= layout.pairs
     print(f"{len(chunks)} batches for {len(qm9)} graphs ({layout})")
     assert len(chunks) <= 1.1 * len(qm9) / 32  # nearly every batch is full
 
@@ -180,7 +222,7 @@ def test_resume_equals_uninterrupted(qm9, tmp_path):
 
 
 def test_batches_are_deterministic_and_resumable(qm9):
-    counts = edge_count(qm9, 12, 5.0)
+    counts = pair_count(qm9, 12, 5.0)
     layout = layout_for(qm9, counts, 16)
     stream = batches(qm9, np.arange(100), counts, layout, seed=5)
     first = [next(stream) for _ in range(9)]  # crosses an epoch (about 7 batches per epoch)
@@ -219,16 +261,16 @@ def test_data_parallel_equals_one_device_on_the_same_global_batch(tmp_path):
         f"""
         import jax, numpy as np, equinox as eqx
         from schnet.config import CONFIGS
-        from schnet.data import Layout, edge_count, layout_for, load_qm9, pack, pad_batch
+        from schnet.data import Layout, pair_count, layout_for, load_qm9, pack, pad_batch
         from schnet.model import SchNet
         from schnet.train import Normaliser, TrainConfig, device_batches, make_train_step, optimizer, train
         assert jax.device_count() == 4
         graphs = load_qm9(200)
         config = CONFIGS["tiny"]
-        edges = edge_count(graphs, config.neighbours, config.cutoff)
-        per = layout_for(graphs, edges, 4)
-        chunks = pack(np.random.default_rng(1).permutation(len(graphs)), graphs, edges, per)[:20]
-        union = Layout(4 * per.graphs, 4 * per.atoms, 4 * per.edges, per.graph_atoms)
+        pairs = pair_count(graphs, config.neighbours, config.cutoff)
+        per = layout_for(graphs, pairs, 4)
+        chunks = pack(np.random.default_rng(1).permutation(len(graphs)), graphs, pairs, per)[:20]
+        union = Layout(4 * per.graphs, 4 * per.atoms, 4 * per.pairs, per.graph_atoms)
         tx = optimizer(TrainConfig(config="tiny", learning_rate=1e-3, warmup_steps=1))
         params, static = eqx.partition(SchNet(config, key=jax.random.key(0)), eqx.is_array)
         norm = Normaliser(float(graphs.target.mean()), float(graphs.target.std()))
