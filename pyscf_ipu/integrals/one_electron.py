@@ -34,32 +34,45 @@ forming P and then P - A in float32 had cost 1e-4 relative on core-valence eleme
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from .basis import MAX_L, PrimitiveBasis
-from .boys import boys
+from .boys import boys_family
 
 
-def hermite_coefficients(i_max: int, j_max: int, a, b, xa, xb):
+class PairFactors(NamedTuple):
+    """The exponent factors of primitive pairs (a, b), p = a + b: arrays over pairs."""
+
+    half: jax.Array  # 1 / (2p)
+    a_frac: jax.Array  # a / p
+    b_frac: jax.Array  # b / p
+    mu: jax.Array  # ab / p
+
+    @classmethod
+    def of(cls, a, b) -> PairFactors:
+        p = a + b
+        return cls(0.5 / p, a / p, b / p, a * b / p)
+
+
+def hermite_coefficients(i_max: int, j_max: int, factors: PairFactors, xab):
     """E[i][j][t] for i <= i_max, j <= j_max, t <= i + j: arrays over pairs (one axis).
 
-    ``a``, ``b`` (pairs,) exponents; ``xa``, ``xb`` (pairs,) the centres' coordinates on this axis.
+    ``xab`` (pairs,) = A - B on this axis. The factors may come from the host in float64 (the ERIs
+    take them so: one rounding each instead of three).
     """
-    p = a + b
-    mu = a * b / p
     # P - A and P - B from A - B, never from P: exactly zero for two primitives on one atom
     # (float32 rounding of P itself would leave ~1e-7, amplified by tight exponents).
-    xab = xa - xb
-    xpa, xpb, half = -(b / p) * xab, (a / p) * xab, 0.5 / p
-    zero = jnp.zeros_like(p)
+    xpa, xpb, half = -factors.b_frac * xab, factors.a_frac * xab, factors.half
+    zero = jnp.zeros_like(xpa + half)
 
     def get(table, t):
         return table[t] if 0 <= t < len(table) else zero
 
     e = [[None] * (j_max + 1) for _ in range(i_max + 1)]
-    e[0][0] = [jnp.exp(-mu * (xa - xb) ** 2)]
+    e[0][0] = [jnp.exp(-factors.mu * xab**2) + zero]
     for i in range(i_max + 1):
         for j in range(j_max + 1):
             if i == 0 and j == 0:
@@ -98,12 +111,13 @@ def _one_electron(exponents, centres, powers, contraction, cart2sph, charges, ce
     alpha, beta = (x.reshape(-1) for x in jnp.meshgrid(jnp.arange(n), jnp.arange(n), indexing="ij"))  # all pairs
     a, b, ca, cb, la, lb = exponents[alpha], exponents[beta], centres[alpha], centres[beta], powers[alpha], powers[beta]
     p = a + b
+    factors = PairFactors.of(a, b)
     lmax = MAX_L
     pair = jnp.arange(alpha.shape[0])
     overlap_1d, kinetic_1d, e_nuc = [], [], []
     for axis in range(3):
         # i and j up to l + 1: the gradients raise each side by one; t up to 2 lmax for the nuclei.
-        table = _stack(hermite_coefficients(lmax + 1, lmax + 1, a, b, ca[:, axis], cb[:, axis]),
+        table = _stack(hermite_coefficients(lmax + 1, lmax + 1, factors, ca[:, axis] - cb[:, axis]),
                        lmax + 1, lmax + 1, 2 * lmax)  # fmt: skip
         i, j = la[:, axis], lb[:, axis]
         root = jnp.sqrt(math.pi / p)
@@ -133,7 +147,14 @@ def hermite_coulomb(order: int, p, pc):
     """R[t][u][v] for t + u + v <= ``order``: arrays over pairs; ``pc`` (pairs, 3) = P - C."""
     t_arg = p * jnp.sum(pc * pc, axis=-1)
     # r[n][(t, u, v)]: the auxiliary R^n_{tuv}
-    r = {(0, 0, 0, n): (-2.0 * p) ** n * boys(n, t_arg) for n in range(order + 1)}
+    family = boys_family(order, t_arg)
+    if order > 0:
+        # Materialise the family: every R below reads it, and XLA's CPU fusion would otherwise
+        # evaluate the Boys function again for each of them (one fused loop computes every output
+        # element from scratch). A matmul with the identity is the one op it will not fuse into.
+        family = jnp.eye(order + 1, dtype=t_arg.dtype) @ jnp.stack(family, 0).reshape(order + 1, -1)
+        family = [family[n].reshape(t_arg.shape) for n in range(order + 1)]
+    r = {(0, 0, 0, n): (-2.0 * p) ** n * family[n] for n in range(order + 1)}
 
     def get(t, u, v, n):
         if min(t, u, v) < 0:
