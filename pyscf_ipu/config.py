@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PRECISIONS = ("float32", "float64")
+INTEGRALS = ("host", "device")
 
 
 class ConfigError(ValueError):
@@ -41,6 +42,12 @@ class RKSConfig:
     tiles: int | None = option(None, "tiles per simulated IPU (default: the model's 1472)")
     ipu_memory_proportion: float = option(0.6, "share of each tile's memory the contraction may use")
     max_iterations: int = option(20, "maximum SCF iterations (QM1B: 20)")
+    integrals: str = option(
+        "host",
+        "where the one-electron integrals and ERIs are computed: host (libcint, float64) or device (JAX, in the "
+        "SCF precision; pyscf_ipu.integrals)",
+        choices=INTEGRALS,
+    )
     eri_threshold: float = option(0.0, "Schwarz screening: drop (ij|kl) with sqrt((ij|ij)(kl|kl)) below this")
     eri_expcutoff: float = option(
         30.0,
@@ -57,6 +64,8 @@ class RKSConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.integrals not in INTEGRALS:
+            raise ConfigError(f"integrals must be one of {', '.join(INTEGRALS)}, got {self.integrals!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if not 0 <= self.grid_level <= 9:

@@ -12,11 +12,14 @@ sizes; padding to shared shapes and the cast to the device precision happen late
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from pyscf import dft, gto, scf
 from pyscf.lib.exceptions import BasisNotFoundError
@@ -175,6 +178,46 @@ def eri_s8(mol: gto.Mole, expcutoff: float = 0.0) -> np.ndarray:
     return gto.getints("int2e_sph" if not mol.cart else "int2e_cart", mol._atm, mol._bas, env, aosym="s8")
 
 
+def device_one_electron(mol: gto.Mole, precision: str) -> tuple[np.ndarray, np.ndarray]:
+    """(overlap, core Hamiltonian) from :mod:`pyscf_ipu.integrals` in ``precision``, as float64 host arrays."""
+    from .integrals.basis import primitive_basis
+    from .integrals.one_electron import one_electron
+
+    with _precision(precision) as dtype:
+        ints = one_electron(primitive_basis(mol), dtype)
+        return np.asarray(ints["overlap"], np.float64), np.asarray(ints["kinetic"] + ints["nuclear"], np.float64)
+
+
+def device_eri_s8(mol: gto.Mole, basis: str, precision: str) -> np.ndarray:
+    """The s8 ERIs from :mod:`pyscf_ipu.integrals.eri` in ``precision``, as a float64 host array."""
+    from .integrals.eri import eri_s8 as device_eris
+
+    with _precision(precision) as dtype:
+        plan = eri_plan(basis, tuple(mol.elements))
+        return np.asarray(device_eris(plan, mol.atom_coords(), dtype), np.float64)
+
+
+@lru_cache(maxsize=64)
+def eri_plan(basis: str, elements: tuple[str, ...]):
+    """The ERI plan of ``basis`` on these atoms in this order; it does not depend on the geometry."""
+    from .integrals.eri import plan_eri
+
+    atoms = [(e, (0.0, 0.0, 3.0 * k)) for k, e in enumerate(elements)]
+    shells = {e: element_basis(basis, e) for e in set(elements)}
+    electrons = sum(gto.charge(e) for e in elements)
+    return plan_eri(gto.M(atom=atoms, unit="Bohr", basis=shells, spin=electrons % 2, verbose=0))
+
+
+@contextlib.contextmanager
+def _precision(precision: str):
+    """The JAX dtype of ``precision``, with 64-bit mode on for float64 (only inside the block)."""
+    if precision == "float64":
+        with jax.enable_x64(True):
+            yield jnp.float64
+    else:
+        yield jnp.float32
+
+
 def orthogonaliser(overlap: np.ndarray) -> np.ndarray:
     """Canonical orthogonalisation X = U s^-1/2 over eigenvalues s of S above the lindep threshold."""
     s, u = np.linalg.eigh(overlap)
@@ -193,14 +236,18 @@ def prepare(molecule: Molecule, config: RKSConfig, needs_grid: bool = True) -> H
     timings: dict[str, float] = {}
     t = time.perf_counter()
     mol = build_mole(molecule, config.basis)
-    overlap = mol.intor("int1e_ovlp")
-    hcore = mol.intor("int1e_kin") + mol.intor("int1e_nuc")
+    if config.integrals == "device":
+        overlap, hcore = device_one_electron(mol, config.precision)
+    else:
+        overlap = mol.intor("int1e_ovlp")
+        hcore = mol.intor("int1e_kin") + mol.intor("int1e_nuc")
     x = orthogonaliser(overlap)
     timings["one_electron"] = time.perf_counter() - t
 
     t = time.perf_counter()
     nao = mol.nao_nr()
-    eri = schwarz_screen(eri_s8(mol, config.eri_expcutoff), nao * (nao + 1) // 2, config.eri_threshold)
+    eri = device_eri_s8(mol, config.basis, config.precision) if config.integrals == "device" else eri_s8(mol, config.eri_expcutoff)
+    eri = schwarz_screen(eri, nao * (nao + 1) // 2, config.eri_threshold)
     eri_kept = int(np.count_nonzero(eri))
     timings["eri"] = time.perf_counter() - t
 

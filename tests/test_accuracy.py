@@ -99,3 +99,23 @@ def test_eleven_heavy_atoms_at_631gs_with_ipu(reference):
            ("homo", result.homo, ref.homo), ("lumo", result.lumo, ref.lumo), ("gap", result.gap, ref.gap)]}  # fmt: skip
     print(f"paracetamol 6-31g*: {mev} meV on {profile['ipus_used']} IPUs ({profile['strategy']})")
     assert max(mev.values()) < 2.0 and result.converged
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_float32_labels_with_device_integrals_within_2_mev(case, reference, qm9_nine_heavy, name):
+    """The whole SCF on the device's own integrals (pyscf_ipu.integrals, float32): energy, HOMO, LUMO
+    and gap within 2 meV of PySCF, as with libcint's; B3LYP/STO-3G at grid level 0 (QM1B)."""
+    from pyscf_ipu.host import prepare
+
+    from .molecules import molecule_by_name
+
+    molecule = molecule_by_name(name, qm9_nine_heavy)
+    config = RKSConfig(integrals="device")
+    _, _, sizes = case(name, "sto-3g", 0)  # the group's shared shapes, as above
+    result = run_rks(molecule, config, host=prepare(molecule, config), sizes=sizes)
+    ref = reference(molecule, config)
+    mev = {k: round((getattr(result, k) - getattr(ref, k)) * HARTREE_TO_MEV, 4)
+           for k in ("energy", "homo", "lumo", "gap")}  # fmt: skip
+    print(f"{name} b3lyp/sto-3g device integrals: {mev} meV, {result.iterations} iterations")
+    assert max(abs(v) for v in mev.values()) < 2.0, mev
+    assert result.converged and result.iterations <= 20

@@ -96,3 +96,19 @@ def test_eri_primitive_screening_is_below_float32_resolution():
     assert RKSConfig().eri_expcutoff == 30.0
     np.testing.assert_allclose(screened, exact, rtol=0, atol=1e-7)
     assert np.max(np.abs(coarse - exact)) > 1e-7  # the cutoff really screens
+
+
+@pytest.mark.parametrize("precision, atol", [("float64", 1e-10), ("float32", 2e-5)])
+def test_device_integrals_switch(precision, atol):
+    """``integrals="device"``: the same overlap, core Hamiltonian and ERIs as libcint, from JAX.
+
+    float32: the ERIs within 1e-6 (tests/test_integrals.py), the core Hamiltonian within 2e-5 (its
+    nuclear attraction on an O core is ~60 Hartree, where float32 resolves 4e-6)."""
+    molecule = from_name("water")
+    host = prepare(molecule, RKSConfig(basis="6-31g*", precision=precision, eri_expcutoff=0.0), needs_grid=False)
+    device = prepare(molecule, RKSConfig(basis="6-31g*", precision=precision, integrals="device"), needs_grid=False)
+    np.testing.assert_allclose(device.overlap, host.overlap, rtol=0, atol=atol)
+    np.testing.assert_allclose(device.hcore, host.hcore, rtol=0, atol=atol)
+    np.testing.assert_allclose(device.eri_s8, host.eri_s8, rtol=0, atol=min(atol, 1e-6))
+    with pytest.raises(Exception, match="integrals must be one of host, device"):
+        RKSConfig(integrals="gpu")
