@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     output = run.add_argument_group("output")
     output.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     output.add_argument("--check", action="store_true", help="also run PySCF in float64 and print the differences")
+    output.add_argument("--forces", action="store_true",
+                        help="also compute the nuclear gradient dE/dR (Hartree/Bohr; jax.grad through the device "
+                             "integrals, grid fixed in space)")  # fmt: skip
     output.add_argument("--profile", metavar="FILE.json", help="write the simulated IPU's profile report (--jk ipu)")
     output.add_argument("--profile-plot", metavar="FILE.png", help="write the IPU tile memory map (--jk ipu)")
     return parser
@@ -91,6 +94,7 @@ def check_lines(result, reference) -> list[str]:
 def run_command(args: argparse.Namespace) -> int:
     from .ipu.profile import plot_tile_map, summary_lines  # imported here: importing JAX takes a moment
     from .jk import get_jk_backend
+    from .host import prepare
     from .rks import run_rks
     from .xc.functionals import get_functional
 
@@ -107,9 +111,16 @@ def run_command(args: argparse.Namespace) -> int:
         raise ConfigError(str(err)) from None
     enable_compilation_cache()
     disable_numpy_huge_pages()
+    functional = get_functional(config.xc)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        result = run_rks(molecule, config)
+        host = prepare(molecule, config, needs_grid=bool(functional.pieces))
+        result = run_rks(molecule, config, host=host)
+    gradient = None
+    if args.forces:
+        from .forces import nuclear_gradient
+
+        gradient = nuclear_gradient(host, result, functional)
     if result.jk_profile is not None:
         if args.profile:
             Path(args.profile).write_text(json.dumps(result.jk_profile, indent=1))
@@ -124,6 +135,8 @@ def run_command(args: argparse.Namespace) -> int:
         out = result.to_dict()
         out["jk_profile"] = result.jk_profile
         out["molecule"] = {"name": molecule.name, "atoms": molecule.formula, "natom": molecule.natom}
+        if gradient is not None:
+            out["gradient_hartree_per_bohr"] = gradient.tolist()
         if reference is not None:
             out["check_mev"] = {
                 "energy": (result.energy - reference.energy) * HARTREE_TO_MEV,
@@ -139,6 +152,10 @@ def run_command(args: argparse.Namespace) -> int:
             print("\n".join(summary_lines(result.jk_profile)))
         if reference is not None:
             print("\n".join(check_lines(result, reference)))
+        if gradient is not None:
+            print("gradient dE/dR (Hartree/Bohr):")
+            for symbol, row in zip(molecule.symbols, gradient):
+                print(f"  {symbol:2s} {row[0]:+12.6f} {row[1]:+12.6f} {row[2]:+12.6f}")
     return 0
 
 

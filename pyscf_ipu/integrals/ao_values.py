@@ -51,3 +51,14 @@ def _ao_values(exponents, powers, contraction, cart2sph, offsets, owners, shifts
                 * radial for k in range(3)]  # fmt: skip
     primitives = jnp.stack([value, *gradient])  # (4, G, P)
     return primitives @ (contraction @ cart2sph)  # (4, G, N)
+
+
+def ao_values_at(basis: PrimitiveBasis, points: np.ndarray, coords: jax.Array) -> jax.Array:
+    """(4, G, N) at fixed ``points`` (G, 3) for atom positions ``coords`` (natm, 3), a JAX array to
+    differentiate (the grid held fixed in space as the atoms move)."""
+    dtype = coords.dtype
+    exponents, contraction, cart2sph = (jnp.asarray(a, dtype) for a in (basis.exponents, basis.contraction, basis.cart2sph))
+    centres = coords[jnp.asarray(basis.atom)]  # (P, 3)
+    owners = jnp.zeros(len(points), jnp.int32)  # offsets from the origin: d = point - centre
+    return _ao_values(exponents, jnp.asarray(basis.powers), contraction, cart2sph, jnp.asarray(points, dtype), owners,
+                      -centres[None])  # fmt: skip

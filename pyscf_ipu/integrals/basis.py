@@ -34,6 +34,7 @@ class PrimitiveBasis:
 
     exponents: np.ndarray  # (P,)
     centres: np.ndarray  # (P, 3) Bohr
+    atom: np.ndarray  # (P,) the atom each primitive sits on
     powers: np.ndarray  # (P, 3) int: Cartesian powers (i, j, l)
     contraction: np.ndarray  # (P, Nc): coefficient of each primitive in each Cartesian AO
     cart2sph: np.ndarray  # (Nc, N): PySCF's Cartesian -> spherical AO transform
@@ -45,7 +46,7 @@ def primitive_basis(mol: gto.Mole) -> PrimitiveBasis:
     """Flatten ``mol``'s shells into primitive Cartesian Gaussians (s, p and d shells; no ECPs)."""
     if mol.has_ecp():
         raise ValueError("ECP basis sets are not supported by the device integrals")
-    exponents, centres, powers, rows = [], [], [], []
+    exponents, centres, atoms, powers, rows = [], [], [], [], []
     nao_cart = mol.nao_cart()
     column = 0
     for shell in range(mol.nbas):
@@ -65,12 +66,14 @@ def primitive_basis(mol: gto.Mole) -> PrimitiveBasis:
                     rows.append(row)
                     exponents.append(exps[k])
                     centres.append(centre)
+                    atoms.append(int(mol._bas[shell, gto.ATOM_OF]))
                     powers.append(power)
                 column += 1
     assert column == nao_cart
     return PrimitiveBasis(
         exponents=np.asarray(exponents),
         centres=np.asarray(centres),
+        atom=np.asarray(atoms, np.int32),
         powers=np.asarray(powers, np.int32),
         contraction=np.asarray(rows),
         cart2sph=np.asarray(mol.cart2sph_coeff()),

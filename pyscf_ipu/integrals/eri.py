@@ -309,12 +309,19 @@ def _quartet_block(bra_order, ket_order, bra, ket, shifts, bi, ki):
 
 def eri_s8(plan: EriPlan, coords, dtype=jnp.float32) -> jax.Array:
     """The ERIs of ``plan``'s basis packed as PySCF's s8: (size,) for atom positions ``coords`` (natm, 3)
-    in Bohr, or (C, size) for C conformers (C, natm, 3), computed as one batch."""
-    coords = np.asarray(coords, np.float64)
+    in Bohr, or (C, size) for C conformers (C, natm, 3), computed as one batch.
+
+    Host (numpy) positions have their differences formed in float64 on the host: exact zeros within
+    an atom, full precision between atoms. JAX positions are differenced on the device, so the
+    result can be differentiated with respect to them (the forces do, in float64).
+    """
     if coords.shape[-2:] != (plan.natm, 3) or coords.ndim not in (2, 3):
         raise ValueError(f"coords has shape {coords.shape}: expected ([conformers,] {plan.natm}, 3)")
-    # atom-atom differences in float64 on the host: exact zeros within an atom, full precision between
-    shifts = jnp.asarray(coords[..., :, None, :] - coords[..., None, :, :], dtype)  # ([C,] natm, natm, 3)
+    if isinstance(coords, jax.Array):
+        shifts = (coords[..., :, None, :] - coords[..., None, :, :]).astype(dtype)
+    else:
+        coords = np.asarray(coords, np.float64)
+        shifts = jnp.asarray(coords[..., :, None, :] - coords[..., None, :, :], dtype)  # ([C,] natm, natm, 3)
     kernel = _eri_s8 if coords.ndim == 2 else _eri_s8_batch
     return kernel(_static(plan), _arrays(plan, dtype), shifts)
 
@@ -348,7 +355,9 @@ def _eri_s8_unjitted(static, arrays, shifts):
     out = jnp.zeros(size, shifts.dtype).at[one_centre_index].set(one_centre_value.astype(shifts.dtype))
     for (x, y), (bra_rows, ket_rows, destination) in zip(quartet_classes, quartet_arrays):
         orders = sum(pair_l[x]), sum(pair_l[y])
-        values = jax.lax.map(lambda rows: _quartet_block(*orders, data[x], data[y], shifts, *rows), (bra_rows, ket_rows))
+        # checkpointed: a gradient recomputes each block instead of keeping every block's Boys values
+        block = jax.checkpoint(lambda rows: _quartet_block(*orders, data[x], data[y], shifts, *rows))
+        values = jax.lax.map(block, (bra_rows, ket_rows))
         out = out.at[destination].set(values.reshape(-1), mode="drop", unique_indices=True)
     return out
 

@@ -104,6 +104,16 @@ def one_electron(basis: PrimitiveBasis, dtype=jnp.float32) -> dict[str, jax.Arra
     return _one_electron(exponents, centres, jnp.asarray(basis.powers), contraction, cart2sph, charges, centre_shifts)
 
 
+def one_electron_at(basis: PrimitiveBasis, coords: jax.Array) -> dict[str, jax.Array]:
+    """As :func:`one_electron`, with the atom positions ``coords`` (natm, 3) a JAX array, to differentiate."""
+    dtype = coords.dtype
+    centres = coords[jnp.asarray(basis.atom)]  # (P, 3)
+    centre_shifts = centres[None, :, :] - coords[:, None, :]  # (natm, P, 3)
+    exponents, contraction, cart2sph, charges = (jnp.asarray(a, dtype) for a in
+                                                 (basis.exponents, basis.contraction, basis.cart2sph, basis.charges))
+    return _one_electron(exponents, centres, jnp.asarray(basis.powers), contraction, cart2sph, charges, centre_shifts)
+
+
 @jax.jit
 def _one_electron(exponents, centres, powers, contraction, cart2sph, charges, centre_shifts):
     dtype = exponents.dtype

@@ -1,0 +1,83 @@
+r"""Nuclear gradients dE/dR of a converged RKS (or HF) energy, by ``jax.grad`` through the device integrals.
+
+At self-consistency the energy is stationary in the orbitals under the orthonormality constraint,
+so its total derivative with respect to a nuclear coordinate is the partial derivative of the
+Lagrangian at fixed density D and energy-weighted density W (Pople et al., Int. J. Quantum Chem.
+Symp. 13, 225 (1979); Helgaker, Jorgensen and Olsen, 13.6):
+
+.. math::
+
+    \frac{dE}{dR} = \frac{\partial}{\partial R}\Big[\operatorname{tr} D h(R)
+        + \tfrac12 \sum D_{\mu\nu} D_{\lambda\sigma} (\mu\nu|\lambda\sigma)(R)
+        - \tfrac{a_x}{4} \sum D_{\mu\lambda} D_{\nu\sigma} (\mu\nu|\lambda\sigma)(R)
+        + E_{xc}[\rho_R] + V_{NN}(R) - \operatorname{tr} W S(R)\Big],
+
+with D = 2 C_occ C_occ^T and W = 2 C_occ diag(eps_occ) C_occ^T from the converged orbitals. The
+function in brackets is written in JAX on the device integrals (:mod:`pyscf_ipu.integrals`, float64)
+and differentiated by ``jax.grad``; nothing is differentiated through the SCF iterations.
+
+The quadrature grid is held fixed in space (points and weights), as PySCF's default RKS gradient
+does (``grid_response=False``): the result is comparable with ``mf.nuc_grad_method().kernel()``,
+and a finite-difference check must keep the grid fixed too (tests/test_forces.py does).
+
+The two-electron part is a dot product of the s8 ERIs with a host vector: each unique integral
+(u) = (mu nu|lambda sigma) stands for m_u index tuples (its distinct permutations), so its
+coefficient is m_u D_mu,nu D_lambda,sigma / 2 - a_x m_u (D_mu,lambda D_nu,sigma +
+D_mu,sigma D_nu,lambda) / 8.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .host import HostProblem, eri_plan
+from .integrals.ao_values import ao_values_at
+from .integrals.basis import primitive_basis
+from .integrals.eri import eri_s8
+from .integrals.one_electron import one_electron_at
+from .numint import xc_energy
+from .results import SCFResult
+from .xc.functionals import Functional
+
+
+def two_electron_coefficients(dm: np.ndarray, exchange: float) -> np.ndarray:
+    """(size,) float64: d E_2e / d (u) for every s8-packed ERI u, at the density ``dm`` (N, N)."""
+    n = dm.shape[0]
+    mu, nu = np.tril_indices(n)  # packed pair ij -> (mu, nu), mu >= nu
+    left, right = np.tril_indices(len(mu))  # packed quartet u -> (ij, kl), ij >= kl
+    p, q, r, s = mu[left], nu[left], mu[right], nu[right]
+    multiplicity = (1.0 + (p != q)) * (1.0 + (r != s)) * (1.0 + (left != right))  # distinct permutations
+    coulomb = 0.5 * dm[p, q] * dm[r, s]
+    exact = 0.125 * exchange * (dm[p, r] * dm[q, s] + dm[p, s] * dm[q, r])
+    return multiplicity * (coulomb - exact)
+
+
+def nuclear_gradient(host: HostProblem, result: SCFResult, functional: Functional) -> np.ndarray:
+    """(natm, 3) dE/dR in Hartree/Bohr at ``result``'s converged orbitals (fixed grid, see the module doc)."""
+    mol = host.mol
+    nocc = host.nocc
+    occupied = result.mo_coeff[:, :nocc]  # (N, nocc)
+    dm = 2.0 * occupied @ occupied.T
+    weighted = 2.0 * (occupied * result.mo_energy[:nocc]) @ occupied.T
+    basis = primitive_basis(mol)
+    plan = eri_plan(result.config.basis, tuple(mol.elements))
+    coefficients = two_electron_coefficients(dm, functional.hf_exchange)
+    charges = mol.atom_charges().astype(np.float64)
+    with jax.enable_x64(True):
+        dm_, weighted_, coefficients_ = (jnp.asarray(a) for a in (dm, weighted, coefficients))
+        charges_ = jnp.asarray(charges)
+        pairs = np.triu_indices(mol.natm, 1)
+
+        def energy(coords):
+            ints = one_electron_at(basis, coords)
+            total = jnp.sum(dm_ * (ints["kinetic"] + ints["nuclear"])) - jnp.sum(weighted_ * ints["overlap"])
+            total += jnp.dot(coefficients_, eri_s8(plan, coords, jnp.float64))
+            if host.grid_points and functional.pieces:
+                ao = ao_values_at(basis, host.grid_coords, coords)
+                total += xc_energy(functional, ao, jnp.asarray(host.grid_weights), dm_)
+            distance = jnp.linalg.norm(coords[pairs[0]] - coords[pairs[1]], axis=-1)
+            return total + jnp.sum(charges_[pairs[0]] * charges_[pairs[1]] / distance)
+
+        return np.asarray(jax.grad(energy)(jnp.asarray(mol.atom_coords())))
