@@ -22,11 +22,13 @@ from functools import lru_cache
 import numpy as np
 
 from pyscf_ipu.config import RKSConfig, default_cache_dir, disable_numpy_huge_pages, enable_compilation_cache, option
+from pyscf_ipu.forces import nuclear_gradient
 from pyscf_ipu.host import HostProblem, prepare
 from pyscf_ipu.molecule import Molecule, MoleculeError
 from pyscf_ipu.results import SCFResult
 from pyscf_ipu.rks import BatchRun, submit_batch
 from pyscf_ipu.units import HARTREE_TO_EV
+from pyscf_ipu.xc.functionals import get_functional
 
 from .conformers import ConformerError, embed_conformers
 from .inputs import MoleculeInput, builtin_sample, parse_range, parse_shard, read_smiles, select
@@ -52,6 +54,8 @@ class GenerateConfig:
     shard: str = option("0/1", "process shard i of n (i/n), e.g. for job arrays")
     resume: bool = option(False, "continue an interrupted run in --out")
     drop_unconverged: bool = option(False, "drop conformers that did not converge (recorded as failures)")
+    forces: bool = option(False, "add a forces column (eV/Bohr, -dE/dR by jax.grad through the device integrals; "
+                                 "seconds per conformer)")  # fmt: skip
     executor: str = option("local", "run in this process, or shards as Ray tasks", choices=EXECUTORS)
     ray_address: str | None = option(None, "Ray cluster address (default: start a local Ray)", metavar="ADDR")
     ray_shards: int = option(2, "number of shards (Ray tasks) with --executor ray")
@@ -111,6 +115,7 @@ def label_settings(gen: GenerateConfig, dft: RKSConfig) -> dict:
         "seed": gen.seed,
         "relax": gen.relax,
         "drop_unconverged": gen.drop_unconverged,
+        "forces": gen.forces,
         "smiles": gen.smiles or "builtin:gdb_sample",
         "heavy_atoms": gen.heavy_atoms,
     }
@@ -151,22 +156,28 @@ class _Batch:
 
 
 def _records(
-    batch: _Batch, results: list[SCFResult], drop_unconverged: bool, seconds: float
+    batch: _Batch, results: list[SCFResult], drop_unconverged: bool, seconds: float,
+    gradients: list[np.ndarray] | None = None,
 ) -> tuple[RecordBatch | None, list[Failure]]:
     """The batch's labelled conformers as records (eV), and failures for NaN or dropped ones.
 
     ``seconds``: the generator's wall time for this batch, shared among the records it writes, so
     that the records' seconds add up to the run's time (failed conformers' time included).
+    ``gradients``: dE/dR (natoms, 3) Hartree/Bohr of each conformer, stored as forces in eV/Bohr.
     """
-    rows, failures = [], []
-    for cid, molecule, r in zip(batch.conformer_ids, batch.molecules, results):
+    rows, failures, kept_gradients = [], [], []
+    for k, (cid, molecule, r) in enumerate(zip(batch.conformer_ids, batch.molecules, results)):
         labels = np.array([r.energy, r.homo, r.lumo, r.gap, r.energy_std_ev])
-        if not np.all(np.isfinite(labels)):
+        if gradients is not None and not np.all(np.isfinite(gradients[k])):
+            failures.append(Failure(batch.entry.smiles, "NaN force", batch.entry.molecule_id, cid))
+        elif not np.all(np.isfinite(labels)):
             failures.append(Failure(batch.entry.smiles, "NaN label", batch.entry.molecule_id, cid))
         elif drop_unconverged and not r.converged:
             failures.append(Failure(batch.entry.smiles, "not converged (--drop-unconverged)", batch.entry.molecule_id, cid))
         else:
             rows.append((cid, molecule, r))
+            if gradients is not None:
+                kept_gradients.append(gradients[k])
     if not rows:
         return None, failures
     columns = {
@@ -190,6 +201,7 @@ def _records(
         natoms=np.array([m.natom for _, m, _ in rows]),
         z=np.concatenate([m.atomic_numbers for _, m, _ in rows]).astype(np.int8),
         pos=np.concatenate([m.positions for _, m, _ in rows]).astype(np.float32),
+        forces=None if gradients is None else (-HARTREE_TO_EV * np.concatenate(kept_gradients)).astype(np.float32),
     )
     return records, failures
 
@@ -219,8 +231,14 @@ def run_shard(gen: GenerateConfig, dft: RKSConfig) -> Summary:
             for result in results:  # host preparation, transfer, waiting for the device, finalisation
                 for k, v in result.timings.items():
                     timings[k] = timings.get(k, 0.0) + v
+            gradients = None
+            if gen.forces:
+                t = time.perf_counter()
+                functional = get_functional(dft.xc)
+                gradients = [nuclear_gradient(h, r, functional) for h, r in zip(batch.hosts, results)]
+                timings["forces"] = timings.get("forces", 0.0) + time.perf_counter() - t
             now = time.perf_counter()
-            records, failures = _records(batch, results, gen.drop_unconverged, now - last_commit)
+            records, failures = _records(batch, results, gen.drop_unconverged, now - last_commit, gradients)
             writer.commit(records, failures)
             last_commit = time.perf_counter()
             timings["write"] = timings.get("write", 0.0) + last_commit - now

@@ -14,7 +14,8 @@ in eV, positions in Bohr) are
     N       int32    number of atomic orbitals
     std     float64  standard deviation of the energy over the last SCF iterations, eV
 
-and qm1b adds the bookkeeping columns ``converged`` (bool), ``iterations`` (int16), ``seconds``
+With ``--forces`` the generator adds ``forces`` float32 (natoms, 3), eV/Bohr, = -dE/dR (the QM1B
+release had none). qm1b adds the bookkeeping columns ``converged`` (bool), ``iterations`` (int16), ``seconds``
 (float32: the record's share of the generator's wall time for its batch),
 ``molecule_id`` (int64) and ``conformer_id`` (int32).  ``(molecule_id, conformer_id)`` identifies a
 record; a :class:`Failure` with ``conformer_id == -1`` stands for a whole molecule.
@@ -57,6 +58,8 @@ SCALAR_COLUMNS: dict[str, np.dtype] = {
 
 # Per-atom columns: z (natoms,) int8, pos (natoms, 3) float32.
 ATOM_COLUMNS: dict[str, np.dtype] = {"z": np.dtype(np.int8), "pos": np.dtype(np.float32)}
+# Optional per-atom column (generate --forces): forces (natoms, 3) float32, eV/Bohr, = -dE/dR.
+FORCES_DTYPE = np.dtype(np.float32)
 
 STRING_COLUMNS = tuple(k for k, v in SCALAR_COLUMNS.items() if h5py.check_string_dtype(v))
 LABEL_COLUMNS = ("energy", "homo", "lumo", "y", "std")  # must be finite
@@ -85,6 +88,7 @@ class RecordBatch:
     natoms: np.ndarray  # (n,) int
     z: np.ndarray  # (sum natoms,) int8
     pos: np.ndarray  # (sum natoms, 3) float32, Bohr
+    forces: np.ndarray | None = None  # (sum natoms, 3) float32, eV/Bohr (= -dE/dR); only with --forces
 
     def __len__(self) -> int:
         return len(self.natoms)
@@ -101,6 +105,7 @@ class RecordBatch:
         natoms: Iterable[int],
         z: Iterable[int],
         pos: Iterable,
+        forces: Iterable | None = None,
     ) -> RecordBatch:
         """Build a batch from array-likes, casting each to its schema dtype, then validate it.
 
@@ -115,6 +120,7 @@ class RecordBatch:
             _cast("natoms", natoms, np.dtype(np.int32)),
             _cast("z", z, ATOM_COLUMNS["z"]),
             _cast("pos", pos, ATOM_COLUMNS["pos"]).reshape(-1, 3),
+            None if forces is None else _cast("forces", forces, FORCES_DTYPE).reshape(-1, 3),
         )
         batch.validate()
         return batch
@@ -125,11 +131,15 @@ class RecordBatch:
         if not batches:
             return cls.empty()
         columns = {k: np.concatenate([b.columns[k] for b in batches]) for k in SCALAR_COLUMNS}
+        with_forces = [b.forces is not None for b in batches]
+        if any(with_forces) and not all(with_forces):
+            raise ValueError("forces: some batches have them and some do not (generated with and without --forces)")
         return cls(
             columns,
             np.concatenate([b.natoms for b in batches]),
             np.concatenate([b.z for b in batches]),
             np.concatenate([b.pos for b in batches]).reshape(-1, 3),
+            np.concatenate([b.forces for b in batches]).reshape(-1, 3) if all(with_forces) else None,
         )
 
     def atom_offsets(self) -> np.ndarray:
@@ -149,6 +159,7 @@ class RecordBatch:
             self.natoms[index],
             self.z[atom_index],
             self.pos[atom_index].reshape(-1, 3),
+            None if self.forces is None else self.forces[atom_index].reshape(-1, 3),
         )
 
     def keys(self) -> list[tuple[int, int]]:
@@ -191,6 +202,10 @@ class RecordBatch:
             raise ValueError("z: atomic numbers must be >= 1")
         if not np.all(np.isfinite(self.pos)):
             raise ValueError("pos: positions must be finite")
+        if self.forces is not None:
+            _check_array("forces", self.forces, FORCES_DTYPE, (m, 3))
+            if not np.all(np.isfinite(self.forces)):
+                raise ValueError("forces: forces must be finite")
 
     def _validate_labels(self) -> None:
         for name in LABEL_COLUMNS:

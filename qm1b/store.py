@@ -33,7 +33,8 @@ Layout (shard file and part files alike)
 ----------------------------------------
 ``records/``: one chunked, gzip-compressed, resizable 1-D dataset per scalar column of
 :data:`~qm1b.schema.SCALAR_COLUMNS`, plus ``natoms`` (n,) int32, ``atom_offset`` (n,) int64 (start
-of each record's atoms), ``z`` (M,) int8 and ``pos`` (M, 3) float32, M = sum(natoms).
+of each record's atoms), ``z`` (M,) int8 and ``pos`` (M, 3) float32, M = sum(natoms), and with
+``--forces`` ``forces`` (M, 3) float32 (eV/Bohr).
 ``failures/``: ``input``, ``reason`` (str), ``molecule_id`` (int64), ``conformer_id`` (int32).
 File attributes: ``schema_version``, ``settings`` and ``versions`` (JSON strings given by the
 caller) and ``merged_parts`` (JSON list of the part numbers merged into this file).
@@ -57,6 +58,7 @@ import numpy as np
 from .schema import (
     QM1B_COLUMNS,
     SCALAR_COLUMNS,
+    FORCES_DTYPE,
     SCHEMA_VERSION,
     STRING_DTYPE,
     Failure,
@@ -145,12 +147,12 @@ def _publish(tmp: Path, final: Path) -> None:
     _fsync(final.parent, directory=True)
 
 
-def _write_atomically(final: Path, attrs: dict, fill: Callable[[h5py.File], None], sizes) -> None:
+def _write_atomically(final: Path, attrs: dict, fill: Callable[[h5py.File], None], sizes, forces: bool) -> None:
     """Write a whole HDF5 file to final + '.tmp' with fill(file), then publish it."""
     tmp = _tmp(final)
     try:
         with h5py.File(tmp, "w", libver=LIBVER) as f:
-            _create_layout(f, *sizes)
+            _create_layout(f, *sizes, forces=forces)
             f.attrs.update(attrs)
             fill(f)
         _publish(tmp, final)
@@ -174,8 +176,8 @@ def _on_merge_replaced(shard: Path) -> None:
 # ----------------------------------------------------------------------------- HDF5 layout
 
 
-def _create_layout(f: h5py.File, n_records: int, n_atoms: int, n_failures: int) -> None:
-    """Empty resizable datasets; the sizes only choose the chunk shapes."""
+def _create_layout(f: h5py.File, n_records: int, n_atoms: int, n_failures: int, forces: bool = False) -> None:
+    """Empty resizable datasets (``forces`` too if asked); the sizes only choose the chunk shapes."""
     rec = f.create_group("records")
     for name, dtype in SCALAR_COLUMNS.items():
         _create(rec, name, dtype, min(n_records, RECORD_CHUNK))
@@ -183,6 +185,8 @@ def _create_layout(f: h5py.File, n_records: int, n_atoms: int, n_failures: int) 
     _create(rec, "atom_offset", np.dtype(np.int64), min(n_records, RECORD_CHUNK))
     _create(rec, "z", np.dtype(np.int8), min(n_atoms, ATOM_CHUNK))
     _create(rec, "pos", np.dtype(np.float32), min(n_atoms, ATOM_CHUNK), width=3)
+    if forces:
+        _create(rec, "forces", FORCES_DTYPE, min(n_atoms, ATOM_CHUNK), width=3)
     fail = f.create_group("failures")
     for name, dtype in FAILURE_COLUMNS.items():
         _create(fail, name, dtype, min(n_failures, RECORD_CHUNK))
@@ -217,6 +221,10 @@ def _append_records(rec: h5py.Group, batch: RecordBatch) -> None:
     _extend(rec["atom_offset"], first_atom + batch.atom_offsets()[:-1])
     _extend(rec["z"], batch.z)
     _extend(rec["pos"], batch.pos)
+    if ("forces" in rec) != (batch.forces is not None):
+        raise ValueError("forces: a file with a forces column takes only records with forces, and vice versa")
+    if batch.forces is not None:
+        _extend(rec["forces"], batch.forces)
 
 
 def _append_failures(fail: h5py.Group, failures: list[Failure]) -> None:
@@ -247,7 +255,8 @@ def _read_records(rec: h5py.Group, start: int, stop: int) -> RecordBatch:
     a0 = int(rec["atom_offset"][start]) if stop > start else 0
     a1 = a0 + int(natoms.sum(dtype=np.int64))
     columns = {name: _read_column(rec[name], start, stop) for name in SCALAR_COLUMNS}
-    return RecordBatch(columns, natoms, rec["z"][a0:a1], rec["pos"][a0:a1])
+    forces = rec["forces"][a0:a1] if "forces" in rec else None
+    return RecordBatch(columns, natoms, rec["z"][a0:a1], rec["pos"][a0:a1], forces)
 
 
 def _iter_blocks(f: h5py.File, block: int = READ_BLOCK) -> Iterator[RecordBatch]:
@@ -341,7 +350,7 @@ def _merge_shard(shard: Path, fallback_attrs: dict | None = None) -> None:
         sources = state.files
         attrs = _source_attrs(sources[0]) if sources else dict(fallback_attrs)
         attrs["merged_parts"] = json.dumps(sorted(state.merged | {k for k, _ in state.parts}))
-        _write_atomically(shard, attrs, lambda f: _copy_all(f, sources), _total_sizes(sources))
+        _write_atomically(shard, attrs, lambda f: _copy_all(f, sources), _total_sizes(sources), _has_forces(sources))
         _on_merge_replaced(shard)
         state = _shard_state(shard)
     _delete_stale_parts(state)
@@ -358,6 +367,17 @@ def _total_sizes(paths: list[Path]) -> tuple[int, int, int]:
         with h5py.File(path, "r") as f:
             total += _sizes(f)
     return tuple(int(x) for x in total)
+
+
+def _has_forces(paths: list[Path]) -> bool:
+    """True if the files have a forces column (all of them or none: one shard, one setting)."""
+    found = set()
+    for path in paths:
+        with h5py.File(path, "r") as f:
+            found.add("forces" in f["records"])
+    if len(found) > 1:
+        raise ValueError(f"{paths[0].parent}: some files have forces and some do not")
+    return found == {True}
 
 
 def _copy_all(dst: h5py.File, sources: list[Path]) -> None:
@@ -577,7 +597,7 @@ class ShardWriter:
             _append_failures(f["failures"], failures)
 
         sizes = (len(records), len(records.z), len(failures))
-        _write_atomically(part_path(self.path, self._next_part), attrs, fill, sizes)
+        _write_atomically(part_path(self.path, self._next_part), attrs, fill, sizes, records.forces is not None)
         self._next_part += 1
 
 
@@ -748,7 +768,8 @@ class Dataset:
         return [x for f in self._files() for x in _read_failures(f)]
 
     def records(self) -> Iterator[dict]:
-        """One dict per record: the scalars (Python values), z (natoms,) and pos (natoms, 3)."""
+        """One dict per record: the scalars (Python values), z (natoms,), pos (natoms, 3) and, if
+        generated with --forces, forces (natoms, 3) eV/Bohr."""
         for batch in self.iter_batches():
             off = batch.atom_offsets()
             cols = {k: v.tolist() for k, v in batch.columns.items()}
@@ -756,6 +777,8 @@ class Dataset:
                 row = {k: v[i] for k, v in cols.items()}
                 row["z"] = batch.z[off[i] : off[i + 1]]
                 row["pos"] = batch.pos[off[i] : off[i + 1]]
+                if batch.forces is not None:
+                    row["forces"] = batch.forces[off[i] : off[i + 1]]
                 yield row
 
     def molecules(self) -> Iterator[tuple[int, RecordBatch]]:
@@ -777,9 +800,11 @@ class Dataset:
         data["z"] = list(np.split(batch.z, split)) if len(batch) else []
         data["pos"] = list(np.split(batch.pos, split)) if len(batch) else []
         data.update({k: v for k, v in batch.columns.items() if k not in data})
+        if batch.forces is not None:
+            data["forces"] = list(np.split(batch.forces, split)) if len(batch) else []
         frame = pd.DataFrame(data)
         ordered = list(QM1B_COLUMNS) + [k for k in SCALAR_COLUMNS if k not in QM1B_COLUMNS]
-        return frame[ordered]
+        return frame[ordered + (["forces"] if batch.forces is not None else [])]
 
 
 def open_dataset(directory: Path | str) -> Dataset:
