@@ -11,8 +11,10 @@ that names the problem.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -112,10 +114,12 @@ def run_command(args: argparse.Namespace) -> int:
     enable_compilation_cache()
     disable_numpy_huge_pages()
     functional = get_functional(config.xc)
+    start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         host = prepare(molecule, config, needs_grid=bool(functional.pieces))
         result = run_rks(molecule, config, host=host)
+    result = dataclasses.replace(result, seconds=time.perf_counter() - start)  # the host preparation included
     gradient = None
     if args.forces:
         from .forces import nuclear_gradient

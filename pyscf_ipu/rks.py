@@ -60,6 +60,12 @@ def run_rks(
     result = finalise(host, trace, settings.functional, config, problem.shapes)
     timings["finalise"] = time.perf_counter() - t
     profile = settings.backend.profile(host.eri_s8, host.nao, problem.shapes[0], dtype, result.iterations)
+    if profile is not None and config.integrals == "device":  # the ERIs' own tile plan on the same IPUs
+        from .host import eri_plan
+        from .ipu.eri_tiles import plan_eri_tiles
+
+        tiles = plan_eri_tiles(eri_plan(config.basis, tuple(host.mol.elements)), settings.backend.model)
+        profile = {**profile, "eri_tiles": tiles.report()}
     return dataclasses.replace(result, timings=timings, seconds=time.perf_counter() - start, jk_profile=profile)
 
 

@@ -63,7 +63,15 @@ def profile_report(plan: TilePlan, iterations: int) -> dict:
 def summary_lines(report: dict) -> list[str]:
     b, e, x = report["bytes_per_tile"], report["estimate"], report["exchange_bytes_per_iteration"]
     model = report["assumptions"]
-    return [
+    lines = []
+    if "eri_tiles" in report:
+        r = report["eri_tiles"]
+        lines.append(
+            f"ERI      {r['quartets']:,} shell quartets on {r['tiles_used']} tiles of {r['ipus_used']} IPU(s), "
+            f"load imbalance {r['load_imbalance']:.2f}, bytes per tile max {r['bytes_per_tile']['max']:,}; "
+            f"modelled {r['estimate']['seconds_per_molecule'] * 1e6:.0f} us per molecule"
+        )
+    return lines + [
         f"IPU      {report['strategy']} strategy on {report['ipus_used']} x {model['name']} IPU, "
         f"{report['tiles_used']} of {report['tiles_per_ipu'] * report['ipus_used']} tiles used, "
         f"load imbalance {report['load_imbalance']:.3f}",

@@ -1,0 +1,149 @@
+r"""The tile plan of the device ERIs: which tile of the simulated IPU evaluates which shell quartets.
+
+The same ideas as the J-K planner (:mod:`.plan`): work items split contiguously and balanced over
+tiles, the bytes each tile must hold checked against its budget, more IPUs when one does not fit,
+and a modelled time on the slowest tile (bulk-synchronous).
+
+- **Work items** are the shell quartets of :class:`~pyscf_ipu.integrals.eri.EriPlan`, class after
+  class. A quartet costs its primitive quartets (K2_bra x K2_ket, padded as the kernel pads them)
+  times the modelled operations of one primitive quartet of its class:
+
+  .. math::
+
+      \text{ops}(L, H_b, H_k, Y) = 25 (L + 1) + 3 H_R(L) + 2 H_b H_k (1 + Y),
+
+  the Boys family (about 25 operations per order), the Hermite recursion (3 per R_tuv, H_R of
+  them) and the contraction with the bra and ket Hermite matrices (R' gathered, then Y outputs).
+  A tile performs ``eri_ops_per_cycle`` of them per cycle (all six threads together).
+- **Split:** the quartet sequence is cut where a cumulative weight crosses multiples of total /
+  tiles; the weight adds a quartet's share of all the work and its share of all the output bytes,
+  so no tile gets more than about twice the mean of either (d classes are cheap per value but
+  have many values). Quartets come in squares of bra x ket pairs (see ``eri.TILE_PAIRS``), so a run
+  of them reads few distinct pairs.
+- **Memory** of a tile: the Hermite matrices and P - A of every bra and ket pair its quartets read
+  (each pair once per tile), plus its output values with their s8 positions (4 + 4 bytes each).
+  The one-centre integrals are constants of the plan and are not placed.
+
+The modelled time of one molecule's ERIs is max_t(cycles_t) / f plus one synchronisation; the
+outputs stay on their tiles (the ``s8`` J-K strategy reads integrals where they are), so no
+exchange is counted. These are the model's numbers, not a measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..integrals.eri import EriPlan, hermite_indices
+from .model import IPUModel
+from .plan import TileMemoryError
+
+ERI_OPS_PER_CYCLE = 4.0  # float32 operations per tile cycle, six threads together (model assumption)
+VALUE_AND_INDEX_BYTES = 8  # float32 value + int32 s8 position
+
+
+@dataclass(frozen=True)
+class EriTilePlan:
+    """Contiguous runs of shell quartets (in class order) per tile, with their modelled cost and bytes."""
+
+    model: IPUModel
+    num_ipus: int
+    cuts: np.ndarray  # (tiles_used + 1,) quartet indices: tile t evaluates quartets cuts[t]:cuts[t+1]
+    cycles: np.ndarray  # (tiles_used,) modelled compute cycles
+    tile_bytes: np.ndarray  # (tiles_used,) bytes held
+    quartets: int
+    primitive_quartets: int
+
+    @property
+    def tiles_used(self) -> int:
+        return len(self.cycles)
+
+    @property
+    def imbalance(self) -> float:
+        """Slowest tile over the mean (1 = perfectly balanced)."""
+        return float(self.cycles.max() / self.cycles.mean()) if len(self.cycles) else 1.0
+
+    @property
+    def seconds(self) -> float:
+        """Modelled time of one molecule's ERIs (the slowest tile, one synchronisation)."""
+        return float((self.cycles.max(initial=0.0) + self.model.sync_cycles) / self.model.clock_hz)
+
+    def report(self) -> dict:
+        return {
+            "ipus_used": self.num_ipus,
+            "tiles_used": self.tiles_used,
+            "quartets": self.quartets,
+            "primitive_quartets": self.primitive_quartets,
+            "quartets_per_tile": {"min": int(np.diff(self.cuts).min()), "max": int(np.diff(self.cuts).max())},
+            "load_imbalance": self.imbalance,
+            "bytes_per_tile": {"min": int(self.tile_bytes.min()), "mean": float(self.tile_bytes.mean()),
+                               "max": int(self.tile_bytes.max()), "budget": self.model.budget_bytes},  # fmt: skip
+            "estimate": {"cycles_max": float(self.cycles.max()), "seconds_per_molecule": self.seconds,
+                         "eri_ops_per_cycle": ERI_OPS_PER_CYCLE},  # fmt: skip
+        }
+
+
+def _class_costs(plan: EriPlan) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Per class: the real quartets' (bra rows, ket rows) and each quartet's modelled operations."""
+    bras, kets, costs = [], [], []
+    for q in plan.quartets:
+        real = q.destination.reshape(len(q.bra_pairs), -1).min(axis=1) < plan.size  # not block padding
+        bra, ket = plan.pairs[q.bra], plan.pairs[q.ket]
+        order_b, order_k = bra.la + bra.lb, ket.la + ket.lb
+        hb, hk = len(hermite_indices(order_b)), len(hermite_indices(order_k))
+        outputs = (2 * ket.la + 1) * (2 * ket.lb + 1)
+        total = order_b + order_k
+        ops = 25 * (total + 1) + 3 * len(hermite_indices(total)) + 2 * hb * hk * (1 + outputs)
+        primitives = bra.ka * bra.kb * ket.ka * ket.kb
+        bras.append(q.bra_pairs[real])
+        kets.append(q.ket_pairs[real])
+        costs.append(np.full(int(real.sum()), float(ops * primitives)))
+    return bras, kets, costs
+
+
+def _pair_bytes(plan: EriPlan, index: int) -> int:
+    """Bytes of one pair's data on a tile: its Hermite matrix (K2, S_a S_b, H) and P - A (K2, 3), float32."""
+    c = plan.pairs[index]
+    k2 = c.ka * c.kb
+    return 4 * k2 * ((2 * c.la + 1) * (2 * c.lb + 1) * len(hermite_indices(c.la + c.lb)) + 3)
+
+
+def plan_eri_tiles(plan: EriPlan, model: IPUModel) -> EriTilePlan:
+    """Spread ``plan``'s quartets over the fewest IPUs (up to ``model.num_ipus``) whose tiles hold them."""
+    bras, kets, costs = _class_costs(plan)
+    cost = np.concatenate(costs) if costs else np.zeros(0)
+    klass = np.concatenate([np.full(len(c), k) for k, c in enumerate(costs)]) if costs else np.zeros(0, int)
+    bra_rows, ket_rows = np.concatenate(bras), np.concatenate(kets)
+    outputs = np.array([(2 * plan.pairs[q.bra].la + 1) * (2 * plan.pairs[q.bra].lb + 1)
+                        * (2 * plan.pairs[q.ket].la + 1) * (2 * plan.pairs[q.ket].lb + 1) for q in plan.quartets])  # fmt: skip
+    pair_bytes = np.array([_pair_bytes(plan, k) for k in range(len(plan.pairs))])
+    bra_class = np.array([q.bra for q in plan.quartets])[klass]
+    ket_class = np.array([q.ket for q in plan.quartets])[klass]
+    # cut by work and output bytes together: high-l classes are cheap per value but many values
+    out_bytes = VALUE_AND_INDEX_BYTES * outputs[klass].astype(np.float64)
+    weight = cost / max(cost.sum(), 1.0) + out_bytes / max(out_bytes.sum(), 1.0)
+    cumulative = np.cumsum(weight)
+    attempts = []
+    for num_ipus in range(1, model.num_ipus + 1):
+        tiles = min(num_ipus * model.tiles, len(cost))
+        cuts = np.searchsorted(cumulative, cumulative[-1] * np.arange(1, tiles) / tiles, side="right")
+        cuts = np.unique(np.concatenate([[0], cuts, [len(cost)]]))
+        cycles = np.add.reduceat(cost, cuts[:-1]) / ERI_OPS_PER_CYCLE
+        tile_bytes = np.array([
+            VALUE_AND_INDEX_BYTES * int(outputs[klass[a:b]].sum())
+            + sum(int(pair_bytes[c]) * len(np.unique(rows[a:b][cls[a:b] == c]))
+                  for rows, cls in ((bra_rows, bra_class), (ket_rows, ket_class)) for c in np.unique(cls[a:b]))
+            for a, b in zip(cuts[:-1], cuts[1:])
+        ])  # fmt: skip
+        primitive = int(sum(len(c) * plan.pairs[q.bra].ka * plan.pairs[q.bra].kb * plan.pairs[q.ket].ka
+                            * plan.pairs[q.ket].kb for c, q in zip(costs, plan.quartets)))  # fmt: skip
+        candidate = EriTilePlan(model, num_ipus, cuts, cycles, tile_bytes, len(cost), primitive)
+        if tile_bytes.max(initial=0) <= model.budget_bytes:
+            return candidate
+        attempts.append(candidate)
+    worst = attempts[-1]
+    raise TileMemoryError(
+        f"the ERIs need {int(worst.tile_bytes.max()):,} bytes on the fullest tile even on {worst.num_ipus} IPUs "
+        f"({model.budget_bytes:,} allowed per tile): allow more IPUs (--ipus) or a larger --ipu-memory-proportion"
+    )
