@@ -51,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--check", action="store_true", help="also run PySCF in float64 and print the differences")
     output.add_argument("--forces", action="store_true",
                         help="also compute the nuclear gradient dE/dR (Hartree/Bohr; jax.grad through the device "
-                             "integrals, grid fixed in space)")  # fmt: skip
+                             "integrals; the grid moves with the atoms: the exact derivative of the energy)")
+    output.add_argument("--fixed-grid", action="store_true",
+                        help="with --forces: hold the grid fixed in space, as PySCF's default gradient does")  # fmt: skip
     output.add_argument("--profile", metavar="FILE.json", help="write the simulated IPU's profile report (--jk ipu)")
     output.add_argument("--profile-plot", metavar="FILE.png", help="write the IPU tile memory map (--jk ipu)")
     return parser
@@ -124,7 +126,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.forces:
         from .forces import nuclear_gradient
 
-        gradient = nuclear_gradient(host, result, functional)
+        gradient = nuclear_gradient(host, result, functional, grid_response=not args.fixed_grid)
     if result.jk_profile is not None:
         if args.profile:
             Path(args.profile).write_text(json.dumps(result.jk_profile, indent=1))

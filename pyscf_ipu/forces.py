@@ -16,9 +16,12 @@ with D = 2 C_occ C_occ^T and W = 2 C_occ diag(eps_occ) C_occ^T from the converge
 function in brackets is written in JAX on the device integrals (:mod:`pyscf_ipu.integrals`, float64)
 and differentiated by ``jax.grad``; nothing is differentiated through the SCF iterations.
 
-The quadrature grid is held fixed in space (points and weights), as PySCF's default RKS gradient
-does (``grid_response=False``): the result is comparable with ``mf.nuc_grad_method().kernel()``,
-and a finite-difference check must keep the grid fixed too (tests/test_forces.py does).
+By default the quadrature grid is held fixed in space (points and weights), as PySCF's default RKS
+gradient does (``grid_response=False``): the result is comparable with
+``mf.nuc_grad_method().kernel()``, and a finite-difference check must keep the grid fixed too.
+With ``grid_response=True`` the grid moves with the atoms (:mod:`pyscf_ipu.grid`, PySCF's grid
+definition in JAX): comparable with PySCF's ``grid_response = True`` and with plain finite
+differences of the energy. tests/test_forces.py checks both.
 
 The two-electron part is a dot product of the s8 ERIs with a host vector: each unique integral
 (u) = (mu nu|lambda sigma) stands for m_u index tuples (its distinct permutations), so its
@@ -32,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .grid import atom_grids, grid_points_and_weights
 from .host import HostProblem, eri_plan
 from .integrals.ao_values import ao_values_at
 from .integrals.basis import primitive_basis
@@ -54,8 +58,14 @@ def two_electron_coefficients(dm: np.ndarray, exchange: float) -> np.ndarray:
     return multiplicity * (coulomb - exact)
 
 
-def nuclear_gradient(host: HostProblem, result: SCFResult, functional: Functional) -> np.ndarray:
-    """(natm, 3) dE/dR in Hartree/Bohr at ``result``'s converged orbitals (fixed grid, see the module doc)."""
+def nuclear_gradient(host: HostProblem, result: SCFResult, functional: Functional, grid_response: bool = False
+                     ) -> np.ndarray:  # fmt: skip
+    """(natm, 3) dE/dR in Hartree/Bohr at ``result``'s converged orbitals.
+
+    ``grid_response=False`` holds the grid fixed in space (PySCF's default gradient); True moves
+    the points and Becke weights with the atoms (:mod:`pyscf_ipu.grid`), as PySCF's
+    ``grid_response = True`` does: the exact derivative of the energy as the SCF computes it.
+    """
     mol = host.mol
     nocc = host.nocc
     occupied = result.mo_coeff[:, :nocc]  # (N, nocc)
@@ -65,6 +75,7 @@ def nuclear_gradient(host: HostProblem, result: SCFResult, functional: Functiona
     plan = eri_plan(result.config.basis, tuple(mol.elements))
     coefficients = two_electron_coefficients(dm, functional.hf_exchange)
     charges = mol.atom_charges().astype(np.float64)
+    moving = atom_grids(mol, result.config.grid_level) if grid_response and host.grid_points else None
     with jax.enable_x64(True):
         dm_, weighted_, coefficients_ = (jnp.asarray(a) for a in (dm, weighted, coefficients))
         charges_ = jnp.asarray(charges)
@@ -75,8 +86,11 @@ def nuclear_gradient(host: HostProblem, result: SCFResult, functional: Functiona
             total = jnp.sum(dm_ * (ints["kinetic"] + ints["nuclear"])) - jnp.sum(weighted_ * ints["overlap"])
             total += jnp.dot(coefficients_, eri_s8(plan, coords, jnp.float64))
             if host.grid_points and functional.pieces:
-                ao = ao_values_at(basis, host.grid_coords, coords)
-                total += xc_energy(functional, ao, jnp.asarray(host.grid_weights), dm_)
+                if moving is None:
+                    points, weights = host.grid_coords, jnp.asarray(host.grid_weights)
+                else:
+                    points, weights = grid_points_and_weights(moving, coords)
+                total += xc_energy(functional, ao_values_at(basis, points, coords), weights, dm_)
             distance = jnp.linalg.norm(coords[pairs[0]] - coords[pairs[1]], axis=-1)
             return total + jnp.sum(charges_[pairs[0]] * charges_[pairs[1]] / distance)
 

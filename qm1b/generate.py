@@ -235,7 +235,8 @@ def run_shard(gen: GenerateConfig, dft: RKSConfig) -> Summary:
             if gen.forces:
                 t = time.perf_counter()
                 functional = get_functional(dft.xc)
-                gradients = [nuclear_gradient(h, r, functional) for h, r in zip(batch.hosts, results)]
+                # with the grid's response: the exact derivative of the stored energy
+                gradients = [nuclear_gradient(h, r, functional, grid_response=True) for h, r in zip(batch.hosts, results)]
                 timings["forces"] = timings.get("forces", 0.0) + time.perf_counter() - t
             now = time.perf_counter()
             records, failures = _records(batch, results, gen.drop_unconverged, now - last_commit, gradients)

@@ -53,9 +53,9 @@ def _ao_values(exponents, powers, contraction, cart2sph, offsets, owners, shifts
     return primitives @ (contraction @ cart2sph)  # (4, G, N)
 
 
-def ao_values_at(basis: PrimitiveBasis, points: np.ndarray, coords: jax.Array) -> jax.Array:
-    """(4, G, N) at fixed ``points`` (G, 3) for atom positions ``coords`` (natm, 3), a JAX array to
-    differentiate (the grid held fixed in space as the atoms move)."""
+def ao_values_at(basis: PrimitiveBasis, points, coords: jax.Array) -> jax.Array:
+    """(4, G, N) at ``points`` (G, 3) for atom positions ``coords`` (natm, 3), a JAX array to
+    differentiate; ``points`` a host array (the grid fixed in space) or JAX (moving with the atoms)."""
     dtype = coords.dtype
     exponents, contraction, cart2sph = (jnp.asarray(a, dtype) for a in (basis.exponents, basis.contraction, basis.cart2sph))
     centres = coords[jnp.asarray(basis.atom)]  # (P, 3)
