@@ -1,10 +1,11 @@
 """Device integrals (pyscf_ipu.integrals) against libcint and against the Boys function's definition.
 
 Tolerances: float64 within 1e-10 Hartree, the issue's bound (round-off is ~1e-13 here). float32:
-see FLOAT32_RTOL, relative to the element's size and at least that much absolute. The issue asks
-1e-6 absolute, which float32 cannot give for the largest elements (the nuclear attraction of an O
-or F core is 60-90 Hartree, where one float32 step is already 4-8e-6); the nuclear attraction also
-misses 1e-6 relative (4.7e-6 measured). Not met in float32 yet.
+1e-6 absolute, the issue's bound, for the overlap, kinetic energy and ERIs. Not met for the
+nuclear attraction: its elements reach 60-90 Hartree on a core orbital, where consecutive float32
+numbers are 4-8e-6 apart, so no float32 result is within 1e-6 there; and two-centre elements with
+d functions (C 3d x N 2p, |V| ~ 0.5-1) lose up to 2.9e-6 to cancellation between the nuclei's
+contributions. Its bound is 5e-6 relative to max(1, |element|) (measured worst 2.9e-6).
 """
 
 import jax
@@ -63,10 +64,10 @@ def test_cartesian_order_is_pyscfs():
 CI_CASES = {("water", "sto-3g"), ("water", "6-31g"), ("water", "6-31g*"), ("qm9-21989", "6-31g*")}
 CASES = [pytest.param(name, basis, marks=() if (name, basis) in CI_CASES else pytest.mark.slow)
          for name in MOLECULES for basis in ("sto-3g", "6-31g", "6-31g*")]  # fmt: skip
-# float32, relative to max(1, |element|); measured worst over the full matrix: overlap 2.4e-7,
-# kinetic 3.2e-7, nuclear 4.7e-6 (float32 sums over ~20 nuclei and the contraction; the Boys
-# function itself is within 6e-7 at m <= 4). See the module doc for why 1e-6 absolute is out of float32's reach on large elements.
-FLOAT32_RTOL = {"overlap": 1e-6, "kinetic": 1e-6, "nuclear": 1e-5}
+# float32 bounds (see the module doc); measured worst over the full matrix: overlap 1.9e-7,
+# kinetic 5.9e-7 absolute (the one-centre blocks come from libcint in float64, see
+# basis.one_centre_one_electron), nuclear 2.9e-6 relative to max(1, |element|)
+FLOAT32_BOUND = {"overlap": 1e-6, "kinetic": 1e-6, "nuclear": 5e-6}  # nuclear: times max(1, |element|)
 
 
 @pytest.mark.parametrize("name, basis_name", CASES)
@@ -81,7 +82,9 @@ def test_one_electron_integrals_match_libcint(name, basis_name):
         np.testing.assert_allclose(np.asarray(ours64[key]), ref, rtol=0, atol=1e-10, err_msg=key)
         assert ours32[key].dtype == jnp.float32
         error = np.abs(np.asarray(ours32[key], np.float64) - ref)
-        assert np.all(error <= FLOAT32_RTOL[key] * np.maximum(1.0, np.abs(ref))), (key, float(error.max()))
+        bound = FLOAT32_BOUND[key] * (np.maximum(1.0, np.abs(ref)) if key == "nuclear" else 1.0)
+        print(f"{name}/{basis_name} {key}: float32 max error {error.max():.1e} ({np.max(error / bound):.2f} of the bound)")
+        assert np.all(error <= bound), (key, float(error.max()))
 
 
 def test_unsupported_shells_are_refused():

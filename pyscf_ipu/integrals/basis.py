@@ -40,6 +40,7 @@ class PrimitiveBasis:
     cart2sph: np.ndarray  # (Nc, N): PySCF's Cartesian -> spherical AO transform
     charges: np.ndarray  # (natm,) nuclear charges
     coords: np.ndarray  # (natm, 3) Bohr
+    one_centre: np.ndarray  # (3, N, N): overlap, kinetic, own-nucleus attraction of each atom's AO block
 
 
 def primitive_basis(mol: gto.Mole) -> PrimitiveBasis:
@@ -79,4 +80,25 @@ def primitive_basis(mol: gto.Mole) -> PrimitiveBasis:
         cart2sph=np.asarray(mol.cart2sph_coeff()),
         charges=mol.atom_charges().astype(float),
         coords=mol.atom_coords(),
+        one_centre=one_centre_one_electron(mol),
     )
+
+
+def one_centre_one_electron(mol: gto.Mole) -> np.ndarray:
+    """(3, N, N) float64 from libcint: within each atom's block of AOs, the overlap, the kinetic
+    energy and the attraction to that atom's own nucleus (zero elsewhere).
+
+    They do not depend on the geometry, and they are the largest one-electron integrals (an O core's
+    attraction to its nucleus is ~60 Hartree, where float32 resolves only 4e-6): the device kernels
+    compute everything else and add these.
+    """
+    out = np.zeros((3, mol.nao_nr(), mol.nao_nr()))
+    for atom, (s0, s1, a0, a1) in enumerate(mol.aoslice_by_atom()):
+        if s1 == s0:
+            continue
+        block = (s0, s1, s0, s1)
+        out[0, a0:a1, a0:a1] = mol.intor("int1e_ovlp", shls_slice=block)
+        out[1, a0:a1, a0:a1] = mol.intor("int1e_kin", shls_slice=block)
+        with mol.with_rinv_origin(mol.atom_coord(atom)):
+            out[2, a0:a1, a0:a1] = -mol.atom_charge(atom) * mol.intor("int1e_rinv", shls_slice=block)
+    return out
