@@ -50,7 +50,6 @@ from .basis import MAX_L
 from .one_electron import PairFactors, _stack, hermite_coefficients, hermite_coulomb
 
 BLOCK = 256  # shell quartets per kernel call
-TILE_PAIRS = 16  # quartets are ordered in squares of 16 bra x 16 ket pairs
 
 
 @lru_cache(maxsize=None)
@@ -177,10 +176,6 @@ def plan_eri(mol: gto.Mole, block: int = BLOCK) -> EriPlan:
             bra, ket = bra[keep], ket[keep]
             if not len(bra):
                 continue
-            # in square tiles of TILE_PAIRS x TILE_PAIRS (bra, ket) pairs: a run of quartets (a block,
-            # or a simulated IPU tile's share) then reads few distinct pairs
-            order = np.lexsort((ket, bra, ket // TILE_PAIRS, bra // TILE_PAIRS))
-            bra, ket = bra[order], ket[order]
             destination = _destinations(shells, pairs[x], pairs[y], bra, ket, x == y, size)
             pad = -len(bra) % block
             quartets.append(QuartetClass(
