@@ -109,6 +109,8 @@ def run_command(args: argparse.Namespace) -> int:
         config = config_from_arguments(args, RKSConfig)
         get_functional(config.xc)
         get_jk_backend(config.jk, config)
+        if args.fixed_grid and not args.forces:
+            raise ValueError("--fixed-grid describes the forces: add --forces")
         if (args.profile or args.profile_plot) and config.jk != "ipu":
             raise ValueError(f"--profile and --profile-plot describe the ipu backend; this run uses --jk {config.jk}")
     except ValueError as err:

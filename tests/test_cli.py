@@ -28,6 +28,8 @@ BAD_INPUT = [
     (["--mol", "water", "--precision", "float16"], "invalid choice"),
     (["--mol", "water", "--atoms", "H 0 0 0; H 0 0 1"], "exactly one"),
     (["--xyz", "/no/such/file.xyz"], "cannot read XYZ file"),
+    (["--mol", "water", "--fixed-grid"], "--fixed-grid describes the forces"),
+    (["--mol", "water", "--integrals", "gpu"], "invalid choice"),
 ]
 
 
