@@ -107,7 +107,7 @@ def run_command(args: argparse.Namespace) -> int:
     )
     try:
         config = config_from_arguments(args, RKSConfig)
-        get_functional(config.xc)
+        functional = get_functional(config.xc)
         get_jk_backend(config.jk, config)
         if args.fixed_grid and not args.forces:
             raise ValueError("--fixed-grid describes the forces: add --forces")
@@ -117,7 +117,6 @@ def run_command(args: argparse.Namespace) -> int:
         raise ConfigError(str(err)) from None
     enable_compilation_cache()
     disable_numpy_huge_pages()
-    functional = get_functional(config.xc)
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)

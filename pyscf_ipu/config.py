@@ -147,6 +147,16 @@ def enable_compilation_cache(path: str | Path | None = None) -> Path:
     return cache
 
 
+def precision_scope(precision: str):
+    """A context in which JAX computes in ``precision`` ("float32" or "float64"): float64 needs JAX's
+    64-bit mode, switched on for the block only, never globally."""
+    import contextlib
+
+    import jax  # here: the CLI imports this module before it needs JAX
+
+    return jax.enable_x64(True) if precision == "float64" else contextlib.nullcontext()
+
+
 def disable_numpy_huge_pages() -> bool:
     """Stop numpy from asking the kernel for transparent huge pages for its large arrays.
 

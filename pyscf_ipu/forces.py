@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .eri import degeneracy_weights, tril_unpack
 from .grid import atom_grids, grid_points_and_weights
 from .host import HostProblem, eri_plan
 from .integrals.ao_values import ao_values_at
@@ -48,11 +49,10 @@ from .xc.functionals import Functional
 
 def two_electron_coefficients(dm: np.ndarray, exchange: float) -> np.ndarray:
     """(size,) float64: d E_2e / d (u) for every s8-packed ERI u, at the density ``dm`` (N, N)."""
-    n = dm.shape[0]
-    mu, nu = np.tril_indices(n)  # packed pair ij -> (mu, nu), mu >= nu
-    left, right = np.tril_indices(len(mu))  # packed quartet u -> (ij, kl), ij >= kl
-    p, q, r, s = mu[left], nu[left], mu[right], nu[right]
-    multiplicity = (1.0 + (p != q)) * (1.0 + (r != s)) * (1.0 + (left != right))  # distinct permutations
+    npair = dm.shape[0] * (dm.shape[0] + 1) // 2
+    ij, kl = tril_unpack(np.arange(npair * (npair + 1) // 2))  # packed quartet u -> (ij, kl), ij >= kl
+    (p, q), (r, s) = tril_unpack(ij), tril_unpack(kl)
+    multiplicity = 8.0 * degeneracy_weights(np.stack([p, q, r, s], axis=1))  # distinct permutations of u
     coulomb = 0.5 * dm[p, q] * dm[r, s]
     exact = 0.125 * exchange * (dm[p, r] * dm[q, s] + dm[p, s] * dm[q, r])
     return multiplicity * (coulomb - exact)

@@ -58,10 +58,9 @@ def atom_grids(mol: gto.Mole, level: int) -> AtomGrids:
         offsets.append(points)
         volumes.append(weights)
         owner.append(np.full(len(weights), atom, np.int32))
-    charges = [gto.charge(symbol) for symbol in mol.elements]
-    rho = np.sqrt(radi.BRAGG_RADII[charges])
-    ratio = rho[:, None] / rho[None, :]  # rho_A / rho_B
-    adjust = np.clip(0.25 * (ratio.T - ratio), -0.5, 0.5)  # (rho_B/rho_A - rho_A/rho_B) / 4
+    # PySCF's own adjustment function: nu(mu) = mu + a_AB (1 - mu^2), so a_AB = nu(0)
+    nu = radi.treutler_atomic_radii_adjust(mol, radi.BRAGG_RADII)
+    adjust = np.array([[nu(a, b, 0.0) for b in range(mol.natm)] for a in range(mol.natm)])
     return AtomGrids(np.concatenate(offsets), np.concatenate(volumes), np.concatenate(owner), adjust)
 
 

@@ -12,20 +12,17 @@ sizes; padding to shared shapes and the cast to the device precision happen late
 
 from __future__ import annotations
 
-import contextlib
 import time
 import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from pyscf import dft, gto, scf
 from pyscf.lib.exceptions import BasisNotFoundError
 from pyscf.scf import addons, atom_hf
 
-from .config import RKSConfig
+from .config import RKSConfig, precision_scope
 from .molecule import Molecule, MoleculeError
 
 # Eigenvalues of S below this are treated as linear dependence and projected out (PySCF's lindep).
@@ -183,8 +180,8 @@ def device_one_electron(mol: gto.Mole, precision: str) -> tuple[np.ndarray, np.n
     from .integrals.basis import primitive_basis
     from .integrals.one_electron import one_electron
 
-    with _precision(precision) as dtype:
-        ints = one_electron(primitive_basis(mol), dtype)
+    with precision_scope(precision):
+        ints = one_electron(primitive_basis(mol), np.dtype(precision))
         return np.asarray(ints["overlap"], np.float64), np.asarray(ints["kinetic"] + ints["nuclear"], np.float64)
 
 
@@ -192,9 +189,8 @@ def device_eri_s8(mol: gto.Mole, basis: str, precision: str) -> np.ndarray:
     """The s8 ERIs from :mod:`pyscf_ipu.integrals.eri` in ``precision``, as a float64 host array."""
     from .integrals.eri import eri_s8 as device_eris
 
-    with _precision(precision) as dtype:
-        plan = eri_plan(basis, tuple(mol.elements))
-        return np.asarray(device_eris(plan, mol.atom_coords(), dtype), np.float64)
+    with precision_scope(precision):
+        return np.asarray(device_eris(eri_plan(basis, tuple(mol.elements)), mol.atom_coords(), precision), np.float64)
 
 
 @lru_cache(maxsize=64)
@@ -206,16 +202,6 @@ def eri_plan(basis: str, elements: tuple[str, ...]):
     shells = {e: element_basis(basis, e) for e in set(elements)}
     electrons = sum(gto.charge(e) for e in elements)
     return plan_eri(gto.M(atom=atoms, unit="Bohr", basis=shells, spin=electrons % 2, verbose=0))
-
-
-@contextlib.contextmanager
-def _precision(precision: str):
-    """The JAX dtype of ``precision``, with 64-bit mode on for float64 (only inside the block)."""
-    if precision == "float64":
-        with jax.enable_x64(True):
-            yield jnp.float64
-    else:
-        yield jnp.float32
 
 
 def orthogonaliser(overlap: np.ndarray) -> np.ndarray:
@@ -246,7 +232,10 @@ def prepare(molecule: Molecule, config: RKSConfig, needs_grid: bool = True) -> H
 
     t = time.perf_counter()
     nao = mol.nao_nr()
-    eri = device_eri_s8(mol, config.basis, config.precision) if config.integrals == "device" else eri_s8(mol, config.eri_expcutoff)
+    if config.integrals == "device":
+        eri = device_eri_s8(mol, config.basis, config.precision)
+    else:
+        eri = eri_s8(mol, config.eri_expcutoff)
     eri = schwarz_screen(eri, nao * (nao + 1) // 2, config.eri_threshold)
     eri_kept = int(np.count_nonzero(eri))
     timings["eri"] = time.perf_counter() - t

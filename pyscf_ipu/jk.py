@@ -21,7 +21,6 @@ tile-partitioned contraction on a simulated IPU (:mod:`pyscf_ipu.ipu`); ``dense`
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from collections.abc import Callable
 from functools import partial
@@ -32,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from pyscf import ao2mo
 
-from .config import RKSConfig
+from .config import RKSConfig, precision_scope
 from .eri import degeneracy_weights, s8_accumulate, symmetrise, unique_quartets
 from .ipu import IPUJK, ipu_model
 from .padding import bucket, pad_to
@@ -128,7 +127,7 @@ def jk_matrices(name: str, eri_s8: np.ndarray, nao: int, dm: np.ndarray, dtype=n
                 config: RKSConfig | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """J and K (each (N, N), numpy) of the symmetric density ``dm`` by the backend ``name``, in ``dtype``."""
     backend = get_jk_backend(name, config)
-    with jax.enable_x64(True) if np.dtype(dtype) == np.float64 else contextlib.nullcontext():
+    with precision_scope(np.dtype(dtype).name):
         data = backend.prepare(eri_s8, nao, nao, dtype)
         j, k = jax.jit(backend.contract)(data, jnp.asarray(dm, dtype))
         return np.asarray(j), np.asarray(k)

@@ -10,24 +10,18 @@ prepare the next batch on the host while the device works, then collect with ``.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 
 import jax
 import numpy as np
 
-from .config import RKSConfig
+from .config import RKSConfig, precision_scope
 from .host import HostProblem, prepare
 from .molecule import Molecule
 from .problem import build_problem, padded_sizes, stack_problems
 from .results import SCFResult, finalise
 from .scf import LoopSettings, SCFTrace, scf_loop, scf_loop_batch
-
-
-def precision_scope(precision: str):
-    """float64 runs need JAX's 64-bit mode; it is switched on for the run only, never globally."""
-    return jax.enable_x64(True) if precision == "float64" else contextlib.nullcontext()
 
 
 def run_rks(

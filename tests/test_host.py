@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from pyscf import ao2mo, dft, scf
 
-from pyscf_ipu.config import RKSConfig
+from pyscf_ipu.config import ConfigError, RKSConfig
 from pyscf_ipu.host import build_mole, prepare
 from pyscf_ipu.molecule import MoleculeError, from_atom_string, from_name
 
@@ -110,5 +110,5 @@ def test_device_integrals_switch(precision, atol):
     np.testing.assert_allclose(device.overlap, host.overlap, rtol=0, atol=atol)
     np.testing.assert_allclose(device.hcore, host.hcore, rtol=0, atol=atol)
     np.testing.assert_allclose(device.eri_s8, host.eri_s8, rtol=0, atol=min(atol, 1e-6))
-    with pytest.raises(Exception, match="integrals must be one of host, device"):
+    with pytest.raises(ConfigError, match="integrals must be one of host, device"):
         RKSConfig(integrals="gpu")

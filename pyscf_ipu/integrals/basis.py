@@ -33,7 +33,6 @@ class PrimitiveBasis:
     """Host arrays: one row per primitive Cartesian Gaussian (``P`` of them)."""
 
     exponents: np.ndarray  # (P,)
-    centres: np.ndarray  # (P, 3) Bohr
     atom: np.ndarray  # (P,) the atom each primitive sits on
     powers: np.ndarray  # (P, 3) int: Cartesian powers (i, j, l)
     contraction: np.ndarray  # (P, Nc): coefficient of each primitive in each Cartesian AO
@@ -42,38 +41,49 @@ class PrimitiveBasis:
     coords: np.ndarray  # (natm, 3) Bohr
     one_centre: np.ndarray  # (3, N, N): overlap, kinetic, own-nucleus attraction of each atom's AO block
 
+    @property
+    def centres(self) -> np.ndarray:
+        """(P, 3) Bohr: each primitive's centre, its atom's position."""
+        return self.coords[self.atom]
 
-def primitive_basis(mol: gto.Mole) -> PrimitiveBasis:
-    """Flatten ``mol``'s shells into primitive Cartesian Gaussians (s, p and d shells; no ECPs)."""
+
+def contracted_shells(mol: gto.Mole):
+    """Yield (shell, l, atom, exponents (nprim,), coefficients (nctr, nprim)) for every shell of ``mol``.
+
+    PySCF's radially normalised contraction coefficients, without libcint's angular factors; s, p
+    and d shells only, no ECPs (a ValueError names the offending shell).
+    """
     if mol.has_ecp():
         raise ValueError("ECP basis sets are not supported by the device integrals")
-    exponents, centres, atoms, powers, rows = [], [], [], [], []
-    nao_cart = mol.nao_cart()
-    column = 0
     for shell in range(mol.nbas):
         l, nprim, nctr = (int(mol._bas[shell, k]) for k in (gto.ANG_OF, gto.NPRIM_OF, gto.NCTR_OF))
         if l > MAX_L:
             raise ValueError(f"shell {shell} has l = {l}: only s, p and d shells are supported")
-        exps = mol.bas_exp(shell)
         start = int(mol._bas[shell, gto.PTR_COEFF])
-        coeff = mol._env[start : start + nprim * nctr].reshape(nctr, nprim) * ANGULAR_FACTOR.get(l, 1.0)
-        centre = mol.atom_coord(int(mol._bas[shell, gto.ATOM_OF]))
-        components = cartesian_powers(l)
-        for c in range(nctr):
-            for power in components:
-                for k in range(nprim):
+        coefficients = mol._env[start : start + nprim * nctr].reshape(nctr, nprim)
+        yield shell, l, mol.bas_atom(shell), mol.bas_exp(shell), coefficients
+
+
+def primitive_basis(mol: gto.Mole) -> PrimitiveBasis:
+    """Flatten ``mol``'s shells into primitive Cartesian Gaussians (s, p and d shells; no ECPs)."""
+    exponents, atoms, powers, rows = [], [], [], []
+    nao_cart = mol.nao_cart()
+    column = 0
+    for _, l, atom, exps, coeff in contracted_shells(mol):
+        coeff = coeff * ANGULAR_FACTOR.get(l, 1.0)
+        for c in range(len(coeff)):
+            for power in cartesian_powers(l):
+                for k in range(len(exps)):
                     row = np.zeros(nao_cart)
                     row[column] = coeff[c, k]
                     rows.append(row)
                     exponents.append(exps[k])
-                    centres.append(centre)
-                    atoms.append(int(mol._bas[shell, gto.ATOM_OF]))
+                    atoms.append(atom)
                     powers.append(power)
                 column += 1
     assert column == nao_cart
     return PrimitiveBasis(
         exponents=np.asarray(exponents),
-        centres=np.asarray(centres),
         atom=np.asarray(atoms, np.int32),
         powers=np.asarray(powers, np.int32),
         contraction=np.asarray(rows),

@@ -26,10 +26,10 @@ Organisation (the shape of the work is fixed by the basis, not by the geometry):
 - The spherical values go straight into PySCF's 8-fold packed layout (``mol.intor("int2e",
   aosym="s8")``), through destination indices built once per basis on the host; that is the layout
   the J-K backends take.
-- **Schwarz screening:** quartets with sqrt((ab|ab)(cd|cd)) below a threshold are dropped on the
-  host (:func:`plan_eri`, given a geometry's pair bounds); **primitive screening** drops primitive
-  pairs whose overlap factor exp(-ab/(a+b) |A-B|^2) is below a threshold by zeroing their
-  coefficients (they still cost their slot: shapes stay fixed).
+- **No screening yet:** every shell quartet and every primitive quartet is computed (the plan is
+  fixed by the basis, so shapes stay fixed); ``RKSConfig.eri_threshold`` still applies its Schwarz
+  screening to the finished s8 array on the host. Quartets with all four shells on one atom are
+  not computed at all: their values are constants of the plan (see :func:`_one_centre`).
 
 Geometry enters through differences: A - C between atoms from a float64 host table, and P - A =
 -(b/p)(A - B), so a quartet on one atom sees exactly zero displacements in float32 as well.
@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from pyscf import gto
 
-from .basis import MAX_L
+from .basis import cartesian_powers, contracted_shells
 from .one_electron import PairFactors, _stack, hermite_coefficients, hermite_coulomb
 
 BLOCK = 256  # shell quartets per kernel call
@@ -79,18 +79,10 @@ class Shells:
 
 def shells_of(mol: gto.Mole) -> Shells:
     """``mol``'s shells, a general contraction split into one row per contracted function."""
-    if mol.has_ecp():
-        raise ValueError("ECP basis sets are not supported by the device integrals")
     rows = []
     ao_loc = mol.ao_loc_nr()
-    for shell in range(mol.nbas):
-        l, nprim, nctr = (int(mol._bas[shell, k]) for k in (gto.ANG_OF, gto.NPRIM_OF, gto.NCTR_OF))
-        if l > MAX_L:
-            raise ValueError(f"shell {shell} has l = {l}: only s, p and d shells are supported")
-        start = int(mol._bas[shell, gto.PTR_COEFF])
-        coeff = mol._env[start : start + nprim * nctr].reshape(nctr, nprim)
-        for c in range(nctr):
-            rows.append((l, mol.bas_atom(shell), mol.bas_exp(shell), coeff[c], ao_loc[shell] + c * (2 * l + 1)))
+    for shell, l, atom, exps, coeff in contracted_shells(mol):
+        rows += [(l, atom, exps, coeff[c], ao_loc[shell] + c * (2 * l + 1)) for c in range(len(coeff))]
     k = max(len(r[2]) for r in rows)
     return Shells(
         l=np.array([r[0] for r in rows]),
@@ -131,7 +123,7 @@ class QuartetClass:
     destination: np.ndarray  # (Q, S_a S_b, S_c S_d) index into the s8 array; its size for nothing
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: device arrays are cached per plan
 class EriPlan:
     """Which shell quartets each class kernel evaluates, and where their values go (built once per basis)."""
 
@@ -203,7 +195,7 @@ def _one_centre(mol: gto.Mole) -> tuple[np.ndarray, np.ndarray]:
         left, right = np.tril_indices(len(ij))
         index.append(_packed(ij[left], ij[right]))
         value.append(block[mu[left], nu[left], mu[right], nu[right]])
-    return np.concatenate(index).astype(np.int64), np.concatenate(value)
+    return np.concatenate(index).astype(np.int32), np.concatenate(value)
 
 
 def _destinations(shells: Shells, bra: PairClass, ket: PairClass, bi, ki, same_class: bool, size: int) -> np.ndarray:
@@ -223,7 +215,7 @@ def _destinations(shells: Shells, bra: PairClass, ket: PairClass, bi, ki, same_c
     repeat = repeat_bra[:, :, None] | repeat_ket[:, None, :]
     if same_class:  # a pair with itself: (ij|kl) and (kl|ij) are one value; keep ij >= kl
         repeat |= (bi == ki)[:, None, None] & (ij[:, :, None] < kl[:, None, :])
-    return np.where(repeat, size, index).astype(np.int64 if size >= 2**31 else np.int32)
+    return np.where(repeat, size, index).astype(np.int32)  # plan_eri refuses sizes beyond int32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,8 +225,6 @@ def _destinations(shells: Shells, bra: PairClass, ket: PairClass, bi, ki, same_c
 @lru_cache(maxsize=None)
 def _hermite_gather(la: int, lb: int):
     """Index arrays (3 axes) of shape (C_a C_b, H) into a stacked E table (i, j, t), for the Hermite matrix."""
-    from .basis import cartesian_powers
-
     hermite = hermite_indices(la + lb)
     rows = [(pa, pb) for pa in cartesian_powers(la) for pb in cartesian_powers(lb)]
     return tuple(
@@ -323,14 +313,17 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32) -> jax.Array:
         coords = np.asarray(coords, np.float64)
         shifts = jnp.asarray(coords[..., :, None, :] - coords[..., None, :, :], dtype)  # ([C,] natm, natm, 3)
     kernel = _eri_s8 if coords.ndim == 2 else _eri_s8_batch
-    return kernel(_static(plan), _arrays(plan, dtype), shifts)
+    return kernel(_static(plan), _arrays(plan, jnp.dtype(dtype).name), shifts)
 
 
 def _static(plan: EriPlan):
     return (tuple((c.la, c.lb) for c in plan.pairs), tuple((q.bra, q.ket) for q in plan.quartets), plan.size)
 
 
+@lru_cache(maxsize=2)  # the destinations of a 6-31G* plan alone are ~200 MB
 def _arrays(plan: EriPlan, dtype):
+    """The plan's device arrays in ``dtype``, built and transferred once per (plan, dtype)."""
+    dtype = jnp.dtype(dtype)
     sh = plan.shells
     pairs = tuple(
         jax.tree.map(lambda x: jnp.asarray(x, dtype), _pair_factors(plan, c))
@@ -342,7 +335,7 @@ def _arrays(plan: EriPlan, dtype):
          jnp.asarray(q.destination.reshape(-1)))
         for q in plan.quartets
     )  # fmt: skip
-    return pairs, quartets, jnp.asarray(plan.one_centre_index, jnp.int32), jnp.asarray(plan.one_centre_value, dtype)
+    return pairs, quartets, jnp.asarray(plan.one_centre_index), jnp.asarray(plan.one_centre_value, dtype)
 
 
 def _eri_s8_unjitted(static, arrays, shifts):

@@ -103,20 +103,19 @@ def one_electron(basis: PrimitiveBasis, dtype=jnp.float32) -> dict[str, jax.Arra
     """{"overlap", "kinetic", "nuclear"}: (N, N) spherical AO matrices in ``dtype`` (jit-compiled per shape)."""
     # A - C for every primitive centre A and nucleus C, in float64 on the host (see _nuclear)
     centre_shifts = basis.centres[None, :, :] - basis.coords[:, None, :]  # (natm, P, 3)
-    floats = (basis.exponents, basis.centres, basis.contraction, basis.cart2sph, basis.charges, centre_shifts,
-              basis.one_centre)  # fmt: skip
-    exponents, centres, contraction, cart2sph, charges, centre_shifts, one_centre = (jnp.asarray(a, dtype) for a in floats)
-    return _one_electron(exponents, centres, jnp.asarray(basis.powers), contraction, cart2sph, charges, centre_shifts,
-                         jnp.asarray(basis.atom), one_centre)  # fmt: skip
+    return _call(basis, jnp.asarray(basis.centres, dtype), jnp.asarray(centre_shifts, dtype))
 
 
 def one_electron_at(basis: PrimitiveBasis, coords: jax.Array) -> dict[str, jax.Array]:
     """As :func:`one_electron`, with the atom positions ``coords`` (natm, 3) a JAX array, to differentiate."""
-    dtype = coords.dtype
     centres = coords[jnp.asarray(basis.atom)]  # (P, 3)
-    centre_shifts = centres[None, :, :] - coords[:, None, :]  # (natm, P, 3)
-    exponents, contraction, cart2sph, charges, one_centre = (
-        jnp.asarray(a, dtype) for a in (basis.exponents, basis.contraction, basis.cart2sph, basis.charges, basis.one_centre))
+    return _call(basis, centres, centres[None, :, :] - coords[:, None, :])
+
+
+def _call(basis: PrimitiveBasis, centres, centre_shifts):
+    """The kernel on ``basis``'s arrays, in the precision of ``centres`` (P, 3) and ``centre_shifts`` (natm, P, 3)."""
+    floats = (basis.exponents, basis.contraction, basis.cart2sph, basis.charges, basis.one_centre)
+    exponents, contraction, cart2sph, charges, one_centre = (jnp.asarray(a, centres.dtype) for a in floats)
     return _one_electron(exponents, centres, jnp.asarray(basis.powers), contraction, cart2sph, charges, centre_shifts,
                          jnp.asarray(basis.atom), one_centre)  # fmt: skip
 

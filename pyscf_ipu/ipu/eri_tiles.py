@@ -14,7 +14,7 @@ and a modelled time on the slowest tile (bulk-synchronous).
 
   the Boys family (about 25 operations per order), the Hermite recursion (3 per R_tuv, H_R of
   them) and the contraction with the bra and ket Hermite matrices (R' gathered, then Y outputs).
-  A tile performs ``eri_ops_per_cycle`` of them per cycle (all six threads together).
+  A tile performs the model's ``eri_ops_per_cycle`` of them per cycle (all six threads together).
 - **Split:** the quartet sequence is cut where a cumulative weight crosses multiples of total /
   tiles; the weight adds a quartet's share of all the work and its share of all the output bytes,
   so no tile gets more than about twice the mean of either (d classes are cheap per value but
@@ -32,6 +32,7 @@ exchange is counted. These are the model's numbers, not a measurement.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -39,7 +40,6 @@ from ..integrals.eri import EriPlan, hermite_indices
 from .model import IPUModel
 from .plan import TileMemoryError
 
-ERI_OPS_PER_CYCLE = 4.0  # float32 operations per tile cycle, six threads together (model assumption)
 VALUE_AND_INDEX_BYTES = 8  # float32 value + int32 s8 position
 TILE_PAIRS = 16  # a tile's quartets: squares of 16 bra x 16 ket pairs
 
@@ -81,7 +81,7 @@ class EriTilePlan:
             "bytes_per_tile": {"min": int(self.tile_bytes.min()), "mean": float(self.tile_bytes.mean()),
                                "max": int(self.tile_bytes.max()), "budget": self.model.budget_bytes},  # fmt: skip
             "estimate": {"cycles_max": float(self.cycles.max()), "seconds_per_molecule": self.seconds,
-                         "eri_ops_per_cycle": ERI_OPS_PER_CYCLE},  # fmt: skip
+                         "eri_ops_per_cycle": self.model.eri_ops_per_cycle},  # fmt: skip
         }
 
 
@@ -114,8 +114,12 @@ def _pair_bytes(plan: EriPlan, index: int) -> int:
     return 4 * k2 * ((2 * c.la + 1) * (2 * c.lb + 1) * len(hermite_indices(c.la + c.lb)) + 3)
 
 
+@lru_cache(maxsize=16)
 def plan_eri_tiles(plan: EriPlan, model: IPUModel) -> EriTilePlan:
-    """Spread ``plan``'s quartets over the fewest IPUs (up to ``model.num_ipus``) whose tiles hold them."""
+    """Spread ``plan``'s quartets over the fewest IPUs (up to ``model.num_ipus``) whose tiles hold them.
+
+    Cached per (plan, model): a plan is built once per basis and atom order (``host.eri_plan``).
+    """
     bras, kets, costs = _class_costs(plan)
     cost = np.concatenate(costs) if costs else np.zeros(0)
     klass = np.concatenate([np.full(len(c), k) for k, c in enumerate(costs)]) if costs else np.zeros(0, int)
@@ -129,26 +133,22 @@ def plan_eri_tiles(plan: EriPlan, model: IPUModel) -> EriTilePlan:
     out_bytes = VALUE_AND_INDEX_BYTES * outputs[klass].astype(np.float64)
     weight = cost / max(cost.sum(), 1.0) + out_bytes / max(out_bytes.sum(), 1.0)
     cumulative = np.cumsum(weight)
-    attempts = []
+    primitive = int(sum(len(c) * plan.pairs[q.bra].ka * plan.pairs[q.bra].kb * plan.pairs[q.ket].ka
+                        * plan.pairs[q.ket].kb for c, q in zip(costs, plan.quartets)))  # fmt: skip
     for num_ipus in range(1, model.num_ipus + 1):
         tiles = min(num_ipus * model.tiles, len(cost))
         cuts = np.searchsorted(cumulative, cumulative[-1] * np.arange(1, tiles) / tiles, side="right")
         cuts = np.unique(np.concatenate([[0], cuts, [len(cost)]]))
-        cycles = np.add.reduceat(cost, cuts[:-1]) / ERI_OPS_PER_CYCLE
+        cycles = np.add.reduceat(cost, cuts[:-1]) / model.eri_ops_per_cycle
         tile_bytes = np.array([
-            VALUE_AND_INDEX_BYTES * int(outputs[klass[a:b]].sum())
+            int(out_bytes[a:b].sum())
             + sum(int(pair_bytes[c]) * len(np.unique(rows[a:b][cls[a:b] == c]))
                   for rows, cls in ((bra_rows, bra_class), (ket_rows, ket_class)) for c in np.unique(cls[a:b]))
             for a, b in zip(cuts[:-1], cuts[1:])
         ])  # fmt: skip
-        primitive = int(sum(len(c) * plan.pairs[q.bra].ka * plan.pairs[q.bra].kb * plan.pairs[q.ket].ka
-                            * plan.pairs[q.ket].kb for c, q in zip(costs, plan.quartets)))  # fmt: skip
-        candidate = EriTilePlan(model, num_ipus, cuts, cycles, tile_bytes, len(cost), primitive)
         if tile_bytes.max(initial=0) <= model.budget_bytes:
-            return candidate
-        attempts.append(candidate)
-    worst = attempts[-1]
+            return EriTilePlan(model, num_ipus, cuts, cycles, tile_bytes, len(cost), primitive)
     raise TileMemoryError(
-        f"the ERIs need {int(worst.tile_bytes.max()):,} bytes on the fullest tile even on {worst.num_ipus} IPUs "
+        f"the ERIs need {int(tile_bytes.max()):,} bytes on the fullest tile even on {model.num_ipus} IPUs "
         f"({model.budget_bytes:,} allowed per tile): allow more IPUs (--ipus) or a larger --ipu-memory-proportion"
     )

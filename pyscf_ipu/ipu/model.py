@@ -38,6 +38,7 @@ class IPUModel:
     # -- cost assumptions (cycles per tile, all 6 threads together) --
     rows_cycles_per_element: float = 0.5  # dense block x vector: 2 float32 MACs per cycle (64-bit loads)
     s8_cycles_per_integral: float = 24.0  # unpack 4 indices, 6 gathers, 6 MACs, 6 accumulates
+    eri_ops_per_cycle: float = 4.0  # float32 operations of the device ERI kernels (ipu.eri_tiles)
     sync_cycles: int = 150  # one BSP synchronisation across the chip
     link_sync_seconds: float = 5e-6  # one synchronisation across IPU-Links
 
