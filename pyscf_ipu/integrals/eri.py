@@ -49,7 +49,7 @@ from pyscf import gto
 from .basis import cartesian_powers, contracted_shells
 from .one_electron import PairFactors, _stack, hermite_coefficients, hermite_coulomb
 
-BLOCK = 256  # shell quartets per kernel call
+TILE = 16  # pairs per side of a tile: a kernel call computes TILE x TILE shell quartets
 
 
 @lru_cache(maxsize=None)
@@ -102,25 +102,36 @@ def _packed(i, j):
 
 @dataclass(frozen=True)
 class PairClass:
-    """Shell pairs (a, b) with angular momenta (la, lb), la >= lb, primitives padded to (ka, kb)."""
+    """Shell pairs (a, b) with angular momenta (la, lb), la >= lb, primitives padded to (ka, kb).
+
+    The rows are padded to whole tiles by repeating the first pair (its quartets go nowhere).
+    """
 
     la: int
     lb: int
     ka: int
     kb: int
-    first: np.ndarray  # (n,) shell a
+    count: int  # real pairs: rows [0, count)
+    first: np.ndarray  # (n,) shell a, n a multiple of TILE
     second: np.ndarray  # (n,) shell b
 
 
 @dataclass(frozen=True)
 class QuartetClass:
-    """Shell quartets (bra pair | ket pair) of two pair classes, padded to whole blocks."""
+    """The shell quartets (bra pair | ket pair) of two pair classes, as TILE x TILE squares of pairs."""
 
     bra: int  # pair class of the bra
     ket: int  # pair class of the ket
-    bra_pairs: np.ndarray  # (Q,) rows of the bra class (padding: 0)
-    ket_pairs: np.ndarray  # (Q,) rows of the ket class
-    destination: np.ndarray  # (Q, S_a S_b, S_c S_d) index into the s8 array; its size for nothing
+    tiles: np.ndarray  # (T, 2) bra tile and ket tile of each square: rows TILE * tile + (0 .. TILE)
+    destination: np.ndarray  # (T, TILE, S_a S_b, TILE, S_c S_d) index into the s8 array; its size for nothing
+
+    def quartets(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(bra rows, ket rows) of the quartets with values to write (s8 size ``size``), in kernel order."""
+        real = (self.destination < size).any((2, 4))  # (T, I, J)
+        bra = TILE * self.tiles[:, 0, None, None] + np.arange(TILE)[None, :, None]
+        ket = TILE * self.tiles[:, 1, None, None] + np.arange(TILE)[None, None, :]
+        bra, ket = np.broadcast_arrays(bra, ket)
+        return bra[real], ket[real]
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: device arrays are cached per plan
@@ -137,8 +148,8 @@ class EriPlan:
     one_centre_value: np.ndarray  # (M,) their values (float64, from libcint: they do not depend on geometry)
 
 
-def plan_eri(mol: gto.Mole, block: int = BLOCK) -> EriPlan:
-    """Group ``mol``'s shell pairs and quartets into classes and work out the s8 destinations."""
+def plan_eri(mol: gto.Mole) -> EriPlan:
+    """Group ``mol``'s shell pairs and quartets into classes and tiles and work out the s8 destinations."""
     shells = shells_of(mol)
     nao = mol.nao_nr()
     npair = nao * (nao + 1) // 2
@@ -150,31 +161,51 @@ def plan_eri(mol: gto.Mole, block: int = BLOCK) -> EriPlan:
         for b in range(a + 1):
             first, second = (a, b) if shells.l[a] >= shells.l[b] else (b, a)
             by_class.setdefault((int(shells.l[first]), int(shells.l[second])), []).append((first, second))
-    keys = sorted(by_class)
     pairs = []
-    for la, lb in keys:
+    for la, lb in sorted(by_class):
         rows = np.array(by_class[(la, lb)])
+        rows = np.concatenate([rows, np.repeat(rows[:1], -len(rows) % TILE, axis=0)])
         pairs.append(PairClass(la, lb, int(shells.nprim[rows[:, 0]].max()), int(shells.nprim[rows[:, 1]].max()),
-                               rows[:, 0], rows[:, 1]))  # fmt: skip
+                               len(by_class[(la, lb)]), rows[:, 0], rows[:, 1]))  # fmt: skip
     quartets = []
     for x in range(len(pairs)):
         for y in range(x + 1):
-            bra, ket = np.meshgrid(np.arange(len(pairs[x].first)), np.arange(len(pairs[y].first)), indexing="ij")
-            bra, ket = bra.ravel(), ket.ravel()
-            keep = (bra >= ket) if x == y else np.ones(len(bra), bool)
-            atoms = [shells.atom[c.first[rows]] for c, rows in ((pairs[x], bra), (pairs[y], ket))]
-            atoms += [shells.atom[c.second[rows]] for c, rows in ((pairs[x], bra), (pairs[y], ket))]
-            keep &= ~((atoms[0] == atoms[1]) & (atoms[0] == atoms[2]) & (atoms[0] == atoms[3]))  # one-centre
-            bra, ket = bra[keep], ket[keep]
-            if not len(bra):
-                continue
-            destination = _destinations(shells, pairs[x], pairs[y], bra, ket, x == y, size)
-            pad = -len(bra) % block
-            quartets.append(QuartetClass(
-                x, y, np.pad(bra, (0, pad)), np.pad(ket, (0, pad)),
-                np.pad(destination, ((0, pad), (0, 0), (0, 0)), constant_values=size)))  # fmt: skip
+            quartet = _quartet_class(shells, pairs, x, y, size)
+            if quartet is not None:
+                quartets.append(quartet)
     index, value = _one_centre(mol)
     return EriPlan(shells, tuple(pairs), tuple(quartets), nao, size, mol.natm, index, value)
+
+
+def _quartet_class(shells: Shells, pairs, x: int, y: int, size: int) -> QuartetClass | None:
+    """The tiles of the quartets (class x | class y), x >= y; None if none of them is computed.
+
+    A quartet is computed unless it is padding, a repeat ((ij|kl) with kl > ij within one class)
+    or one-centre (all four shells on one atom: a constant of the plan, see :func:`_one_centre`).
+    """
+    bra, ket = pairs[x], pairs[y]
+    ti, tj = np.meshgrid(np.arange(len(bra.first) // TILE), np.arange(len(ket.first) // TILE), indexing="ij")
+    tiles = np.stack([ti.ravel(), tj.ravel()], 1)
+    if x == y:
+        tiles = tiles[tiles[:, 0] >= tiles[:, 1]]
+    bi = TILE * tiles[:, 0, None, None] + np.arange(TILE)[None, :, None]  # (T, I, 1)
+    ki = TILE * tiles[:, 1, None, None] + np.arange(TILE)[None, None, :]  # (T, 1, J)
+    bi, ki = np.broadcast_arrays(bi, ki)  # (T, I, J)
+    keep = (bi < bra.count) & (ki < ket.count)
+    if x == y:
+        keep &= bi >= ki
+    atoms = [shells.atom[c.first[rows]] for c, rows in ((bra, bi), (ket, ki))]
+    atoms += [shells.atom[c.second[rows]] for c, rows in ((bra, bi), (ket, ki))]
+    keep &= ~((atoms[0] == atoms[1]) & (atoms[0] == atoms[2]) & (atoms[0] == atoms[3]))
+    used = keep.any((1, 2))
+    if not used.any():
+        return None
+    tiles, bi, ki, keep = tiles[used], bi[used], ki[used], keep[used]
+    destination = _destinations(shells, bra, ket, bi.ravel(), ki.ravel(), x == y, size)  # (T I J, S_ab, S_cd)
+    destination[~keep.ravel()] = size
+    t, n = len(tiles), TILE
+    destination = destination.reshape(t, n, n, *destination.shape[1:]).transpose(0, 1, 3, 2, 4)
+    return QuartetClass(x, y, tiles.astype(np.int32), np.ascontiguousarray(destination))
 
 
 def _one_centre(mol: gto.Mole) -> tuple[np.ndarray, np.ndarray]:
@@ -236,13 +267,15 @@ def _hermite_gather(la: int, lb: int):
 
 
 @lru_cache(maxsize=None)
-def _coulomb_gather(bra_order: int, ket_order: int):
-    """(H_bra, H_ket) index into the R list of order bra + ket, and the sign (-1)^(tau + nu + phi)."""
+def _coulomb_spread(bra_order: int, ket_order: int) -> np.ndarray:
+    """(H_ket, H_bra, H_R) with S[g, h, n] = (-1)^(tau + nu + phi) where R index n is h + g, else 0."""
     position = {h: n for n, h in enumerate(hermite_indices(bra_order + ket_order))}
     bra, ket = hermite_indices(bra_order), hermite_indices(ket_order)
-    index = np.array([[position[(h[0] + g[0], h[1] + g[1], h[2] + g[2])] for g in ket] for h in bra], np.int32)
-    sign = np.array([[(-1.0) ** sum(g) for g in ket] for _ in bra])
-    return index, sign
+    spread = np.zeros((len(ket), len(bra), len(position)))
+    for k, g in enumerate(ket):
+        for b, h in enumerate(bra):
+            spread[k, b, position[(h[0] + g[0], h[1] + g[1], h[2] + g[2])]] = (-1.0) ** sum(g)
+    return spread
 
 
 def _pair_factors(plan: EriPlan, c: PairClass):
@@ -257,7 +290,7 @@ def _pair_factors(plan: EriPlan, c: PairClass):
 
 def _pair_data(la, lb, factors: PairFactors, p, scale, ab):
     """Per shell pair and primitive pair: the Hermite matrix (n, K2, S_a S_b, H) with the coefficients,
-    1/p and the spherical transform folded in; P - A (n, K2, 3)."""
+    1/p and the spherical transform folded in; P - A as (3, n, K2)."""
     n, k2 = p.shape
     e = None
     for axis, (i, j, t) in enumerate(_hermite_gather(la, lb)):
@@ -269,32 +302,64 @@ def _pair_data(la, lb, factors: PairFactors, p, scale, ab):
     sa, sb = cartesian_to_spherical(la), cartesian_to_spherical(lb)
     e = e.reshape(n, k2, sa.shape[0], sb.shape[0], h)
     e = jnp.einsum("nkabh,as,bt->nksth", e, jnp.asarray(sa, e.dtype), jnp.asarray(sb, e.dtype))
-    pa = -factors.b_frac[:, :, None] * ab[:, None, :]
+    pa = -factors.b_frac[None] * ab.T[:, :, None]  # (3, n, K2)
     return e.reshape(n, k2, -1, h), pa
 
 
-def _quartet_block(bra_order, ket_order, bra, ket, shifts, bi, ki):
-    """(B, S_a S_b, S_c S_d) ERIs of the quartets (bra rows ``bi`` | ket rows ``ki``) of one class."""
-    e_bra, p_bra, pa_bra, atom_bra = bra
-    e_ket, p_ket, pa_ket, atom_ket = ket
-    p, q = p_bra[bi][:, :, None], p_ket[ki][:, None, :]  # (B, K2b, 1), (B, 1, K2k)
-    ac = shifts[atom_bra[bi], atom_ket[ki]]  # (B, 3): A - C from the host's float64 table
-    pq = ac[:, None, None, :] + pa_bra[bi][:, :, None, :] - pa_ket[ki][:, None, :, :]  # (B, K2b, K2k, 3)
-    alpha = p * q / (p + q)
-    order = bra_order + ket_order
-    shape = alpha.shape
-    weight = 2.0 * math.pi**2.5 / jnp.sqrt(p + q)  # (B, K2b, K2k)
-    r = hermite_coulomb(order, alpha.reshape(-1), pq.reshape(-1, 3))
-    r = jnp.stack([jnp.broadcast_to(r[h], (alpha.size,)) for h in hermite_indices(order)], -1).reshape(*shape, -1)
-    index, sign = _coulomb_gather(bra_order, ket_order)
-    b, kb, kk = shape
-    rmat = jnp.take(r * weight[..., None], index.ravel(), axis=-1) * jnp.asarray(sign.ravel(), r.dtype)  # R'[h, g]
-    rmat = rmat.reshape(b, kb, kk, *index.shape).transpose(0, 1, 3, 2, 4).reshape(b, kb * index.shape[0], -1)
-    eb = e_bra[bi]  # (B, K2b, X, Hb)
-    ek = e_ket[ki]  # (B, K2k, Y, Hk)
-    ek = ek.transpose(0, 1, 3, 2).reshape(b, -1, ek.shape[2])  # (B, K2k Hk, Y)
-    eb = eb.transpose(0, 2, 1, 3).reshape(b, eb.shape[2], -1)  # (B, X, K2b Hb)
-    return jnp.matmul(eb, jnp.matmul(rmat, ek))
+def _ket_spread(bra_order: int, ket_order: int, e_ket):
+    """The ket's Hermite matrix spread over R's indices, per ket pair: (n, H_bra Y, H_R K2k) with
+    M[(h, y), (r, l)] = sum_g S[g, h, r] E_ket[l, y, g], so that a tile's contraction with R is one matmul."""
+    n, k2, y, _ = e_ket.shape
+    spread = jnp.asarray(_coulomb_spread(bra_order, ket_order), e_ket.dtype)
+    m = jnp.einsum("nkyg,ghr->nhyrk", e_ket, spread)
+    return m.reshape(n, spread.shape[1] * y, spread.shape[2] * k2)
+
+
+def _tile(bra_order, ket_order, bra, ket, spread):
+    """(I, S_a S_b, J, S_c S_d) ERIs of one TILE x TILE square of quartets, from the data of its I bra
+    pairs (E (I, K2b, S_ab, H_b), p (I, K2b), P - A (3, I, K2b)) and J ket pairs (p (J, K2k), P - A
+    (3, J, K2k), the spread Hermite matrices of :func:`_ket_spread`, and A - C (J, I, 3)).
+
+    Primitive quartets are laid out (J, K2k, I K2b): XLA's CPU loops vectorise along the last axis
+    only, and this one is long. R (with the prefactor) is
+    stacked as (J, H_R K2k, I K2b) and contracted with the ket's spread matrices in one matmul per
+    ket pair, (H_b Y, H_R K2k) x (H_R K2k, I K2b), then with the bra's Hermite matrices.
+    """
+    e_b, p_b, pa_b = bra
+    p_k, pa_k, ket_tile, ac = ket
+    m = jax.lax.dynamic_index_in_dim(spread, ket_tile, keepdims=False)  # (J, H_b Y, H_R K2k)
+    j, kk = p_k.shape
+    i, kb = p_b.shape
+    # Every primitive quartet's P - Q (x, y, z) as one batched matmul of pair factors,
+    # (3, J K2k, J + 2) x (3, J + 2, I K2b): it writes them flat and contiguous, where broadcasting
+    # costs XLA index arithmetic per element (measured: 3x the whole Boys function).
+    # P - Q = (A - C) + (P - A) - (Q - C), with A - C picked from the host's float64 table by a
+    # one-hot row; every product is by 0 or 1, so the sums are those of the elementwise form.
+    dtype = pa_b.dtype
+    ones_k, ones_b = jnp.ones((j, kk, 1), dtype), jnp.ones((1, i, kb), dtype)
+    one_hot = jnp.broadcast_to(jnp.eye(j, dtype=dtype)[:, None, :], (j, kk, j))
+    left = jnp.stack([jnp.concatenate([one_hot, -pa_k[x][..., None], ones_k], -1) for x in range(3)])
+    right = jnp.stack([jnp.concatenate([jnp.broadcast_to(ac[:, :, None, x], (j, i, kb)), ones_b, pa_b[x][None]], 0)
+                       for x in range(3)])  # fmt: skip
+    pq = jnp.matmul(left.reshape(3, j * kk, j + 2), right.reshape(3, j + 2, i * kb)).reshape(3, -1)
+    # p + q and pq the same way; they do not depend on the geometry (computed once for all conformers)
+    left = jnp.stack([p_k.reshape(-1), jnp.ones(j * kk, p_k.dtype)], -1)  # (J K2k, 2)
+    total = (left @ jnp.stack([jnp.ones(i * kb, p_b.dtype), p_b.reshape(-1)])).reshape(-1)
+    product = (p_k.reshape(-1, 1) @ p_b.reshape(1, -1)).reshape(-1)
+    alpha, weight = product / total, 2.0 * math.pi**2.5 / jnp.sqrt(total)
+    r = hermite_coulomb(bra_order + ket_order, alpha, pq)
+    indices = hermite_indices(bra_order + ket_order)
+    r = jnp.stack([jnp.broadcast_to(r[h] * weight, alpha.shape).reshape(j, -1) for h in indices], 1)
+    t = jnp.matmul(m, r.reshape(j, len(indices) * kk, i * kb))  # (J, H_b Y, I K2b)
+    t = t.reshape(j, e_b.shape[-1], -1, i, kb)
+    return jnp.einsum("jhyik,ikxh->ixjy", t, e_b)
+
+
+def _by_tile(x, index, axis=0):
+    """The rows of ``x`` (along ``axis``) of tiles ``index`` (T,): (T, ..., TILE, ...) with T leading."""
+    shape = x.shape[:axis] + (-1, TILE) + x.shape[axis + 1 :]
+    # indices are in range by construction: clip spares the out-of-range select of the default mode
+    return jnp.moveaxis(jnp.take(x.reshape(shape), index, axis=axis, mode="clip"), axis, 0)
 
 
 def eri_s8(plan: EriPlan, coords, dtype=jnp.float32) -> jax.Array:
@@ -330,11 +395,7 @@ def _arrays(plan: EriPlan, dtype):
         + (jnp.asarray(sh.atom[c.first], jnp.int32), jnp.asarray(sh.atom[c.second], jnp.int32))
         for c in plan.pairs
     )
-    quartets = tuple(
-        (jnp.asarray(q.bra_pairs.reshape(-1, BLOCK), jnp.int32), jnp.asarray(q.ket_pairs.reshape(-1, BLOCK), jnp.int32),
-         jnp.asarray(q.destination.reshape(-1)))
-        for q in plan.quartets
-    )  # fmt: skip
+    quartets = tuple((jnp.asarray(q.tiles), jnp.asarray(q.destination.reshape(-1))) for q in plan.quartets)
     return pairs, quartets, jnp.asarray(plan.one_centre_index), jnp.asarray(plan.one_centre_value, dtype)
 
 
@@ -346,11 +407,18 @@ def _eri_s8_unjitted(static, arrays, shifts):
         e, pa = _pair_data(la, lb, factors, p, scale, shifts[atom_a, atom_b])
         data.append((e, p, pa, atom_a))
     out = jnp.zeros(size, shifts.dtype).at[one_centre_index].set(one_centre_value.astype(shifts.dtype))
-    for (x, y), (bra_rows, ket_rows, destination) in zip(quartet_classes, quartet_arrays):
+    for (x, y), (tiles, destination) in zip(quartet_classes, quartet_arrays):
         orders = sum(pair_l[x]), sum(pair_l[y])
-        # checkpointed: a gradient recomputes each block instead of keeping every block's Boys values
-        block = jax.checkpoint(lambda rows: _quartet_block(*orders, data[x], data[y], shifts, *rows))
-        values = jax.lax.map(block, (bra_rows, ket_rows))
+        (e_bra, p_bra, pa_bra, atom_bra), (e_ket, p_ket, pa_ket, atom_ket) = data[x], data[y]
+        # each tile's pairs gathered up front: the kernel then only reads its own slice
+        bra = (_by_tile(e_bra, tiles[:, 0]), _by_tile(p_bra, tiles[:, 0]), _by_tile(pa_bra, tiles[:, 0], 1))
+        ac = shifts[_by_tile(atom_bra, tiles[:, 0])[:, None, :], _by_tile(atom_ket, tiles[:, 1])[:, :, None]]  # (T, J, I, 3)
+        ket = (_by_tile(p_ket, tiles[:, 1]), _by_tile(pa_ket, tiles[:, 1], 1), tiles[:, 1], ac)
+        # the ket's spread matrices are large (H_b Y x H_R K2k per pair): indexed per tile, not copied per tile
+        spread = _ket_spread(*orders, e_ket)
+        spread = spread.reshape(-1, TILE, *spread.shape[1:])
+        # checkpointed: a gradient recomputes each tile instead of keeping every tile's Boys values
+        values = jax.lax.map(jax.checkpoint(lambda tile: _tile(*orders, *tile, spread)), (bra, ket))
         out = out.at[destination].set(values.reshape(-1), mode="drop", unique_indices=True)
     return out
 

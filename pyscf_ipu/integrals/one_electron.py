@@ -163,8 +163,9 @@ def _one_electron(exponents, centres, powers, contraction, cart2sph, charges, ce
 
 
 def hermite_coulomb(order: int, p, pc):
-    """R[t][u][v] for t + u + v <= ``order``: arrays over pairs; ``pc`` (pairs, 3) = P - C."""
-    t_arg = p * jnp.sum(pc * pc, axis=-1)
+    """R[t][u][v] for t + u + v <= ``order``, elementwise over arrays of one shape: ``p`` and the
+    components (x, y, z) of P - C, separate arrays (a trailing xyz axis costs XLA a strided pass)."""
+    t_arg = p * (pc[0] * pc[0] + pc[1] * pc[1] + pc[2] * pc[2])
     # r[n][(t, u, v)]: the auxiliary R^n_{tuv}
     family = boys_family(order, t_arg)
     if order > 0:
@@ -186,11 +187,11 @@ def hermite_coulomb(order: int, p, pc):
                 for u in range(total - t + 1):
                     v = total - t - u
                     if t > 0:
-                        r[(t, u, v, n)] = (t - 1) * get(t - 2, u, v, n + 1) + pc[:, 0] * get(t - 1, u, v, n + 1)
+                        r[(t, u, v, n)] = (t - 1) * get(t - 2, u, v, n + 1) + pc[0] * get(t - 1, u, v, n + 1)
                     elif u > 0:
-                        r[(t, u, v, n)] = (u - 1) * get(t, u - 2, v, n + 1) + pc[:, 1] * get(t, u - 1, v, n + 1)
+                        r[(t, u, v, n)] = (u - 1) * get(t, u - 2, v, n + 1) + pc[1] * get(t, u - 1, v, n + 1)
                     else:
-                        r[(t, u, v, n)] = (v - 1) * get(t, u, v - 2, n + 1) + pc[:, 2] * get(t, u, v - 1, n + 1)
+                        r[(t, u, v, n)] = (v - 1) * get(t, u, v - 2, n + 1) + pc[2] * get(t, u, v - 1, n + 1)
     return {(t, u, v): value for (t, u, v, n), value in r.items() if n == 0}
 
 
@@ -209,7 +210,7 @@ def _nuclear(alpha, a, b, ca, cb, e_nuc, charges, centre_shifts, own):
     def one_nucleus(carry, nucleus):
         total, compensation = carry
         z, shifts, index = nucleus  # shifts (P, 3): primitive centres minus this nucleus
-        r = hermite_coulomb(order, p, shifts[alpha] + pa)
+        r = hermite_coulomb(order, p, jnp.moveaxis(shifts[alpha] + pa, -1, 0))
         value = sum(ex[:, t] * ey[:, u] * ez[:, v] * r[(t, u, v)] for (t, u, v) in r)
         term = -jnp.where(own == index, 0.0, z * (2.0 * math.pi / p) * value)
         # Kahan summation over the nuclei: ~20 terms of a few Hartree each would otherwise lose

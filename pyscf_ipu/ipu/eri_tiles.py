@@ -18,8 +18,8 @@ and a modelled time on the slowest tile (bulk-synchronous).
 - **Split:** the quartet sequence is cut where a cumulative weight crosses multiples of total /
   tiles; the weight adds a quartet's share of all the work and its share of all the output bytes,
   so no tile gets more than about twice the mean of either (d classes are cheap per value but
-  have many values). The planner orders each class's quartets in squares of TILE_PAIRS bra x
-  TILE_PAIRS ket pairs, so a tile's run of them reads few distinct pairs.
+  have many values). The quartets come in the CPU kernels' order, squares of TILE bra x TILE
+  ket pairs (:data:`~pyscf_ipu.integrals.eri.TILE`), so a tile's run of them reads few distinct pairs.
 - **Memory** of a tile: the Hermite matrices and P - A of every bra and ket pair its quartets read
   (each pair once per tile), plus its output values with their s8 positions (4 + 4 bytes each).
   The one-centre integrals are constants of the plan and are not placed.
@@ -36,12 +36,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..integrals.eri import EriPlan, hermite_indices
+from ..integrals.eri import TILE, EriPlan, hermite_indices
 from .model import IPUModel
 from .plan import TileMemoryError
 
 VALUE_AND_INDEX_BYTES = 8  # float32 value + int32 s8 position
-TILE_PAIRS = 16  # a tile's quartets: squares of 16 bra x 16 ket pairs
 
 
 @dataclass(frozen=True)
@@ -89,7 +88,6 @@ def _class_costs(plan: EriPlan) -> tuple[list[np.ndarray], list[np.ndarray], lis
     """Per class: the real quartets' (bra rows, ket rows) and each quartet's modelled operations."""
     bras, kets, costs = [], [], []
     for q in plan.quartets:
-        real = q.destination.reshape(len(q.bra_pairs), -1).min(axis=1) < plan.size  # not block padding
         bra, ket = plan.pairs[q.bra], plan.pairs[q.ket]
         order_b, order_k = bra.la + bra.lb, ket.la + ket.lb
         hb, hk = len(hermite_indices(order_b)), len(hermite_indices(order_k))
@@ -97,13 +95,11 @@ def _class_costs(plan: EriPlan) -> tuple[list[np.ndarray], list[np.ndarray], lis
         total = order_b + order_k
         ops = 25 * (total + 1) + 3 * len(hermite_indices(total)) + 2 * hb * hk * (1 + outputs)
         primitives = bra.ka * bra.kb * ket.ka * ket.kb
-        # a tile takes a square of TILE_PAIRS bra x TILE_PAIRS ket pairs, not a row: it then reads
-        # few distinct pairs (the CPU kernels keep PySCF's bra-major order, 5% faster there)
-        bra_rows, ket_rows = q.bra_pairs[real], q.ket_pairs[real]
-        order = np.lexsort((ket_rows, bra_rows, ket_rows // TILE_PAIRS, bra_rows // TILE_PAIRS))
-        bras.append(bra_rows[order])
-        kets.append(ket_rows[order])
-        costs.append(np.full(int(real.sum()), float(ops * primitives)))
+        # the kernels' order: squares of TILE bra x TILE ket pairs, so a tile's run of them reads few pairs
+        bra_rows, ket_rows = q.quartets(plan.size)
+        bras.append(bra_rows)
+        kets.append(ket_rows)
+        costs.append(np.full(len(bra_rows), float(ops * primitives)))
     return bras, kets, costs
 
 
