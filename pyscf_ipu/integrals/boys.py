@@ -42,31 +42,52 @@ def _series_terms(top: int, switch: float, eps: float) -> int:
 
 def boys_family(top: int, t) -> list[jax.Array]:
     """[F_0(T), ..., F_top(T)] for 0 <= ``top`` <= MAX_ORDER and T >= 0 (any shape), in T's precision."""
-    if not 0 <= top <= MAX_ORDER:
-        raise ValueError(f"Boys function order {top} outside 0..{MAX_ORDER}")
-    t = jnp.asarray(t)
-    if not jnp.issubdtype(t.dtype, jnp.floating):
-        t = t.astype(jnp.float32)
+    t = _as_float(top, t)
+    return boys_recursions(top, t, *boys_parts(top, t))
+
+
+def boys_parts(top: int, t) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The three expensive pieces of the family: e^{-T}, F_0 by erf at max(T, T_s), and F_top's
+    series at min(T, T_s) without its factor e^{-T} (T_s = top + 2).
+
+    Kept apart from :func:`boys_recursions` so that a kernel can materialise these three once and
+    let every consumer run the cheap recursions itself: XLA's CPU fusion evaluates a fused producer
+    again for each output it feeds. e^{-T} serves both branches, each only where it is selected;
+    the clamped arguments keep the other branch (and its gradient) finite.
+    """
+    t = _as_float(top, t)
     switch = top + 2.0
-    # small T: F_top by its series, then down
     near = jnp.minimum(t, switch)
     term = jnp.full_like(near, 1.0 / (2 * top + 1))
-    total = term
+    series = term
     for k in range(1, _series_terms(top, switch, 0.1 * float(np.finfo(t.dtype).eps)) + 1):
         term = term * near * (2.0 / (2 * top + 2 * k + 1))
-        total = total + term
-    decay = jnp.exp(-near)
-    small = [decay * total]
+        series = series + term
+    root = jnp.sqrt(jnp.maximum(t, switch))
+    return jnp.exp(-t), (0.5 * math.sqrt(math.pi)) * jax.scipy.special.erf(root) / root, series
+
+
+def boys_recursions(top: int, t, decay, f0_far, series) -> list[jax.Array]:
+    """[F_0, ..., F_top] from :func:`boys_parts`: below T_s, F_top = e^{-T} series and downward;
+    above, F_0 from erf and upward."""
+    t = _as_float(top, t)
+    switch = top + 2.0
+    near = jnp.minimum(t, switch)
+    small = [decay * series]
     for m in range(top - 1, -1, -1):
         small.insert(0, (2.0 * near * small[0] + decay) * (1.0 / (2 * m + 1)))
-    # large T: F_0 from erf, then up
     far = jnp.maximum(t, switch)
-    root = jnp.sqrt(far)
-    decay = jnp.exp(-far)
-    large = [(0.5 * math.sqrt(math.pi)) * jax.scipy.special.erf(root) / root]
+    large = [f0_far]
     for m in range(top):
         large.append(((2 * m + 1) * large[m] - decay) / (2.0 * far))
     return [jnp.where(t < switch, s, g) for s, g in zip(small, large)]
+
+
+def _as_float(top: int, t):
+    if not 0 <= top <= MAX_ORDER:
+        raise ValueError(f"Boys function order {top} outside 0..{MAX_ORDER}")
+    t = jnp.asarray(t)
+    return t if jnp.issubdtype(t.dtype, jnp.floating) else t.astype(jnp.float32)
 
 
 def boys(m: int, t):

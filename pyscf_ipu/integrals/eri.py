@@ -20,9 +20,12 @@ Organisation (the shape of the work is fixed by the basis, not by the geometry):
   pair, the kernel forms the Hermite matrix E (spherical AO pair, t u v), with the contraction
   coefficients and the Cartesian-to-spherical transform folded in: (pairs, K2, S_a S_b, H).
 - **Shell quartets** (bra pair >= ket pair) are grouped in classes (bra class, ket class), 21 for
-  s, p and d shells, and each class runs one kernel vmapped over its quartets, in blocks of
-  :data:`BLOCK` quartets (``lax.map``), so memory stays bounded and a block is the unit a tile of
-  the simulated IPU would own.
+  s, p and d shells. Each class runs one kernel over **tiles**: squares of :data:`TILE` bra x
+  :data:`TILE` ket pairs (``lax.map`` over the tiles, so memory stays bounded; the tile plan of the
+  simulated IPU, :mod:`pyscf_ipu.ipu.eri_tiles`, hands out the same squares). Within a tile the
+  work is three matmuls and flat elementwise loops (see :func:`_tile`): XLA's CPU backend
+  vectorises a loop along its last axis only and fuses everything but matmuls, so the layout is
+  chosen for that. Diagonal tiles of a class with itself compute both halves and keep one.
 - The spherical values go straight into PySCF's 8-fold packed layout (``mol.intor("int2e",
   aosym="s8")``), through destination indices built once per basis on the host; that is the layout
   the J-K backends take.
@@ -330,18 +333,16 @@ def _tile(bra_order, ket_order, bra, ket, spread):
     m = jax.lax.dynamic_index_in_dim(spread, ket_tile, keepdims=False)  # (J, H_b Y, H_R K2k)
     j, kk = p_k.shape
     i, kb = p_b.shape
-    # Every primitive quartet's P - Q (x, y, z) as one batched matmul of pair factors,
-    # (3, J K2k, J + 2) x (3, J + 2, I K2b): it writes them flat and contiguous, where broadcasting
-    # costs XLA index arithmetic per element (measured: 3x the whole Boys function).
-    # P - Q = (A - C) + (P - A) - (Q - C), with A - C picked from the host's float64 table by a
-    # one-hot row; every product is by 0 or 1, so the sums are those of the elementwise form.
+    # Every primitive quartet's P - Q (x, y, z), as a batched matmul of pair factors per ket pair,
+    # (K2k, 2) x (2, I K2b): it writes them flat and contiguous, where broadcasting costs XLA index
+    # arithmetic per element (measured: 3x the whole Boys function). P - Q = ((A - C) + (P - A))
+    # - (Q - C), A - C from the host's float64 table; the products are by 1, so the sums are those
+    # of the elementwise form.
     dtype = pa_b.dtype
-    ones_k, ones_b = jnp.ones((j, kk, 1), dtype), jnp.ones((1, i, kb), dtype)
-    one_hot = jnp.broadcast_to(jnp.eye(j, dtype=dtype)[:, None, :], (j, kk, j))
-    left = jnp.stack([jnp.concatenate([one_hot, -pa_k[x][..., None], ones_k], -1) for x in range(3)])
-    right = jnp.stack([jnp.concatenate([jnp.broadcast_to(ac[:, :, None, x], (j, i, kb)), ones_b, pa_b[x][None]], 0)
-                       for x in range(3)])  # fmt: skip
-    pq = jnp.matmul(left.reshape(3, j * kk, j + 2), right.reshape(3, j + 2, i * kb)).reshape(3, -1)
+    bra_part = ac.transpose(2, 0, 1)[..., None] + pa_b[:, None]  # (3, J, I, K2b)
+    left = jnp.stack([jnp.ones((3, j, kk), dtype), -pa_k], -1)  # (3, J, K2k, 2)
+    right = jnp.stack([bra_part.reshape(3, j, -1), jnp.ones((3, j, i * kb), dtype)], 2)  # (3, J, 2, I K2b)
+    pq = jnp.matmul(left, right).reshape(3, -1)  # (3, M), M = J K2k I K2b
     # p + q and pq the same way; they do not depend on the geometry (computed once for all conformers)
     left = jnp.stack([p_k.reshape(-1), jnp.ones(j * kk, p_k.dtype)], -1)  # (J K2k, 2)
     total = (left @ jnp.stack([jnp.ones(i * kb, p_b.dtype), p_b.reshape(-1)])).reshape(-1)

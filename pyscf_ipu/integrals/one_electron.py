@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from .basis import MAX_L, PrimitiveBasis
-from .boys import boys_family
+from .boys import boys_parts, boys_recursions
 
 
 class PairFactors(NamedTuple):
@@ -167,13 +167,15 @@ def hermite_coulomb(order: int, p, pc):
     components (x, y, z) of P - C, separate arrays (a trailing xyz axis costs XLA a strided pass)."""
     t_arg = p * (pc[0] * pc[0] + pc[1] * pc[1] + pc[2] * pc[2])
     # r[n][(t, u, v)]: the auxiliary R^n_{tuv}
-    family = boys_family(order, t_arg)
+    parts = boys_parts(order, t_arg)
     if order > 0:
-        # Materialise the family: every R below reads it, and XLA's CPU fusion would otherwise
-        # evaluate the Boys function again for each of them (one fused loop computes every output
-        # element from scratch). A matmul with the identity is the one op it will not fuse into.
-        family = jnp.eye(order + 1, dtype=t_arg.dtype) @ jnp.stack(family, 0).reshape(order + 1, -1)
-        family = [family[n].reshape(t_arg.shape) for n in range(order + 1)]
+        # Materialise the Boys function's expensive parts (exp, erf, series): every R below reads
+        # the family, and XLA's CPU fusion would otherwise evaluate them again for each R (one
+        # fused loop computes every output element from scratch). A matmul with the identity is
+        # the one op it will not fuse into; the cheap recursions then run in each consumer.
+        parts = jnp.eye(3, dtype=t_arg.dtype) @ jnp.stack(parts, 0).reshape(3, -1)
+        parts = [part.reshape(t_arg.shape) for part in parts]
+    family = boys_recursions(order, t_arg, *parts)
     r = {(0, 0, 0, n): (-2.0 * p) ** n * family[n] for n in range(order + 1)}
 
     def get(t, u, v, n):
