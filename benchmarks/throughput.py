@@ -1,6 +1,7 @@
 """Generator throughput, side by side: `qm1b generate` against a plain PySCF loop, same conformers.
 
     python benchmarks/throughput.py [--molecules 3] [--conformers 8] [--windows 3] [--batch-size 8]
+                                    [--integrals host|device]
 
 Both sides label the same RDKit conformers (the first ``--molecules`` 9-heavy-atom molecules of the
 built-in sample, ``--conformers`` each, embedded with the generator's own seeds) with RKS
@@ -68,6 +69,8 @@ def main() -> None:
     parser.add_argument("--conformers", type=int, default=8)
     parser.add_argument("--windows", type=int, default=3, help="timed windows per side, after the cold one")
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--integrals", choices=("host", "device"), default="host",
+                        help="our side's integrals: libcint on the host, or the JAX kernels (RKSConfig.integrals)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", UserWarning)
     work = Path(tempfile.mkdtemp(prefix="qm1b-throughput-"))
@@ -76,7 +79,8 @@ def main() -> None:
     chosen = [m for m in builtin_sample() if heavy_atom_count(m.smiles) == 9][: args.molecules]
     smiles_file = work / "molecules.smi"
     smiles_file.write_text("".join(f"{m.smiles} {m.name}\n" for m in chosen))
-    dft_config = RKSConfig()  # b3lyp/sto-3g, grid level 0, float32, ipu J-K, at most 20 iterations
+    # b3lyp/sto-3g, grid level 0, float32, ipu J-K, at most 20 iterations
+    dft_config = RKSConfig(integrals=args.integrals)
 
     def generator_config(window: str) -> GenerateConfig:
         return GenerateConfig(smiles=str(smiles_file), out=str(work / window), conformers=args.conformers,
@@ -87,7 +91,7 @@ def main() -> None:
     conformers = [c for k, m in enumerate(chosen) for c in embed_conformers(m.smiles, gen.conformers, gen.seed, k)]
     count = len(conformers)
     print(f"{len(chosen)} molecules x {args.conformers} conformers = {count} conformers "
-          f"({', '.join(m.smiles for m in chosen)}); B3LYP/STO-3G, grid level 0")  # fmt: skip
+          f"({', '.join(m.smiles for m in chosen)}); B3LYP/STO-3G, grid level 0; our integrals: {args.integrals}")  # fmt: skip
     print(f"threads: OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']} "
           f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}; XLA default\n")  # fmt: skip
 
