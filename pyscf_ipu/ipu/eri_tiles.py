@@ -36,7 +36,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..integrals.eri import TILE, EriPlan, hermite_indices
+from ..integrals.eri import EriPlan, hermite_indices
 from .model import IPUModel
 from .plan import TileMemoryError
 
