@@ -175,17 +175,16 @@ def eri_s8(mol: gto.Mole, expcutoff: float = 0.0) -> np.ndarray:
     return gto.getints("int2e_sph" if not mol.cart else "int2e_cart", mol._atm, mol._bas, env, aosym="s8")
 
 
-def device_one_electron(mol: gto.Mole, precision: str) -> tuple[np.ndarray, np.ndarray]:
+def device_one_electron(mol: gto.Mole) -> tuple[np.ndarray, np.ndarray]:
     """(overlap, core Hamiltonian) from :mod:`pyscf_ipu.integrals`, as float64 host arrays.
 
-    Computed in float64 whatever ``precision``: in float32 their errors are systematic (the core
+    Computed in float64 whatever the SCF's precision: in float32 their errors are systematic (the core
     Hamiltonian's energy came out 0.5-2.1 meV low on 9-heavy-atom molecules, measured against
     libcint's), and the labels' energy is first order in them; they are a small part of the work.
     """
     from .integrals.basis import primitive_basis
     from .integrals.one_electron import one_electron
 
-    del precision  # see the docstring
     with precision_scope("float64"):
         ints = one_electron(primitive_basis(mol), np.dtype("float64"))
         return np.asarray(ints["overlap"], np.float64), np.asarray(ints["kinetic"] + ints["nuclear"], np.float64)
@@ -229,7 +228,7 @@ def prepare(molecule: Molecule, config: RKSConfig, needs_grid: bool = True) -> H
     t = time.perf_counter()
     mol = build_mole(molecule, config.basis)
     if config.integrals == "device":
-        overlap, hcore = device_one_electron(mol, config.precision)
+        overlap, hcore = device_one_electron(mol)
     else:
         overlap = mol.intor("int1e_ovlp")
         hcore = mol.intor("int1e_kin") + mol.intor("int1e_nuc")

@@ -324,9 +324,9 @@ def _tile(bra_order, ket_order, bra, ket, spread):
     (3, J, K2k), the spread Hermite matrices of :func:`_ket_spread`, and A - C (J, I, 3)).
 
     Primitive quartets are laid out (J, K2k, I K2b): XLA's CPU loops vectorise along the last axis
-    only, and this one is long. R (with the prefactor) is
-    stacked as (J, H_R K2k, I K2b) and contracted with the ket's spread matrices in one matmul per
-    ket pair, (H_b Y, H_R K2k) x (H_R K2k, I K2b), then with the bra's Hermite matrices.
+    only, and this one is long. R (with the prefactor) is stacked as (J, H_R K2k, I K2b) and
+    contracted with the ket's spread matrices in one matmul per ket pair, (H_b Y, H_R K2k) x
+    (H_R K2k, I K2b), then with the bra's Hermite matrices.
     """
     e_b, p_b, pa_b = bra
     p_k, pa_k, ket_tile, ac = ket
