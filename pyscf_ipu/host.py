@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -175,18 +175,18 @@ def eri_s8(mol: gto.Mole, expcutoff: float = 0.0) -> np.ndarray:
     return gto.getints("int2e_sph" if not mol.cart else "int2e_cart", mol._atm, mol._bas, env, aosym="s8")
 
 
-def device_one_electron(mol: gto.Mole) -> tuple[np.ndarray, np.ndarray]:
+def device_one_electron(mol: gto.Mole, basis: str) -> tuple[np.ndarray, np.ndarray]:
     """(overlap, core Hamiltonian) from :mod:`pyscf_ipu.integrals`, as float64 host arrays.
 
     Computed in float64 whatever the SCF's precision: in float32 their errors are systematic (the core
     Hamiltonian's energy came out 0.5-2.1 meV low on 9-heavy-atom molecules, measured against
     libcint's), and the labels' energy is first order in them; they are a small part of the work.
     """
-    from .integrals.basis import primitive_basis
     from .integrals.one_electron import one_electron
 
+    at_geometry = replace(primitive_template(basis, tuple(mol.elements)), coords=mol.atom_coords())
     with precision_scope("float64"):
-        ints = one_electron(primitive_basis(mol), np.dtype("float64"))
+        ints = one_electron(at_geometry, np.dtype("float64"))
         return np.asarray(ints["overlap"], np.float64), np.asarray(ints["kinetic"] + ints["nuclear"], np.float64)
 
 
@@ -203,10 +203,25 @@ def eri_plan(basis: str, elements: tuple[str, ...]):
     """The ERI plan of ``basis`` on these atoms in this order; it does not depend on the geometry."""
     from .integrals.eri import plan_eri
 
+    return plan_eri(_placeholder_mole(basis, elements))
+
+
+@lru_cache(maxsize=64)
+def primitive_template(basis: str, elements: tuple[str, ...]):
+    """The :class:`~.integrals.basis.PrimitiveBasis` of ``basis`` on these atoms, at placeholder
+    positions: everything in it but ``coords`` is geometry independent (its one-centre integrals
+    from libcint took a third of the device one-electron time, recomputed per conformer)."""
+    from .integrals.basis import primitive_basis
+
+    return primitive_basis(_placeholder_mole(basis, elements))
+
+
+def _placeholder_mole(basis: str, elements: tuple[str, ...]) -> gto.Mole:
+    """A Mole of ``elements`` in ``basis``, the atoms 3 Bohr apart on a line (geometry-independent uses)."""
     atoms = [(e, (0.0, 0.0, 3.0 * k)) for k, e in enumerate(elements)]
     shells = {e: element_basis(basis, e) for e in set(elements)}
     electrons = sum(gto.charge(e) for e in elements)
-    return plan_eri(gto.M(atom=atoms, unit="Bohr", basis=shells, spin=electrons % 2, verbose=0))
+    return gto.M(atom=atoms, unit="Bohr", basis=shells, spin=electrons % 2, verbose=0)
 
 
 def orthogonaliser(overlap: np.ndarray) -> np.ndarray:
@@ -228,7 +243,7 @@ def prepare(molecule: Molecule, config: RKSConfig, needs_grid: bool = True) -> H
     t = time.perf_counter()
     mol = build_mole(molecule, config.basis)
     if config.integrals == "device":
-        overlap, hcore = device_one_electron(mol)
+        overlap, hcore = device_one_electron(mol, config.basis)
     else:
         overlap = mol.intor("int1e_ovlp")
         hcore = mol.intor("int1e_kin") + mol.intor("int1e_nuc")

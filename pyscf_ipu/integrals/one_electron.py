@@ -38,12 +38,14 @@ cost 1e-4 relative on core-valence elements.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from .basis import MAX_L, PrimitiveBasis
+from .basis import PrimitiveBasis
 from .boys import boys_parts, boys_recursions
 
 
@@ -112,23 +114,49 @@ def one_electron_at(basis: PrimitiveBasis, coords: jax.Array) -> dict[str, jax.A
     return _call(basis, centres, centres[None, :, :] - coords[:, None, :])
 
 
+class _Pairs(NamedTuple):
+    """Host index arrays of the kernel: which primitive pairs it computes."""
+
+    rows: np.ndarray  # (2, M): primitive pairs alpha <= beta (the matrices are symmetric)
+    sites: np.ndarray  # (S,): a representative primitive of each distinct (atom, exponent)
+    site_pairs: np.ndarray  # (2, Ms): pairs of sites s <= t
+    site_pair_of_row: np.ndarray  # (M,): the site pair of each primitive pair
+
+
+def _pairs(basis: PrimitiveBasis) -> _Pairs:
+    """The nuclear attraction's Hermite integrals R depend on a primitive pair only through its
+    exponents and centres, which the Cartesian components of a shell (and, in Pople bases, the s and
+    p shells of an sp set) share: they are computed once per distinct pair of (atom, exponent)."""
+    keys = np.stack([basis.atom.astype(np.float64), basis.exponents], 1)
+    _, sites, site_of = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    site_of = site_of.reshape(-1)
+    rows = np.stack(np.triu_indices(len(basis.exponents)))
+    site_pairs = np.stack(np.triu_indices(len(sites)))
+    lookup = np.zeros((len(sites), len(sites)), np.int64)
+    lookup[site_pairs[0], site_pairs[1]] = np.arange(site_pairs.shape[1])
+    first, second = np.sort(site_of[rows], axis=0)
+    return _Pairs(rows, sites, site_pairs, lookup[first, second])
+
+
 def _call(basis: PrimitiveBasis, centres, centre_shifts):
     """The kernel on ``basis``'s arrays, in the precision of ``centres`` (P, 3) and ``centre_shifts`` (natm, P, 3)."""
     floats = (basis.exponents, basis.contraction, basis.cart2sph, basis.charges, basis.one_centre)
     exponents, contraction, cart2sph, charges, one_centre = (jnp.asarray(a, centres.dtype) for a in floats)
+    pairs = _pairs(basis)
+    lmax = int(basis.powers.sum(axis=1).max())
     return _one_electron(exponents, centres, jnp.asarray(basis.powers), contraction, cart2sph, charges, centre_shifts,
-                         jnp.asarray(basis.atom), one_centre)  # fmt: skip
+                         jnp.asarray(basis.atom), one_centre, *(jnp.asarray(a) for a in pairs), lmax=lmax)  # fmt: skip
 
 
-@jax.jit
-def _one_electron(exponents, centres, powers, contraction, cart2sph, charges, centre_shifts, atom, one_centre):
+@partial(jax.jit, static_argnames="lmax")
+def _one_electron(exponents, centres, powers, contraction, cart2sph, charges, centre_shifts, atom, one_centre,
+                  rows, sites, site_pairs, site_pair_of_row, *, lmax):  # fmt: skip
     dtype = exponents.dtype
     n = exponents.shape[0]  # primitives
-    alpha, beta = (x.reshape(-1) for x in jnp.meshgrid(jnp.arange(n), jnp.arange(n), indexing="ij"))  # all pairs
+    alpha, beta = rows  # (M,) each
     a, b, ca, cb, la, lb = exponents[alpha], exponents[beta], centres[alpha], centres[beta], powers[alpha], powers[beta]
     p = a + b
     factors = PairFactors.of(a, b)
-    lmax = MAX_L
     pair = jnp.arange(alpha.shape[0])
     overlap_1d, kinetic_1d, e_nuc = [], [], []
     for axis in range(3):
@@ -145,21 +173,31 @@ def _one_electron(exponents, centres, powers, contraction, cart2sph, charges, ce
         gradient = fi * fj * s(-1, -1) - 2.0 * a * fj * s(1, -1) - 2.0 * b * fi * s(-1, 1) + 4.0 * a * b * s(1, 1)
         overlap_1d.append(s(0, 0))
         kinetic_1d.append(0.5 * gradient)
-        e_nuc.append(table[pair, i, j])  # (pairs, 2 lmax + 1)
+        e_nuc.append(table[pair, i, j])  # (M, 2 lmax + 1)
     sx, sy, sz = overlap_1d
     tx, ty, tz = kinetic_1d
     # pairs on one atom: their overlap, kinetic energy and own-nucleus attraction are ``one_centre``
-    own = jnp.where(atom[alpha] == atom[beta], atom[alpha], -1)  # (pairs,) the shared atom, or -1
-    overlap = jnp.where(own >= 0, 0.0, sx * sy * sz)
-    kinetic = jnp.where(own >= 0, 0.0, tx * sy * sz + sx * ty * sz + sx * sy * tz)
-    nuclear = _nuclear(alpha, a, b, ca, cb, e_nuc, charges, centre_shifts, own)
+    one_atom = atom[alpha] == atom[beta]
+    overlap = jnp.where(one_atom, 0.0, sx * sy * sz)
+    kinetic = jnp.where(one_atom, 0.0, tx * sy * sz + sx * ty * sz + sx * sy * tz)
+    w = _nuclear_hermite(exponents, centres, charges, centre_shifts, atom, sites, site_pairs, 2 * lmax)
+    ex, ey, ez = e_nuc
+    nuclear = -(2.0 * math.pi / p) * sum(ex[:, t] * ey[:, u] * ez[:, v] * w[k][site_pair_of_row]
+                                          for k, (t, u, v) in enumerate(_hermite_indices(2 * lmax)))  # fmt: skip
 
-    def spherical(values):  # (pairs,) primitive values -> (N, N) spherical AOs
-        cart = contraction.T @ values.reshape(n, n) @ contraction
+    def spherical(values):  # (M,) primitive pair values -> (N, N) spherical AOs
+        # the symmetric (P, P) matrix from its upper triangle: the diagonal halved, plus the transpose
+        upper = jnp.zeros((n, n), dtype).at[alpha, beta].set(jnp.where(alpha == beta, 0.5, 1.0) * values)
+        cart = contraction.T @ (upper + upper.T) @ contraction
         return cart2sph.T @ cart @ cart2sph
 
     return {"overlap": spherical(overlap) + one_centre[0], "kinetic": spherical(kinetic) + one_centre[1],
             "nuclear": spherical(nuclear) + one_centre[2]}  # fmt: skip
+
+
+def _hermite_indices(order: int) -> list[tuple[int, int, int]]:
+    """(t, u, v) with t + u + v <= ``order``, in the order of :func:`_nuclear_hermite`'s rows."""
+    return [(t, u, v) for t in range(order + 1) for u in range(order + 1 - t) for v in range(order + 1 - t - u)]
 
 
 def hermite_coulomb(order: int, p, pc):
@@ -197,24 +235,27 @@ def hermite_coulomb(order: int, p, pc):
     return {(t, u, v): value for (t, u, v, n), value in r.items() if n == 0}
 
 
-def _nuclear(alpha, a, b, ca, cb, e_nuc, charges, centre_shifts, own):
-    """(pairs,) primitive nuclear-attraction integrals summed over the nuclei, but a pair's own
-    nucleus when both primitives sit on it (``own``: that atom, else -1; see ``one_centre``).
+def _nuclear_hermite(exponents, centres, charges, centre_shifts, atom, sites, site_pairs, order: int):
+    """W_tuv = sum_C Z_C R_tuv(p, P - C), (K, Ms) for the (t, u, v) of :func:`_hermite_indices` and
+    every site pair, the sum leaving out a pair's own nucleus when both primitives sit on it (that
+    attraction is in ``one_centre``). The nuclear attraction of a primitive pair is then
+    -(2 pi / p) sum_tuv E_t E_u E_v W_tuv: the E contraction runs once, not once per nucleus.
 
     P - C = (A - C) + (P - A), with A - C from the host's float64 table ``centre_shifts`` and
     P - A = -(b/p)(A - B): both exact for a pair on the nucleus itself.
     """
+    first, second = sites[site_pairs[0]], sites[site_pairs[1]]  # (Ms,) representative primitives
+    a, b = exponents[first], exponents[second]
     p = a + b
-    pa = -(b / p)[:, None] * (ca - cb)  # (pairs, 3)
-    ex, ey, ez = e_nuc  # (pairs, 2 lmax + 1) each
-    order = 2 * MAX_L
+    pa = -(b / p)[:, None] * (centres[first] - centres[second])  # (Ms, 3)
+    own = jnp.where(atom[first] == atom[second], atom[first], -1)  # (Ms,) the shared atom, or -1
+    indices = _hermite_indices(order)
 
     def one_nucleus(carry, nucleus):
-        total, compensation = carry
+        total, compensation = carry  # (K, Ms) each
         z, shifts, index = nucleus  # shifts (P, 3): primitive centres minus this nucleus
-        r = hermite_coulomb(order, p, jnp.moveaxis(shifts[alpha] + pa, -1, 0))
-        value = sum(ex[:, t] * ey[:, u] * ez[:, v] * r[(t, u, v)] for (t, u, v) in r)
-        term = -jnp.where(own == index, 0.0, z * (2.0 * math.pi / p) * value)
+        r = hermite_coulomb(order, p, jnp.moveaxis(shifts[first] + pa, -1, 0))
+        term = jnp.where(own == index, 0.0, z) * jnp.stack([r[key] for key in indices])
         # Kahan summation over the nuclei: ~20 terms of a few Hartree each would otherwise lose
         # ~1e-6 to float32 rounding of the running sum
         corrected = term - compensation
@@ -222,6 +263,6 @@ def _nuclear(alpha, a, b, ca, cb, e_nuc, charges, centre_shifts, own):
         return (new, (new - total) - corrected), None
 
     nuclei = jnp.arange(charges.shape[0])
-    zero = jnp.zeros_like(p)
+    zero = jnp.zeros((len(indices), p.shape[0]), p.dtype)
     (total, _), _ = jax.lax.scan(one_nucleus, (zero, zero), (charges, centre_shifts, nuclei))
     return total
