@@ -153,11 +153,32 @@ def test_eris_of_a_batch_of_conformers_match_each_geometry():
     assert np.abs(batch[0] - batch[1]).max() > 1e-3  # the geometries really differ
 
 
+def test_eri_workers_share_the_tiles_exactly():
+    """Dealt out to worker threads, every tile of every class is computed once, and the result is
+    the single program's to the bit (each share writes only its own quartets)."""
+    from pyscf_ipu.integrals.eri import _parts
+
+    mol = build_mole(MOLECULES["qm9-21989"](), "sto-3g")
+    plan = plan_eri(mol)
+    for workers in (2, 3):
+        parts = _parts(plan, workers)
+        for q in plan.quartets:
+            dealt = [r.tiles for part in parts for r in part.quartets if (r.bra, r.ket) == (q.bra, q.ket)]
+            assert sorted(map(tuple, np.concatenate(dealt))) == sorted(map(tuple, q.tiles))
+        assert sum(len(part.one_centre_index) for part in parts) == len(plan.one_centre_index)
+    coords = mol.atom_coords()[None] + np.random.default_rng(2).normal(scale=0.05, size=(2, mol.natm, 3))
+    one = np.asarray(eri_s8(plan, coords, workers=1))
+    np.testing.assert_array_equal(np.asarray(eri_s8(plan, coords, workers=2)), one)
+    np.testing.assert_array_equal(np.asarray(eri_s8(plan, coords[0], workers=3)), one[0])
+
+
 def test_eri_input_is_checked():
     mol = build_mole(MOLECULES["water"](), "sto-3g")
     plan = plan_eri(mol)
     with pytest.raises(ValueError, match="expected"):
         eri_s8(plan, np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="workers = 0"):
+        eri_s8(plan, mol.atom_coords(), workers=0)
     from pyscf import gto
 
     with pytest.raises(ValueError, match="only s, p and d shells"):
