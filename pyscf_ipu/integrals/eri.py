@@ -15,15 +15,19 @@ with the Hermite expansion coefficients E (products of the per-axis E^{ij}_t of
 
 Organisation (the shape of the work is fixed by the basis, not by the geometry):
 
-- **Shell pairs** (a >= b in PySCF's shell order, l_a >= l_b after swapping, which the packed
-  symmetric output does not see) are grouped in classes (l_a, l_b). For each pair and primitive
-  pair, the kernel forms the Hermite matrix E (spherical AO pair, t u v), with the contraction
-  coefficients and the Cartesian-to-spherical transform folded in: (pairs, K2, S_a S_b, H).
-- **Shell quartets** (bra pair >= ket pair) are grouped in classes (bra class, ket class), 21 for
-  s, p and d shells. Each class runs one kernel over **tiles**: squares of :data:`TILE` bra x
-  :data:`TILE` ket pairs (``lax.map`` over the tiles, so memory stays bounded; the tile plan of the
-  simulated IPU, :mod:`pyscf_ipu.ipu.eri_tiles`, hands out the same squares). Within a tile the
-  work is three matmuls and flat elementwise loops (see :func:`_tile`): XLA's CPU backend
+- **Shell pairs** (a >= b in PySCF's shell order, swapped so that (l_a, K_a) >= (l_b, K_b),
+  which the packed symmetric output does not see) are grouped in classes (l_a, K_a, l_b, K_b) of
+  angular momenta and primitive counts: one class for both would pad every shell to the most
+  primitives (6-31G: 15x the primitive quartets, 9x slower than libcint; STO-3G has 3 classes
+  either way). For each pair and primitive pair, the kernel forms the Hermite matrix E (spherical
+  AO pair, t u v), with the contraction coefficients and the Cartesian-to-spherical transform
+  folded in: (pairs, K2, S_a S_b, H).
+- **Shell quartets** (bra pair >= ket pair) are grouped in classes (bra class, ket class): 6 on
+  QM9 molecules at STO-3G, 120 at 6-31G, 231 at 6-31G* (so compiling a plan takes ~10 s, ~2 and
+  ~5.5 minutes). Each class runs one kernel over **tiles**: squares of :data:`TILE` bra x
+  :data:`TILE` ket pairs (``lax.map`` over the tiles, so memory stays bounded; the tile plan of
+  the simulated IPU, :mod:`pyscf_ipu.ipu.eri_tiles`, hands out the same squares). Within a tile
+  the work is three matmuls and flat elementwise loops (see :func:`_tile`): XLA's CPU backend
   vectorises a loop along its last axis only and fuses everything but matmuls, so the layout is
   chosen for that. Diagonal tiles of a class with itself compute both halves and keep one.
 - The spherical values go straight into PySCF's 8-fold packed layout (``mol.intor("int2e",
@@ -110,7 +114,7 @@ def _packed(i, j):
 
 @dataclass(frozen=True)
 class PairClass:
-    """Shell pairs (a, b) with angular momenta (la, lb), la >= lb, primitives padded to (ka, kb).
+    """Shell pairs (a, b) with angular momenta (la, lb) and primitive counts (ka, kb), (la, ka) >= (lb, kb).
 
     The rows are padded to whole tiles by repeating the first pair (its quartets go nowhere).
     """
@@ -164,17 +168,19 @@ def plan_eri(mol: gto.Mole) -> EriPlan:
     size = npair * (npair + 1) // 2
     if size >= 2**31:
         raise ValueError(f"{nao} AOs: the s8 ERI array ({size:,} entries) exceeds 32-bit indexing")
-    by_class: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    # classes by angular momenta and primitive counts: padding a 1-primitive shell to the 6 of a
+    # 6-31G core shell would multiply its primitive quartets by up to 36
+    kind = list(zip(shells.l.tolist(), shells.nprim.tolist()))  # (l, K) per shell
+    by_class: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
     for a in range(len(shells.l)):
         for b in range(a + 1):
-            first, second = (a, b) if shells.l[a] >= shells.l[b] else (b, a)
-            by_class.setdefault((int(shells.l[first]), int(shells.l[second])), []).append((first, second))
+            first, second = (a, b) if kind[a] >= kind[b] else (b, a)
+            by_class.setdefault(kind[first] + kind[second], []).append((first, second))
     pairs = []
-    for la, lb in sorted(by_class):
-        rows = np.array(by_class[(la, lb)])
+    for (la, ka, lb, kb), members in sorted(by_class.items()):
+        rows = np.array(members)
         rows = np.concatenate([rows, np.repeat(rows[:1], -len(rows) % TILE, axis=0)])
-        pairs.append(PairClass(la, lb, int(shells.nprim[rows[:, 0]].max()), int(shells.nprim[rows[:, 1]].max()),
-                               len(by_class[(la, lb)]), rows[:, 0], rows[:, 1]))  # fmt: skip
+        pairs.append(PairClass(la, lb, ka, kb, len(members), rows[:, 0], rows[:, 1]))
     quartets = []
     for x in range(len(pairs)):
         for y in range(x + 1):
