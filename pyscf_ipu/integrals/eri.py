@@ -59,16 +59,9 @@ import numpy as np
 from pyscf import gto
 
 from .basis import cartesian_powers, contracted_shells
-from .one_electron import PairFactors, _stack, hermite_coefficients, hermite_coulomb
+from .one_electron import PairFactors, _stack, hermite_coefficients, hermite_coulomb, hermite_indices
 
 TILE = 16  # pairs per side of a tile: a kernel call computes TILE x TILE shell quartets
-
-
-@lru_cache(maxsize=None)
-def hermite_indices(order: int) -> tuple[tuple[int, int, int], ...]:
-    """The Hermite indices (t, u, v) with t + u + v <= ``order``, in a fixed order."""
-    return tuple((t, u, v) for total in range(order + 1) for t in range(total, -1, -1)
-                 for u in range(total - t, -1, -1) for v in [total - t - u])  # fmt: skip
 
 
 @lru_cache(maxsize=None)
@@ -393,34 +386,36 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None)
     if coords.shape[-2:] != (plan.natm, 3) or coords.ndim not in (2, 3):
         raise ValueError(f"coords has shape {coords.shape}: expected ([conformers,] {plan.natm}, 3)")
     dtype = jnp.dtype(dtype)
-    batch = coords.ndim == 3
-    quartets = _quartets_batch if batch else _quartets
+    pairs, quartets = (_pairs_batch, _quartets_batch) if coords.ndim == 3 else (_pairs, _quartets)
     if isinstance(coords, jax.Array):
+        workers = 1  # one program: it may be traced
         shifts = (coords[..., :, None, :] - coords[..., None, :, :]).astype(dtype)
-        data = (_pairs_batch if batch else _pairs)(_static(plan)[0], _pair_arrays(plan, dtype.name), shifts)
-        (part,) = _parts(plan, 1)
-        return quartets(_static(part), _quartet_arrays(plan, 1)[0], _one_centre_arrays(part, dtype.name), data, shifts)
-    workers = default_workers() if workers is None else workers
-    if workers < 1:
-        raise ValueError(f"workers = {workers}: need at least 1")
-    coords = np.asarray(coords, np.float64)
-    difference = coords[..., :, None, :] - coords[..., None, :, :]  # ([C,] natm, natm, 3)
-    shifts = jnp.asarray(difference, dtype)
-    with jax.enable_x64(True):
-        data = (_pairs_batch if batch else _pairs)(_static(plan)[0], _pair_arrays(plan, "float64"), jnp.asarray(difference))
-        data = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, data)
+        data = pairs(_static(plan)[0], _pair_arrays(plan, dtype.name), shifts)
+    else:
+        workers = default_workers() if workers is None else workers
+        if workers < 1:
+            raise ValueError(f"workers = {workers}: need at least 1")
+        coords = np.asarray(coords, np.float64)
+        difference = coords[..., :, None, :] - coords[..., None, :, :]  # ([C,] natm, natm, 3)
+        shifts = jnp.asarray(difference, dtype)
+        with jax.enable_x64(True):
+            data = pairs(_static(plan)[0], _pair_arrays(plan, "float64"), jnp.asarray(difference))
+            data = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, data)
     parts, arrays = _parts(plan, workers), _quartet_arrays(plan, workers)
-    x64 = jax.config.jax_enable_x64  # the caller's, possibly a thread-local jax.enable_x64 context
 
     def run(k: int) -> jax.Array:
-        with jax.enable_x64(x64):  # worker threads do not inherit the caller's context
-            out = quartets(_static(parts[k]), arrays[k], _one_centre_arrays(parts[k], dtype.name), data, shifts)
-            return out.block_until_ready()  # in this thread: the point is to keep the cores busy at once
+        return quartets(_static(parts[k]), arrays[k], _one_centre_arrays(parts[k], dtype.name), data, shifts)
 
     if len(parts) == 1:
         return run(0)
+    x64 = jax.config.jax_enable_x64  # the caller's, possibly a thread-local jax.enable_x64 context
+
+    def in_thread(k: int) -> jax.Array:
+        with jax.enable_x64(x64):  # worker threads do not inherit the caller's context
+            return run(k).block_until_ready()  # in this thread: the point is to keep the cores busy at once
+
     with ThreadPoolExecutor(len(parts)) as pool:
-        return sum(pool.map(run, range(len(parts))))  # each part wrote zeros outside its own quartets
+        return sum(pool.map(in_thread, range(len(parts))))  # each part wrote zeros outside its own quartets
 
 
 def default_workers() -> int:

@@ -41,7 +41,7 @@ cost 1e-4 relative on core-valence elements.
 from __future__ import annotations
 
 import math
-from functools import partial
+from functools import lru_cache, partial
 from typing import NamedTuple
 
 import jax
@@ -186,7 +186,7 @@ def _one_electron(exponents, centres, powers, contraction, cart2sph, charges, ce
     w = _nuclear_hermite(exponents, centres, charges, centre_shifts, atom, sites, site_pairs, 2 * lmax)
     ex, ey, ez = e_nuc
     nuclear = -(2.0 * math.pi / p) * sum(ex[:, t] * ey[:, u] * ez[:, v] * w[k][site_pair_of_row]
-                                          for k, (t, u, v) in enumerate(_hermite_indices(2 * lmax)))  # fmt: skip
+                                          for k, (t, u, v) in enumerate(hermite_indices(2 * lmax)))  # fmt: skip
 
     def spherical(values):  # (M,) primitive pair values -> (N, N) spherical AOs
         # the symmetric (P, P) matrix from its upper triangle: the diagonal halved, plus the transpose
@@ -198,9 +198,11 @@ def _one_electron(exponents, centres, powers, contraction, cart2sph, charges, ce
             "nuclear": spherical(nuclear) + one_centre[2]}  # fmt: skip
 
 
-def _hermite_indices(order: int) -> list[tuple[int, int, int]]:
-    """(t, u, v) with t + u + v <= ``order``, in the order of :func:`_nuclear_hermite`'s rows."""
-    return [(t, u, v) for t in range(order + 1) for u in range(order + 1 - t) for v in range(order + 1 - t - u)]
+@lru_cache(maxsize=None)
+def hermite_indices(order: int) -> tuple[tuple[int, int, int], ...]:
+    """The Hermite indices (t, u, v) with t + u + v <= ``order``, in a fixed order."""
+    return tuple((t, u, v) for total in range(order + 1) for t in range(total, -1, -1)
+                 for u in range(total - t, -1, -1) for v in [total - t - u])  # fmt: skip
 
 
 def hermite_coulomb(order: int, p, pc):
@@ -239,7 +241,7 @@ def hermite_coulomb(order: int, p, pc):
 
 
 def _nuclear_hermite(exponents, centres, charges, centre_shifts, atom, sites, site_pairs, order: int):
-    """W_tuv = sum_C Z_C R_tuv(p, P - C), (K, Ms) for the (t, u, v) of :func:`_hermite_indices` and
+    """W_tuv = sum_C Z_C R_tuv(p, P - C), (K, Ms) for the (t, u, v) of :func:`hermite_indices` and
     every site pair, the sum leaving out a pair's own nucleus when both primitives sit on it (that
     attraction is in ``one_centre``). The nuclear attraction of a primitive pair is then
     -(2 pi / p) sum_tuv E_t E_u E_v W_tuv: the E contraction runs once, not once per nucleus.
@@ -252,7 +254,7 @@ def _nuclear_hermite(exponents, centres, charges, centre_shifts, atom, sites, si
     p = a + b
     pa = -(b / p)[:, None] * (centres[first] - centres[second])  # (Ms, 3)
     own = jnp.where(atom[first] == atom[second], atom[first], -1)  # (Ms,) the shared atom, or -1
-    indices = _hermite_indices(order)
+    indices = hermite_indices(order)
 
     def one_nucleus(carry, nucleus):
         total, compensation = carry  # (K, Ms) each

@@ -36,7 +36,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..integrals.eri import EriPlan, hermite_indices
+from ..integrals.eri import EriPlan
+from ..integrals.one_electron import hermite_indices
 from .model import IPUModel
 from .plan import TileMemoryError
 
