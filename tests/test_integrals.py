@@ -156,20 +156,41 @@ def test_eris_of_a_batch_of_conformers_match_each_geometry():
 def test_eri_workers_share_the_tiles_exactly():
     """Dealt out to worker threads, every tile of every class is computed once, and the result is
     the single program's to the bit (each share writes only its own quartets)."""
-    from pyscf_ipu.integrals.eri import _parts
+    from pyscf_ipu.integrals.eri import NOWHERE, _parts
 
     mol = build_mole(MOLECULES["qm9-21989"](), "sto-3g")
     plan = plan_eri(mol)
     for workers in (2, 3):
         parts = _parts(plan, workers)
         for q in plan.quartets:
-            dealt = [r.tiles for part in parts for r in part.quartets if (r.bra, r.ket) == (q.bra, q.ket)]
-            assert sorted(map(tuple, np.concatenate(dealt))) == sorted(map(tuple, q.tiles))
-        assert sum(len(part.one_centre_index) for part in parts) == len(plan.one_centre_index)
+            shares = [r for part in parts for r in part.quartets if (r.bra, r.ket) == (q.bra, q.ket)]
+            assert len(shares) == workers and len({r.tiles.shape for r in shares}) == 1  # one program for all
+            # the padding tiles write nowhere; every real tile is dealt exactly once
+            real = [r.tiles[(r.destination != NOWHERE).any((1, 2, 3, 4))] for r in shares]
+            assert sorted(map(tuple, np.concatenate(real))) == sorted(map(tuple, q.tiles))
+        dealt = np.concatenate([part.one_centre_index for part in parts])
+        assert sorted(dealt[dealt != NOWHERE]) == sorted(plan.one_centre_index)
     coords = mol.atom_coords()[None] + np.random.default_rng(2).normal(scale=0.05, size=(2, mol.natm, 3))
     one = np.asarray(eri_s8(plan, coords, workers=1))
     np.testing.assert_array_equal(np.asarray(eri_s8(plan, coords, workers=2)), one)
     np.testing.assert_array_equal(np.asarray(eri_s8(plan, coords[0], workers=3)), one[0])
+
+
+def test_molecules_of_similar_size_share_the_compiled_eri_programs():
+    """Plans are padded to bucketed shapes (pair rows, tiles per class, atoms, the s8 size), so two
+    different molecules in one bucket run the same compiled programs, each still equal to libcint."""
+    from pyscf_ipu.integrals.eri import _quartets, _static
+
+    first, second = (build_mole(record.molecule, "sto-3g") for record in qm9_molecules([2, 3]))  # NH3, H2O
+    plans = [plan_eri(first), plan_eri(second)]
+    assert plans[0].size != plans[1].size and plans[0].natm != plans[1].natm  # different molecules
+    assert _static(plans[0]) == _static(plans[1])
+    compiled = []
+    for mol, plan in zip((first, second), plans):
+        ours = np.asarray(eri_s8(plan, mol.atom_coords(), jnp.float32, workers=2), np.float64)
+        assert np.abs(ours - mol.intor("int2e", aosym="s8")).max() <= 1e-6
+        compiled.append(_quartets._cache_size())
+    assert compiled[1] == compiled[0]  # the second molecule compiled nothing new
 
 
 def test_eri_input_is_checked():

@@ -97,7 +97,7 @@ def _class_costs(plan: EriPlan) -> tuple[list[np.ndarray], list[np.ndarray], lis
         ops = 25 * (total + 1) + 3 * len(hermite_indices(total)) + 2 * hb * hk * (1 + outputs)
         primitives = bra.ka * bra.kb * ket.ka * ket.kb
         # the kernels' order: squares of TILE bra x TILE ket pairs, so a tile's run of them reads few pairs
-        bra_rows, ket_rows = q.quartets(plan.size)
+        bra_rows, ket_rows = q.quartets()
         bras.append(bra_rows)
         kets.append(ket_rows)
         costs.append(np.full(len(bra_rows), float(ops * primitives)))
