@@ -176,10 +176,12 @@ def test_eri_workers_share_the_tiles_exactly():
     np.testing.assert_array_equal(np.asarray(eri_s8(plan, coords[0], workers=3)), one[0])
 
 
-def test_molecules_of_similar_size_share_the_compiled_eri_programs():
-    """Plans are padded to bucketed shapes (pair rows, tiles per class, atoms, the s8 size), so two
-    different molecules in one bucket run the same compiled programs, each still equal to libcint."""
+def test_molecules_of_similar_size_share_the_compiled_integral_programs():
+    """ERI plans are padded to bucketed shapes (pair rows, tiles per class, atoms, the s8 size), and
+    the one-electron kernel's sizes likewise, so two different molecules in one bucket run the same
+    compiled programs, each still equal to libcint."""
     from pyscf_ipu.integrals.eri import _quartets, _static
+    from pyscf_ipu.integrals.one_electron import _one_electron
 
     first, second = (build_mole(record.molecule, "sto-3g") for record in qm9_molecules([2, 3]))  # NH3, H2O
     plans = [plan_eri(first), plan_eri(second)]
@@ -189,7 +191,11 @@ def test_molecules_of_similar_size_share_the_compiled_eri_programs():
     for mol, plan in zip((first, second), plans):
         ours = np.asarray(eri_s8(plan, mol.atom_coords(), jnp.float32, workers=2), np.float64)
         assert np.abs(ours - mol.intor("int2e", aosym="s8")).max() <= 1e-6
-        compiled.append(_quartets._cache_size())
+        with jax.enable_x64(True):
+            ints = one_electron(primitive_basis(mol), jnp.float64)
+        assert ints["overlap"].shape == (mol.nao, mol.nao)
+        np.testing.assert_allclose(np.asarray(ints["nuclear"]), mol.intor("int1e_nuc"), rtol=0, atol=1e-10)
+        compiled.append((_quartets._cache_size(), _one_electron._cache_size()))
     assert compiled[1] == compiled[0]  # the second molecule compiled nothing new
 
 

@@ -48,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..padding import bucket
 from .basis import PrimitiveBasis
 from .boys import boys_parts, boys_recursions
 
@@ -126,14 +127,16 @@ class _Pairs(NamedTuple):
     site_pair_of_row: np.ndarray  # (M,): the site pair of each primitive pair
 
 
-def _pairs(basis: PrimitiveBasis) -> _Pairs:
+def _pairs(atom: np.ndarray, exponents: np.ndarray) -> _Pairs:
     """The nuclear attraction's Hermite integrals R depend on a primitive pair only through its
     exponents and centres, which the Cartesian components of a shell (and, in Pople bases, the s and
-    p shells of an sp set) share: they are computed once per distinct pair of (atom, exponent)."""
-    keys = np.stack([basis.atom.astype(np.float64), basis.exponents], 1)
+    p shells of an sp set) share: they are computed once per distinct pair of (atom, exponent).
+    The sites are bucketed in number (the extra ones repeat the first; computed, never read)."""
+    keys = np.stack([atom.astype(np.float64), exponents], 1)
     _, sites, site_of = np.unique(keys, axis=0, return_index=True, return_inverse=True)
     site_of = site_of.reshape(-1)
-    rows = np.stack(np.triu_indices(len(basis.exponents)))
+    sites = np.concatenate([sites, np.repeat(sites[:1], bucket(len(sites), minimum=8) - len(sites))])
+    rows = np.stack(np.triu_indices(len(exponents)))
     site_pairs = np.stack(np.triu_indices(len(sites)))
     lookup = np.zeros((len(sites), len(sites)), np.int64)
     lookup[site_pairs[0], site_pairs[1]] = np.arange(site_pairs.shape[1])
@@ -142,13 +145,30 @@ def _pairs(basis: PrimitiveBasis) -> _Pairs:
 
 
 def _call(basis: PrimitiveBasis, centres, centre_shifts):
-    """The kernel on ``basis``'s arrays, in the precision of ``centres`` (P, 3) and ``centre_shifts`` (natm, P, 3)."""
-    floats = (basis.exponents, basis.contraction, basis.cart2sph, basis.charges, basis.one_centre)
+    """The kernel on ``basis``'s arrays, in the precision of ``centres`` (P, 3) and ``centre_shifts`` (natm, P, 3).
+
+    Every size is rounded up to a bucket (:func:`~pyscf_ipu.padding.bucket`), so that molecules of
+    similar size share the compiled kernel: extra primitives repeat primitive 0 with no weight in
+    any AO (so they share its site too), extra nuclei have no charge, extra AOs are zero; the
+    matrices are cut back to (N, N).
+    """
+    nprim, natm = basis.exponents.shape[0], basis.charges.shape[0]
+    cartesian, n = basis.cart2sph.shape
+    source = np.concatenate([np.arange(nprim), np.zeros(bucket(nprim, minimum=8) - nprim, int)])  # (P',)
+    extra = len(source) - nprim
+    extra_cartesian, extra_aos, extra_atoms = (bucket(k, minimum=m) - k for k, m in ((cartesian, 8), (n, 8), (natm, 4)))
+    floats = (basis.exponents[source], np.pad(basis.contraction, ((0, extra), (0, extra_cartesian))),
+              np.pad(basis.cart2sph, ((0, extra_cartesian), (0, extra_aos))), np.pad(basis.charges, (0, extra_atoms)),
+              np.pad(basis.one_centre, ((0, 0), (0, extra_aos), (0, extra_aos))))  # fmt: skip
     exponents, contraction, cart2sph, charges, one_centre = (jnp.asarray(a, centres.dtype) for a in floats)
-    pairs = _pairs(basis)
+    centres = centres[source]  # may be traced (forces): padded with JAX operations
+    centre_shifts = jnp.pad(centre_shifts[:, source], ((0, extra_atoms), (0, 0), (0, 0)))
+    pairs = _pairs(basis.atom[source], basis.exponents[source])
     lmax = int(basis.powers.sum(axis=1).max())
-    return _one_electron(exponents, centres, jnp.asarray(basis.powers), contraction, cart2sph, charges, centre_shifts,
-                         jnp.asarray(basis.atom), one_centre, *(jnp.asarray(a) for a in pairs), lmax=lmax)  # fmt: skip
+    out = _one_electron(exponents, centres, jnp.asarray(basis.powers[source]), contraction, cart2sph, charges,
+                        centre_shifts, jnp.asarray(basis.atom[source]), one_centre, *(jnp.asarray(a) for a in pairs),
+                        lmax=lmax)  # fmt: skip
+    return {key: value[:n, :n] for key, value in out.items()}
 
 
 @partial(jax.jit, static_argnames="lmax")
