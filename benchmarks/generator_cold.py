@@ -60,9 +60,10 @@ def main() -> None:
             for window in ("cold", "restarted"):
                 load = os.getloadavg()[0]
                 seconds = run(side, work, cache, args)
-                rates.setdefault((side, window), []).append(3600 * count / seconds)
-                print(f"  round {r}: {side:6s} {window:9s} {seconds:7.1f} s  {3600 * count / seconds:8,.0f} conformers/hour"
-                      f"  (load {load:.1f})", flush=True)  # fmt: skip
+                rate = 3600 * count / seconds
+                rates.setdefault((side, window), []).append(rate)
+                print(f"  round {r}: {side:6s} {window:9s} {seconds:7.1f} s  {rate:8,.0f} conformers/hour  (load {load:.1f})",
+                      flush=True)  # fmt: skip
     print(f"\n{'':18s} {'host':>24s} {'device':>24s} {'device/host':>12s}")
     for window in ("cold", "restarted"):
         host, device = rates[("host", window)], rates[("device", window)]

@@ -411,7 +411,7 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None)
         workers = 1  # one program: it may be traced
         coords = jnp.pad(coords, extra_atoms)
         shifts = (coords[..., :, None, :] - coords[..., None, :, :]).astype(dtype)
-        data = pairs(_static(plan)[0], _pair_arrays(plan, dtype.name), shifts)
+        data = pairs(_static(plan)[0], _pair_arrays(plan, dtype.name), shifts, dtype.name)
     else:
         workers = default_workers() if workers is None else workers
         if workers < 1:
@@ -420,8 +420,7 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None)
         difference = coords[..., :, None, :] - coords[..., None, :, :]  # ([C,] natm, natm, 3)
         shifts = jnp.asarray(difference, dtype)
         with jax.enable_x64(True):
-            data = pairs(_static(plan)[0], _pair_arrays(plan, "float64"), jnp.asarray(difference))
-            data = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, data)
+            data = pairs(_static(plan)[0], _pair_arrays(plan, "float64"), jnp.asarray(difference), dtype.name)
     parts, arrays = _parts(plan, workers), _quartet_arrays(plan, workers)
 
     def run(k: int) -> jax.Array:
@@ -472,7 +471,8 @@ def _parts(plan: EriPlan, workers: int) -> tuple[EriPlan, ...]:
     count = bucket(-(-len(plan.one_centre_index) // workers), minimum=64)
 
     def one_centre(values: np.ndarray, k: int, fill) -> np.ndarray:
-        return np.pad(values[k::workers], (0, count - len(values[k::workers])), constant_values=fill)
+        mine = values[k::workers]
+        return np.pad(mine, (0, count - len(mine)), constant_values=fill)
 
     return tuple(replace(plan, quartets=tuple(share), one_centre_index=one_centre(plan.one_centre_index, k, NOWHERE),
                          one_centre_value=one_centre(plan.one_centre_value, k, 0.0))
@@ -507,12 +507,14 @@ def _quartet_arrays(plan: EriPlan, workers: int):
                  for part in _parts(plan, workers))  # fmt: skip
 
 
-def _pair_stage(pair_l, pair_arrays, shifts):
-    """Per pair class: (Hermite matrices, p, P - A, first atom), from the atoms' differences ``shifts``."""
+def _pair_stage(pair_l, pair_arrays, shifts, dtype: str):
+    """Per pair class: (Hermite matrices, p, P - A, first atom), from the atoms' differences ``shifts``,
+    rounded to ``dtype`` inside the program (cast outside it, op by op, they were a dozen small
+    programs, too quick for the persistent cache, that every new process compiled again: 0.5 s)."""
     data = []
     for (la, lb), (factors, p, scale, atom_a, atom_b) in zip(pair_l, pair_arrays):
         e, pa = _pair_data(la, lb, factors, p, scale, shifts[atom_a, atom_b])
-        data.append((e, p, pa, atom_a))
+        data.append((e.astype(dtype), p.astype(dtype), pa.astype(dtype), atom_a))
     return tuple(data)
 
 
@@ -537,8 +539,10 @@ def _quartet_stage(static, quartet_arrays, one_centre, data, shifts):
     return out
 
 
-_pairs = jax.jit(_pair_stage, static_argnums=0)
-_pairs_batch = jax.jit(jax.vmap(_pair_stage, in_axes=(None, None, 0)), static_argnums=0)
+_pairs = jax.jit(_pair_stage, static_argnums=(0, 3))
+_pairs_batch = jax.jit(
+    lambda pair_l, arrays, shifts, dtype: jax.vmap(lambda s: _pair_stage(pair_l, arrays, s, dtype))(shifts),
+    static_argnums=(0, 3))
 _quartets = jax.jit(_quartet_stage, static_argnums=0)
 # Conformers one after another inside the program (lax.map), not vmapped into every tile: a tile's
 # arrays then stay cache-sized (measured, 8 conformers of a 53-AO molecule on 2 cores: vmap 306 ms
