@@ -205,5 +205,8 @@ def test_batched_conformers_equal_single_runs():
         # below the 2 meV label tolerance, yet far above what a mixed-up conformer would give.
         assert result.energy == pytest.approx(single.energy, abs=1e-9)
         assert result.homo == pytest.approx(single.homo, abs=1e-6) and result.lumo == pytest.approx(single.lumo, abs=1e-6)
-        assert result.iterations == single.iterations
+        # The stop test compares max|FDS - SDF| with 1e-5, where float32 round-off of D (~1e-6 times
+        # Fock elements of 10-20 Ha) already sits: seen here, batched 1.0e-5 against single 8e-6 at
+        # the same iteration, so round-off may move the stop by one iteration (not by more).
+        assert abs(result.iterations - single.iterations) <= 1
     assert len({round(r.energy, 6) for r in batch}) == 3  # and the conformers really differ
