@@ -125,6 +125,10 @@ def test_eris_match_libcint(name, basis_name):
     """The packed s8 ERIs against ``mol.intor("int2e", aosym="s8")``: float64 within 1e-10 and float32
     within 1e-6 absolute, the issue's bounds (measured: 2e-14 and 2.3e-7; the one-centre integrals,
     the largest, come from libcint in float64 and are only rounded to float32)."""
+    # Each case compiles a plan of its own, and a 6-31G* plan's code takes ~16,000 memory mappings
+    # (benzene: 231 classes); kept alive in the jit caches, a few of them passed the kernel's
+    # 65,530 per process, and LLVM's allocation failed (SIGABRT). So each case starts from none.
+    jax.clear_caches()
     mol = build_mole(MOLECULES[name](), basis_name)
     plan = plan_eri(mol)
     ref = mol.intor("int2e", aosym="s8")
