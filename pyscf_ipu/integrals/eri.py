@@ -71,6 +71,11 @@ TILE = 16  # pairs per side of a tile: a kernel call computes TILE x TILE shell 
 NOWHERE = np.iinfo(np.int32).max  # the destination of values to discard: beyond any s8 array
 
 
+def padded_s8_size(size: int) -> int:
+    """The s8 array's length as computed: ``size`` bucketed (the tail beyond ``size`` is cut off)."""
+    return bucket(size, minimum=1024)
+
+
 @lru_cache(maxsize=None)
 def cartesian_to_spherical(l: int) -> np.ndarray:
     """(Cartesian, spherical) transform of one shell, with libcint's normalisation (s and p included)."""
@@ -162,8 +167,7 @@ class EriPlan:
 
     @property
     def padded_size(self) -> int:
-        """The s8 array's length as computed (bucketed; the tail beyond ``size`` is cut off)."""
-        return bucket(self.size, minimum=1024)
+        return padded_s8_size(self.size)
 
     @property
     def padded_natm(self) -> int:
@@ -177,7 +181,7 @@ def plan_eri(mol: gto.Mole) -> EriPlan:
     nao = mol.nao_nr()
     npair = nao * (nao + 1) // 2
     size = npair * (npair + 1) // 2
-    if bucket(size, minimum=1024) >= NOWHERE:
+    if padded_s8_size(size) >= NOWHERE:
         raise ValueError(f"{nao} AOs: the s8 ERI array ({size:,} entries) exceeds 32-bit indexing")
     # classes by angular momenta and primitive counts: padding a 1-primitive shell to the 6 of a
     # 6-31G core shell would multiply its primitive quartets by up to 36

@@ -154,8 +154,8 @@ def _call(basis: PrimitiveBasis, centres, centre_shifts):
     """
     nprim, natm = basis.exponents.shape[0], basis.charges.shape[0]
     cartesian, n = basis.cart2sph.shape
-    source = np.concatenate([np.arange(nprim), np.zeros(bucket(nprim, minimum=8) - nprim, int)])  # (P',)
-    extra = len(source) - nprim
+    extra = bucket(nprim, minimum=8) - nprim
+    source = np.concatenate([np.arange(nprim), np.zeros(extra, int)])  # (P',) the primitive each row copies
     extra_cartesian, extra_aos, extra_atoms = (bucket(k, minimum=m) - k for k, m in ((cartesian, 8), (n, 8), (natm, 4)))
     floats = (basis.exponents[source], np.pad(basis.contraction, ((0, extra), (0, extra_cartesian))),
               np.pad(basis.cart2sph, ((0, extra_cartesian), (0, extra_aos))), np.pad(basis.charges, (0, extra_atoms)),
