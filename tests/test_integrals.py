@@ -157,6 +157,30 @@ def test_eris_of_a_batch_of_conformers_match_each_geometry():
     assert np.abs(batch[0] - batch[1]).max() > 1e-3  # the geometries really differ
 
 
+def test_functions_sharing_exponents_form_one_eri_shell():
+    """The ERI kernels take the functions of one atom with the same exponents as one shell (Pople's
+    sp shells, a general contraction's functions), so a quartet's primitive work serves them all;
+    every AO still belongs to exactly one shell component."""
+    from pyscf_ipu.integrals.eri import shells_of, spherical_count
+
+    water = build_mole(MOLECULES["water"](), "6-31g")
+    shells = shells_of(water)
+    # O: 1s (6 primitives), 2sp (3), 3sp (1); each H: 1s (3), 2s (1)
+    assert shells.components == ((0,), (0, 1), (0, 1), (0,), (0,), (0,), (0,))
+    assert shells.nprim.tolist() == [6, 3, 1, 3, 1, 3, 1]
+    for basis in ("6-31g", "cc-pvdz"):  # cc-pVDZ: O's two s functions of one general contraction
+        mol = build_mole(MOLECULES["water"](), basis)
+        shells = shells_of(mol)
+        aos = [shells.offset[s, c] + k for s, comps in enumerate(shells.components)
+               for c, l in enumerate(comps) for k in range(2 * l + 1)]  # fmt: skip
+        assert sorted(aos) == list(range(mol.nao)), basis
+        assert sum(spherical_count(c) for c in shells.components) == mol.nao
+    assert shells.components[0] == (0, 0)
+    with jax.enable_x64(True):  # the general contraction's values, against libcint
+        ours = np.asarray(eri_s8(plan_eri(mol), mol.atom_coords(), jnp.float64))
+    np.testing.assert_allclose(ours, mol.intor("int2e", aosym="s8"), rtol=0, atol=1e-10)
+
+
 def test_eri_workers_share_the_tiles_exactly():
     """Dealt out to worker threads, every tile of every class is computed once, and the result is
     the single program's to the bit (each share writes only its own quartets)."""

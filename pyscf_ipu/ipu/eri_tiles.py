@@ -42,6 +42,7 @@ from .model import IPUModel
 from .plan import TileMemoryError
 
 VALUE_AND_INDEX_BYTES = 8  # float32 value + int32 s8 position
+OUTPUT_BYTES_SHARES = (0.0, 0.25, 1.0)  # weights of the output bytes against the work, tried in turn
 
 
 @dataclass(frozen=True)
@@ -90,9 +91,9 @@ def _class_costs(plan: EriPlan) -> tuple[list[np.ndarray], list[np.ndarray], lis
     bras, kets, costs = [], [], []
     for q in plan.quartets:
         bra, ket = plan.pairs[q.bra], plan.pairs[q.ket]
-        order_b, order_k = bra.la + bra.lb, ket.la + ket.lb
+        order_b, order_k = bra.order, ket.order
         hb, hk = len(hermite_indices(order_b)), len(hermite_indices(order_k))
-        outputs = (2 * ket.la + 1) * (2 * ket.lb + 1)
+        outputs = ket.functions
         total = order_b + order_k
         ops = 25 * (total + 1) + 3 * len(hermite_indices(total)) + 2 * hb * hk * (1 + outputs)
         primitives = bra.ka * bra.kb * ket.ka * ket.kb
@@ -108,7 +109,7 @@ def _pair_bytes(plan: EriPlan, index: int) -> int:
     """Bytes of one pair's data on a tile: its Hermite matrix (K2, S_a S_b, H) and P - A (K2, 3), float32."""
     c = plan.pairs[index]
     k2 = c.ka * c.kb
-    return 4 * k2 * ((2 * c.la + 1) * (2 * c.lb + 1) * len(hermite_indices(c.la + c.lb)) + 3)
+    return 4 * k2 * (c.functions * len(hermite_indices(c.order)) + 3)
 
 
 @lru_cache(maxsize=16)
@@ -121,30 +122,31 @@ def plan_eri_tiles(plan: EriPlan, model: IPUModel) -> EriTilePlan:
     cost = np.concatenate(costs) if costs else np.zeros(0)
     klass = np.concatenate([np.full(len(c), k) for k, c in enumerate(costs)]) if costs else np.zeros(0, int)
     bra_rows, ket_rows = np.concatenate(bras), np.concatenate(kets)
-    outputs = np.array([(2 * plan.pairs[q.bra].la + 1) * (2 * plan.pairs[q.bra].lb + 1)
-                        * (2 * plan.pairs[q.ket].la + 1) * (2 * plan.pairs[q.ket].lb + 1) for q in plan.quartets])  # fmt: skip
+    outputs = np.array([plan.pairs[q.bra].functions * plan.pairs[q.ket].functions for q in plan.quartets])
     pair_bytes = np.array([_pair_bytes(plan, k) for k in range(len(plan.pairs))])
     bra_class = np.array([q.bra for q in plan.quartets])[klass]
     ket_class = np.array([q.ket for q in plan.quartets])[klass]
-    # cut by work and output bytes together: high-l classes are cheap per value but many values
     out_bytes = VALUE_AND_INDEX_BYTES * outputs[klass].astype(np.float64)
-    weight = cost / max(cost.sum(), 1.0) + out_bytes / max(out_bytes.sum(), 1.0)
-    cumulative = np.cumsum(weight)
     primitive = int(sum(len(c) * plan.pairs[q.bra].ka * plan.pairs[q.bra].kb * plan.pairs[q.ket].ka
                         * plan.pairs[q.ket].kb for c, q in zip(costs, plan.quartets)))  # fmt: skip
     for num_ipus in range(1, model.num_ipus + 1):
         tiles = min(num_ipus * model.tiles, len(cost))
-        cuts = np.searchsorted(cumulative, cumulative[-1] * np.arange(1, tiles) / tiles, side="right")
-        cuts = np.unique(np.concatenate([[0], cuts, [len(cost)]]))
-        cycles = np.add.reduceat(cost, cuts[:-1]) / model.eri_ops_per_cycle
-        tile_bytes = np.array([
-            int(out_bytes[a:b].sum())
-            + sum(int(pair_bytes[c]) * len(np.unique(rows[a:b][cls[a:b] == c]))
-                  for rows, cls in ((bra_rows, bra_class), (ket_rows, ket_class)) for c in np.unique(cls[a:b]))
-            for a, b in zip(cuts[:-1], cuts[1:])
-        ])  # fmt: skip
-        if tile_bytes.max(initial=0) <= model.budget_bytes:
-            return EriTilePlan(model, num_ipus, cuts, cycles, tile_bytes, len(cost), primitive)
+        # Cut by work alone where the tiles' memory allows (the best balance), else let the output
+        # bytes weigh in: high-l classes are cheap per value but have many values, and cut by work
+        # alone they crowd a tile's memory (benzene at 6-31G*: beyond 4 IPUs, against 1 so).
+        for bytes_share in OUTPUT_BYTES_SHARES:
+            cumulative = np.cumsum(cost / max(cost.sum(), 1.0) + bytes_share * out_bytes / max(out_bytes.sum(), 1.0))
+            cuts = np.searchsorted(cumulative, cumulative[-1] * np.arange(1, tiles) / tiles, side="right")
+            cuts = np.unique(np.concatenate([[0], cuts, [len(cost)]]))
+            cycles = np.add.reduceat(cost, cuts[:-1]) / model.eri_ops_per_cycle
+            tile_bytes = np.array([
+                int(out_bytes[a:b].sum())
+                + sum(int(pair_bytes[c]) * len(np.unique(rows[a:b][cls[a:b] == c]))
+                      for rows, cls in ((bra_rows, bra_class), (ket_rows, ket_class)) for c in np.unique(cls[a:b]))
+                for a, b in zip(cuts[:-1], cuts[1:])
+            ])  # fmt: skip
+            if tile_bytes.max(initial=0) <= model.budget_bytes:
+                return EriTilePlan(model, num_ipus, cuts, cycles, tile_bytes, len(cost), primitive)
     raise TileMemoryError(
         f"the ERIs need {int(tile_bytes.max()):,} bytes on the fullest tile even on {model.num_ipus} IPUs "
         f"({model.budget_bytes:,} allowed per tile): allow more IPUs (--ipus) or a larger --ipu-memory-proportion"
