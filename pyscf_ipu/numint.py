@@ -29,9 +29,10 @@ from .xc.functionals import Functional
 def density(ao: jnp.ndarray, dm: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
     """rho (G,) and sigma = |grad rho|^2 (G,) from AO values/gradients ``ao`` (4, G, N) and ``dm`` (N, N)."""
     half = ao[0] @ dm  # (G, N)  sum_mu phi_mu D_mu,nu
-    rho = jnp.sum(half * ao[0], axis=-1)
-    grad = 2.0 * jnp.einsum("xgn,gn->xg", ao[1:4], half)  # (3, G)
-    return rho, jnp.sum(grad * grad, axis=0)
+    # four row sums, one per AO array: XLA's CPU code for the (3, G, N) -> (3, G) einsum took longer
+    # than the matmul (measured on one 53-AO molecule: the density 8.8 -> 4.7 ms, the XC step 1.2x)
+    rho, gx, gy, gz = (jnp.sum(half * ao[k], axis=-1) for k in range(4))
+    return rho, 4.0 * (gx * gx + gy * gy + gz * gz)  # |2 sum_nu D phi grad phi|^2
 
 
 def xc_energy(functional: Functional, ao, weights, dm) -> jnp.ndarray:
