@@ -227,6 +227,24 @@ def test_molecules_of_similar_size_share_the_compiled_integral_programs():
     assert compiled[1] == compiled[0]  # the second molecule compiled nothing new
 
 
+def test_compiled_eri_programs_are_released_before_the_memory_mapping_limit(monkeypatch):
+    """A new ERI shape, with the process past its share of ``vm.max_map_count``, first empties the
+    quartet kernels' caches (which gives their memory mappings back): here a share of 0, so only the
+    newest program stays compiled, and the values stay right."""
+    from pyscf_ipu.integrals import eri
+
+    used, limit = eri._memory_mappings()  # Linux: read from /proc
+    assert 0 < used < limit
+    monkeypatch.setattr(eri, "_LIVE_PROGRAMS", eri._LivePrograms(share=0.0))
+    mols = [build_mole(MOLECULES[name](), "sto-3g") for name in ("water", "benzene")]
+    plans = [plan_eri(mol) for mol in mols]
+    assert eri._static(plans[0]) != eri._static(plans[1])  # two programs
+    for mol, plan in zip(mols, plans):
+        ours = np.asarray(eri_s8(plan, mol.atom_coords(), jnp.float32, workers=1), np.float64)
+        assert np.abs(ours - mol.intor("int2e", aosym="s8")).max() <= 1e-6
+        assert eri._quartets._cache_size() == 1  # the other program was released
+
+
 def test_eri_input_is_checked():
     mol = build_mole(MOLECULES["water"](), "sto-3g")
     plan = plan_eri(mol)

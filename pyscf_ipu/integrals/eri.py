@@ -480,6 +480,10 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None)
     def run(k: int) -> jax.Array:
         return quartets(_static(parts[k]), arrays[k], _one_centre_arrays(parts[k], dtype.name), data, shifts)
 
+    # every share runs one program (equal shapes): account for it before the threads start
+    shapes = jax.tree.map(lambda x: (x.shape, x.dtype.name), (arrays[0], data, shifts))
+    _LIVE_PROGRAMS.admit((coords.ndim, _static(parts[0]), len(parts[0].one_centre_index), str(shapes)))
+
     if len(parts) == 1:
         return run(0)[..., : plan.size]
     x64 = jax.config.jax_enable_x64  # the caller's, possibly a thread-local jax.enable_x64 context
@@ -491,6 +495,42 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None)
     with ThreadPoolExecutor(len(parts)) as pool:
         total = sum(pool.map(in_thread, range(len(parts))))  # each part wrote zeros outside its own quartets
     return total[..., : plan.size]
+
+
+class _LivePrograms:
+    """Keeps the quartet kernels' compiled programs within the process's memory-mapping limit.
+
+    Each compiled program holds its machine code in memory mappings for as long as a jit cache keeps
+    it: ~700 per STO-3G program, ~16,000 per 6-31G* one, against the kernel's limit per process
+    (``vm.max_map_count``, 65,530 by default; past it LLVM aborts the process). So before a new
+    shape compiles, if the process already uses more than ``share`` of its limit, the kernels'
+    in-memory caches are emptied, which gives the mappings back (measured: three STO-3G programs,
+    3,166 mappings -> 1,187); the persistent compilation cache reloads a program that comes back.
+    Where /proc does not tell, at most ``fallback`` shapes are kept.
+    """
+
+    def __init__(self, share: float = 0.5, fallback: int = 3):
+        self.share, self.fallback = share, fallback
+        self.seen: set = set()  # shapes compiled since the caches were last emptied
+
+    def admit(self, key) -> None:
+        if key in self.seen:
+            return
+        mappings = _memory_mappings()
+        if (len(self.seen) >= self.fallback if mappings is None else mappings[0] > self.share * mappings[1]):
+            for kernel in (_quartets, _quartets_batch):
+                kernel.clear_cache()
+            self.seen.clear()
+        self.seen.add(key)
+
+
+def _memory_mappings() -> tuple[int, int] | None:
+    """(memory mappings this process uses, the kernel's limit), or None where /proc does not say."""
+    try:
+        with open("/proc/self/maps") as maps, open("/proc/sys/vm/max_map_count") as limit:
+            return sum(1 for _ in maps), int(limit.read())
+    except (OSError, ValueError):
+        return None
 
 
 def default_workers() -> int:
@@ -605,3 +645,4 @@ _quartets_batch = jax.jit(
     lambda static, arrays, one_centre, data, shifts: jax.lax.map(
         lambda conformer: _quartet_stage(static, arrays, one_centre, *conformer), (data, shifts)),
     static_argnums=0)
+_LIVE_PROGRAMS = _LivePrograms()
