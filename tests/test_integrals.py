@@ -168,17 +168,17 @@ def test_functions_sharing_exponents_form_one_eri_shell():
     # O: 1s (6 primitives), 2sp (3), 3sp (1); each H: 1s (3), 2s (1)
     assert shells.components == ((0,), (0, 1), (0, 1), (0,), (0,), (0,), (0,))
     assert shells.nprim.tolist() == [6, 3, 1, 3, 1, 3, 1]
-    for basis in ("6-31g", "cc-pvdz"):  # cc-pVDZ: O's two s functions of one general contraction
-        mol = build_mole(MOLECULES["water"](), basis)
+    general = build_mole(MOLECULES["water"](), "cc-pvdz")
+    assert shells_of(general).components[0] == (0, 0)  # O's two s functions of one general contraction
+    for mol in (water, general):
         shells = shells_of(mol)
         aos = [shells.offset[s, c] + k for s, comps in enumerate(shells.components)
                for c, l in enumerate(comps) for k in range(2 * l + 1)]  # fmt: skip
-        assert sorted(aos) == list(range(mol.nao)), basis
+        assert sorted(aos) == list(range(mol.nao)), mol.basis
         assert sum(spherical_count(c) for c in shells.components) == mol.nao
-    assert shells.components[0] == (0, 0)
     with jax.enable_x64(True):  # the general contraction's values, against libcint
-        ours = np.asarray(eri_s8(plan_eri(mol), mol.atom_coords(), jnp.float64))
-    np.testing.assert_allclose(ours, mol.intor("int2e", aosym="s8"), rtol=0, atol=1e-10)
+        ours = np.asarray(eri_s8(plan_eri(general), general.atom_coords(), jnp.float64))
+    np.testing.assert_allclose(ours, general.intor("int2e", aosym="s8"), rtol=0, atol=1e-10)
 
 
 def test_eri_workers_share_the_tiles_exactly():

@@ -359,7 +359,7 @@ def _pair_factors(plan: EriPlan, c: PairClass):
     flat = lambda x: np.broadcast_to(x, (n, c.ka, c.kb)).reshape(n, -1)  # noqa: E731
 
     def cartesian(shell, components, k):  # (n, K, C): each Cartesian function's coefficients, by component
-        return np.concatenate([np.repeat(sh.coefficients[shell, m, :k, None], (l + 1) * (l + 2) // 2, axis=2)
+        return np.concatenate([np.repeat(sh.coefficients[shell, m, :k, None], len(cartesian_powers(l)), axis=2)
                                for m, l in enumerate(components)], 2)  # fmt: skip
 
     ca, cb = cartesian(c.first, c.la, c.ka), cartesian(c.second, c.lb, c.kb)
@@ -481,8 +481,8 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None)
         return quartets(_static(parts[k]), arrays[k], _one_centre_arrays(parts[k], dtype.name), data, shifts)
 
     # every share runs one program (equal shapes): account for it before the threads start
-    shapes = jax.tree.map(lambda x: (x.shape, x.dtype.name), (arrays[0], data, shifts))
-    _LIVE_PROGRAMS.admit((coords.ndim, _static(parts[0]), len(parts[0].one_centre_index), str(shapes)))
+    inputs = (arrays[0], _one_centre_arrays(parts[0], dtype.name), data, shifts)
+    _LIVE_PROGRAMS.admit((_static(parts[0]), str(jax.tree.map(lambda x: (x.shape, x.dtype.name), inputs))))
 
     if len(parts) == 1:
         return run(0)[..., : plan.size]
