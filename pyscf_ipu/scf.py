@@ -96,20 +96,30 @@ def fock_and_energy(problem: SCFProblem, settings: LoopSettings, dm):
 def diis_extrapolate(focks, errors, count):
     """Step 2: the DIIS Fock matrix from the first ``count`` slots of the ring buffers (m, N, N).
 
-    Solves the bordered system [[B, 1], [1, 0]] [c, l] = [0, 1] with B_ij = <e_i, e_j>, unused slots
-    masked to decouple (c = 0). B is scaled by its largest diagonal, and a pseudo-inverse drops the
-    directions that have become numerically singular once the errors reach float round-off.
+    Minimises |sum_i c_i e_i|^2 subject to sum_i c_i = 1: the bordered system
+    [[B, s], [s, 0]] [c', l] = [0, 1] in the diagonally scaled unknowns c_i = s_i c'_i, with
+    B_ij = s_i s_j <e_i, e_j> and s_i = 1 / |e_i| (unused slots masked to decouple, c = 0). A
+    pseudo-inverse drops the directions that have become numerically singular once the errors reach
+    float round-off.
+
+    The scaling gives B a unit diagonal. Unscaled, B spans the squared range of the buffered errors
+    (1e-1 early, 1e-4 late: 1e6), and in float32 the pseudo-inverse's cutoff (100 eps of the
+    largest singular value) dropped the newest, smallest errors' directions: the loop stalled near
+    1e-4 for three or four iterations (measured on three 9-heavy-atom molecules at STO-3G: 14-15
+    iterations to the 1e-5 stop, 11-12 with the scaling).
     """
     m = focks.shape[0]
     used = jnp.arange(m) < count
     b = jnp.einsum("iab,jab->ij", errors, errors)
-    b = b / jnp.maximum(jnp.max(jnp.where(used, jnp.diag(b), 0.0)), jnp.finfo(b.dtype).tiny)
-    b = jnp.where(used[:, None] & used[None, :], b, 0.0) + jnp.diag(jnp.where(used, 0.0, 1.0))
-    ones = used.astype(b.dtype)
-    system = jnp.block([[b, ones[:, None]], [ones[None, :], jnp.zeros((1, 1), b.dtype)]])
+    scale = jnp.where(used, jax.lax.rsqrt(jnp.maximum(jnp.diag(b), jnp.finfo(b.dtype).tiny)), 0.0)  # (m,) 1/|e_i|
+    b = jnp.where(used[:, None] & used[None, :], b * scale[:, None] * scale[None, :], 0.0)
+    b = b + jnp.diag(jnp.where(used, 0.0, 1.0))
+    border = scale / jnp.max(scale)  # the constraint's direction; its length only rescales c'
+    system = jnp.block([[b, border[:, None]], [border[None, :], jnp.zeros((1, 1), b.dtype)]])
     rhs = jnp.zeros(m + 1, b.dtype).at[m].set(1.0)
     rtol = 100 * jnp.finfo(b.dtype).eps
-    coef = (jnp.linalg.pinv(system, rtol=rtol, hermitian=True) @ rhs)[:m]
+    coef = scale * (jnp.linalg.pinv(system, rtol=rtol, hermitian=True) @ rhs)[:m]
+    coef = coef / jnp.sum(coef)  # sum c_i = 1 exactly, whatever the border's length
     return jnp.einsum("i,iab->ab", coef, focks)
 
 

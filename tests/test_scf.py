@@ -149,6 +149,22 @@ def test_diis_interpolates_opposite_errors():
     np.testing.assert_allclose(diis_extrapolate(focks, errors, 2), 0.5 * (f1 + f2), atol=1e-5)
 
 
+def test_diis_in_float32_keeps_errors_of_very_different_sizes():
+    """A buffer holding an early error (norm ~1) next to late ones (~1e-3; B then spans 1e6): the
+    float32 coefficients equal float64's constrained least squares. (Scaled by the largest
+    diagonal alone, the pseudo-inverse dropped the late errors' directions: coefficients off by O(1).)"""
+    rng = np.random.default_rng(1)
+    n, m = 6, 4
+    errors = np.stack([rng.normal(size=(n, n)), *(1e-3 * rng.normal(size=(3, n, n)))])
+    focks = rng.normal(size=(m, n, n))
+    b = np.einsum("iab,jab->ij", errors, errors)
+    kkt = np.block([[b, np.ones((m, 1))], [np.ones((1, m)), np.zeros((1, 1))]])
+    coef = np.linalg.solve(kkt, np.r_[np.zeros(m), 1.0])[:m]  # float64 reference
+    ours = diis_extrapolate(jnp.asarray(focks, jnp.float32), jnp.asarray(errors, jnp.float32), m)
+    # float32 solve of a system with condition ~1e3 (the late errors' angles): 1e-3 on O(1) values
+    np.testing.assert_allclose(ours, np.einsum("i,iab->ab", coef, focks), atol=1e-3)
+
+
 def test_result_json_fields():
     result = run_rks(from_name("h2"), RKSConfig())
     out = result.to_dict()
