@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from .config import RKSConfig, precision_scope
-from .host import HostProblem, prepare
+from .host import HostProblem, prepare, prepare_conformers
 from .molecule import Molecule
 from .problem import build_problem, padded_sizes, stack_problems
 from .results import SCFResult, finalise
@@ -126,5 +126,5 @@ def submit_batch(
 def run_rks_batch(molecules: list[Molecule], config: RKSConfig = RKSConfig(), **kwargs) -> list[SCFResult]:
     """Conformers of one molecule as one batch: host preparation, one vmapped loop, finalisation."""
     needs_grid = bool(LoopSettings.from_config(config).functional.pieces)
-    hosts = [prepare(m, config, needs_grid=needs_grid) for m in molecules]
+    hosts = prepare_conformers(molecules, config, needs_grid=needs_grid)
     return submit_batch(hosts, config, **kwargs).results()

@@ -23,7 +23,7 @@ import numpy as np
 
 from pyscf_ipu.config import RKSConfig, default_cache_dir, disable_numpy_huge_pages, enable_compilation_cache, option
 from pyscf_ipu.forces import nuclear_gradient
-from pyscf_ipu.host import HostProblem, prepare
+from pyscf_ipu.host import HostProblem, prepare_conformers
 from pyscf_ipu.molecule import Molecule, MoleculeError
 from pyscf_ipu.results import SCFResult
 from pyscf_ipu.rks import BatchRun, submit_batch
@@ -250,7 +250,7 @@ def run_shard(gen: GenerateConfig, dft: RKSConfig) -> Summary:
 
         for batch in _batches(inputs, gen, dft, done, writer, summary, bar, timings):
             try:
-                batch.hosts = [prepare(m, dft, needs_grid=dft.xc != "hf") for m in batch.molecules]
+                batch.hosts = prepare_conformers(batch.molecules, dft, needs_grid=dft.xc != "hf")
             except MoleculeError as err:  # e.g. an element the basis lacks: the whole molecule fails
                 writer.commit(None, [Failure(batch.entry.smiles, str(err), batch.entry.molecule_id, -1)])
                 summary.failures += 1

@@ -105,11 +105,17 @@ def _stack(table, i_max: int, j_max: int, t_max: int):
                       for a in range(i_max + 1)], -3)  # fmt: skip
 
 
-def one_electron(basis: PrimitiveBasis, dtype=jnp.float32) -> dict[str, jax.Array]:
-    """{"overlap", "kinetic", "nuclear"}: (N, N) spherical AO matrices in ``dtype`` (jit-compiled per shape)."""
+def one_electron(basis: PrimitiveBasis, dtype=jnp.float32, coords: np.ndarray | None = None) -> dict[str, jax.Array]:
+    """{"overlap", "kinetic", "nuclear"}: (N, N) spherical AO matrices in ``dtype`` (jit-compiled per shape).
+
+    ``coords`` (B, natm, 3) Bohr, optional: conformers of ``basis``'s atoms, computed in one call;
+    each matrix is then (B, N, N).
+    """
+    coords = basis.coords if coords is None else np.asarray(coords, np.float64)
+    centres = coords[..., basis.atom, :]  # (..., P, 3)
     # A - C for every primitive centre A and nucleus C, in float64 on the host (see _nuclear)
-    centre_shifts = basis.centres[None, :, :] - basis.coords[:, None, :]  # (natm, P, 3)
-    return _call(basis, jnp.asarray(basis.centres, dtype), jnp.asarray(centre_shifts, dtype))
+    centre_shifts = centres[..., None, :, :] - coords[..., :, None, :]  # (..., natm, P, 3)
+    return _call(basis, jnp.asarray(centres, dtype), jnp.asarray(centre_shifts, dtype))
 
 
 def one_electron_at(basis: PrimitiveBasis, coords: jax.Array) -> dict[str, jax.Array]:
@@ -145,7 +151,8 @@ def _pairs(atom: np.ndarray, exponents: np.ndarray) -> _Pairs:
 
 
 def _call(basis: PrimitiveBasis, centres, centre_shifts):
-    """The kernel on ``basis``'s arrays, in the precision of ``centres`` (P, 3) and ``centre_shifts`` (natm, P, 3).
+    """The kernel on ``basis``'s arrays, in the precision of ``centres`` (P, 3) and ``centre_shifts`` (natm, P, 3),
+    or of conformers of them, (B, P, 3) and (B, natm, P, 3): one vmapped call.
 
     Every size is rounded up to a bucket (:func:`~pyscf_ipu.padding.bucket`), so that molecules of
     similar size share the compiled kernel: extra primitives repeat primitive 0 with no weight in
@@ -161,14 +168,15 @@ def _call(basis: PrimitiveBasis, centres, centre_shifts):
               np.pad(basis.cart2sph, ((0, extra_cartesian), (0, extra_aos))), np.pad(basis.charges, (0, extra_atoms)),
               np.pad(basis.one_centre, ((0, 0), (0, extra_aos), (0, extra_aos))))  # fmt: skip
     exponents, contraction, cart2sph, charges, one_centre = (jnp.asarray(a, centres.dtype) for a in floats)
-    centres = centres[source]  # may be traced (forces): padded with JAX operations
-    centre_shifts = jnp.pad(centre_shifts[:, source], ((0, extra_atoms), (0, 0), (0, 0)))
+    batch = centres.ndim - 2  # 0 or 1 leading conformer axes
+    centres = centres[..., source, :]  # may be traced (forces): padded with JAX operations
+    centre_shifts = jnp.pad(centre_shifts[..., source, :], ((0, 0),) * batch + ((0, extra_atoms), (0, 0), (0, 0)))
     pairs = _pairs(basis.atom[source], basis.exponents[source])
     lmax = int(basis.powers.sum(axis=1).max())
-    out = _one_electron(exponents, centres, jnp.asarray(basis.powers[source]), contraction, cart2sph, charges,
-                        centre_shifts, jnp.asarray(basis.atom[source]), one_centre, *(jnp.asarray(a) for a in pairs),
-                        lmax=lmax)  # fmt: skip
-    return {key: value[:n, :n] for key, value in out.items()}
+    kernel = _one_electron_conformers if batch else _one_electron
+    out = kernel(exponents, centres, jnp.asarray(basis.powers[source]), contraction, cart2sph, charges, centre_shifts,
+                 jnp.asarray(basis.atom[source]), one_centre, *(jnp.asarray(a) for a in pairs), lmax=lmax)  # fmt: skip
+    return {key: value[..., :n, :n] for key, value in out.items()}
 
 
 @partial(jax.jit, static_argnames="lmax")
@@ -216,6 +224,13 @@ def _one_electron(exponents, centres, powers, contraction, cart2sph, charges, ce
 
     return {"overlap": spherical(overlap) + one_centre[0], "kinetic": spherical(kinetic) + one_centre[1],
             "nuclear": spherical(nuclear) + one_centre[2]}  # fmt: skip
+
+
+@partial(jax.jit, static_argnames="lmax")
+def _one_electron_conformers(*arrays, lmax):
+    """:func:`_one_electron` over conformers: ``centres`` (B, P, 3) and ``centre_shifts`` (B, natm, P, 3)."""
+    axes = tuple(0 if k in (1, 6) else None for k in range(len(arrays)))  # centres, centre_shifts
+    return jax.vmap(partial(_one_electron, lmax=lmax), in_axes=axes)(*arrays)
 
 
 @lru_cache(maxsize=None)
