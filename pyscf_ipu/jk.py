@@ -10,6 +10,9 @@ A backend is a frozen (hashable) object with two methods:
 
 - ``prepare(eri_s8, nao, nao_padded, dtype) -> dict of arrays``: once per molecule, outside the loop.
   The arrays' shapes may depend only on padded sizes, so molecules in one bucket share compiled code.
+- ``prepare_batch(eris, nao, nao_padded, dtype) -> dict of arrays``: the same for the conformers of
+  a batch, stacked along a leading axis (``prepare`` of each, stacked by
+  :func:`~pyscf_ipu.padding.stack_members`, unless the backend can do better).
 - ``contract(data, dm) -> (J, K)``: pure JAX, traced inside the jitted SCF step.
 
 - ``profile(eri_s8, nao, nao_padded, dtype, iterations) -> dict | None``: how the work is spread.
@@ -34,13 +37,15 @@ from pyscf import ao2mo
 from .config import RKSConfig, precision_scope
 from .eri import degeneracy_weights, s8_accumulate, symmetrise, unique_quartets
 from .ipu import IPUJK, ipu_model
-from .padding import bucket, pad_to
+from .padding import bucket, pad_to, stack_members
 
 
 class JKBackend(Protocol):
     name: str
 
     def prepare(self, eri_s8: np.ndarray, nao: int, nao_padded: int, dtype) -> dict[str, np.ndarray]: ...
+
+    def prepare_batch(self, eris: list[np.ndarray], nao: int, nao_padded: int, dtype) -> dict[str, jax.Array]: ...
 
     def contract(self, data: dict, dm: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]: ...
 
@@ -60,6 +65,9 @@ class DenseJK:
     def prepare(self, eri_s8, nao, nao_padded, dtype):
         eri = ao2mo.restore(1, eri_s8, nao).astype(dtype)  # (N, N, N, N)
         return _dense_matrices(jnp.asarray(eri), nao_padded)
+
+    def prepare_batch(self, eris, nao, nao_padded, dtype):
+        return stack_members([self.prepare(eri, nao, nao_padded, dtype) for eri in eris])
 
     def profile(self, eri_s8, nao, nao_padded, dtype, iterations):
         return None
@@ -98,6 +106,9 @@ class S8JK:
             "values": pad_to(values, (size,), dtype),
             "index": pad_to(index, (size, 4)),
         }
+
+    def prepare_batch(self, eris, nao, nao_padded, dtype):
+        return stack_members([self.prepare(eri, nao, nao_padded, dtype) for eri in eris])
 
     def profile(self, eri_s8, nao, nao_padded, dtype, iterations):
         return None

@@ -58,7 +58,9 @@ def xc_energy_and_potential(functional: Functional, ao, weights, dm) -> tuple[jn
     size = grid_block(weights.shape[0])
 
     def block(b, total):
-        ao_b = jax.lax.dynamic_slice_in_dim(ao, b * size, size, axis=1)  # (4, B, N)
+        # (4, B, N); AO values stored in a lower precision than dm (the float64 finalisation reads
+        # the float32 loop's) are promoted block by block
+        ao_b = jax.lax.dynamic_slice_in_dim(ao, b * size, size, axis=1).astype(dm.dtype)
         w_b = jax.lax.dynamic_slice_in_dim(weights, b * size, size)  # (B,)
         exc, grad = jax.value_and_grad(lambda d: xc_energy(functional, ao_b, w_b, d))(dm)
         return total[0] + exc, total[1] + grad

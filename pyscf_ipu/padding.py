@@ -7,6 +7,8 @@ zero weight (grid), zero integrals (ERI) or are kept as empty virtual orbitals (
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -42,3 +44,42 @@ def pad_to(array: np.ndarray, shape: tuple[int, ...], dtype=None) -> np.ndarray:
     out = aligned_empty(shape, dtype or array.dtype, zeroed=True)
     out[tuple(slice(0, s) for s in array.shape)] = array
     return out
+
+
+def pad_into(out: np.ndarray, array: np.ndarray) -> np.ndarray:
+    """Write ``array`` into the leading corner of ``out`` (casting to its dtype) and zero the rest:
+    one pass over ``out``, for a buffer that is allocated once and filled member by member."""
+    corner = tuple(slice(0, s) for s in array.shape)
+    out[corner] = array
+    for axis, size in enumerate(array.shape):  # the margins, disjoint: beyond the array along `axis` only
+        out[corner[:axis] + (slice(size, None),)] = 0
+    return out
+
+
+def stack_padded(arrays: list) -> jax.Array:
+    """Stack ``arrays`` (all numpy, or JAX) along a new leading axis, each zero-padded at the end of
+    every axis to the largest shape, as one device array.
+
+    Host arrays are written into one 64-byte-aligned buffer that the CPU device adopts as is
+    (``may_alias``), so the stack crosses to the device without a second copy; the buffer is new for
+    every call and never written again, so the alias is safe.
+    """
+    shape = tuple(int(s) for s in np.max([np.shape(a) for a in arrays], axis=0)) if np.ndim(arrays[0]) else ()
+    if all(isinstance(a, np.ndarray) for a in arrays):
+        out = aligned_empty((len(arrays),) + shape, arrays[0].dtype)
+        for i, a in enumerate(arrays):
+            if shape:
+                pad_into(out[i], a)
+            else:
+                out[i] = a
+        return jax.device_put(out, may_alias=True)
+    return jnp.stack([jnp.pad(jnp.asarray(a), [(0, s - d) for s, d in zip(shape, np.shape(a))]) for a in arrays])
+
+
+def stack_members(members: list[dict]) -> dict[str, jax.Array]:
+    """Dicts of arrays, one per batch member with the same keys, as one dict of stacks
+    (:func:`stack_padded`): arrays whose sizes differ between members are zero-padded to the largest,
+    which the J-K backends treat as no work (zero integrals, zero rows)."""
+    if len({tuple(sorted(m)) for m in members}) != 1:
+        raise ValueError("a batch needs one J-K layout (the tile plans chose different strategies)")
+    return {key: stack_padded([m[key] for m in members]) for key in members[0]}

@@ -21,7 +21,7 @@ import numpy as np
 
 from .host import HostProblem
 from .jk import JKBackend
-from .padding import aligned_empty, bucket, pad_to
+from .padding import aligned_empty, bucket, pad_into, pad_to, stack_padded
 
 VIRTUAL_SHIFT = 10.0  # Hartree; above any real orbital energy of the supported bases
 
@@ -59,75 +59,77 @@ def padded_sizes(host: HostProblem) -> tuple[int, int]:
 def build_problem(host: HostProblem, backend: JKBackend, dtype, sizes: tuple[int, int] | None = None) -> SCFProblem:
     """Pad ``host`` to ``sizes`` (default :func:`padded_sizes`) and cast to ``dtype``.
 
-    The host-side fields stay numpy arrays (a jitted call transfers them; :func:`stack_problems`
-    stacks a batch on the host first, so it crosses to the device once); the J-K backend's arrays
-    are whatever its ``prepare`` made, device arrays for ``ipu``.
+    The host-side fields stay numpy arrays (a jitted call transfers them); the J-K backend's arrays
+    are whatever its ``prepare`` made, device arrays for ``ipu``. :func:`build_batch` does the same
+    for the conformers of a batch, stacked.
     """
+    npad, gpad = sizes = sizes or padded_sizes(host)
+    arrays = _padded_arrays(host, sizes)
+    ao = pad_to(host.ao, (4, gpad, npad), dtype)  # the largest array: cast while padding
+    jk = backend.prepare(host.eri_s8, host.nao, npad, dtype)
+    return SCFProblem(**{k: np.asarray(v, dtype) for k, v in arrays.items()}, ao=ao, jk=jk)
+
+
+def batch_members(hosts: list[HostProblem], batch_size: int | None) -> list[HostProblem]:
+    """``hosts`` padded to ``batch_size`` by repeating the last, so that a short final batch reuses
+    the compiled loop of a full one (callers drop those extra results)."""
+    return list(hosts) + [hosts[-1]] * max(0, (batch_size or 0) - len(hosts))
+
+
+def build_batch(hosts: list[HostProblem], backend: JKBackend, dtype, sizes: tuple[int, int] | None = None) -> SCFProblem:
+    """The conformers ``hosts`` (the same atoms) as one problem with a leading batch axis, for the
+    vmapped loop: :func:`build_problem` of each, stacked.
+
+    ``sizes`` defaults to the largest :func:`padded_sizes` of the batch (see :func:`batch_members`
+    to pad the batch itself). Each conformer's AO values are cast and padded straight
+    into their slot of the batch's array (one pass over 14 MB per 9-heavy-atom conformer, where
+    padding each and then stacking took two), and the J-K arrays come from the backend's
+    ``prepare_batch``, which builds them for the whole batch at once where it can.
+    """
+    if len({h.nao for h in hosts}) != 1:
+        raise ValueError("a batch needs conformers of one molecule: their AO counts differ")
+    npad, gpad = sizes = sizes or tuple(int(s) for s in np.max([padded_sizes(h) for h in hosts], axis=0))
+    arrays = [_padded_arrays(h, sizes) for h in hosts]
+    ao = aligned_empty((len(hosts), 4, gpad, npad), dtype)
+    for slot, host in zip(ao, hosts):
+        pad_into(slot, host.ao)
+    return SCFProblem(
+        **{k: stack_padded([np.asarray(a[k], dtype) for a in arrays]) for k in arrays[0]},
+        ao=jax.device_put(ao, may_alias=True),  # new and never written again: the device may adopt it
+        jk=backend.prepare_batch([h.eri_s8 for h in hosts], hosts[0].nao, npad, dtype),
+    )
+
+
+def _padded_arrays(host: HostProblem, sizes: tuple[int, int]) -> dict[str, np.ndarray]:
+    """The problem's arrays but the AO values and the J-K data, padded to ``sizes``, in float64."""
     n, g = host.nao, host.grid_points
-    npad, gpad = sizes or padded_sizes(host)
+    npad, gpad = sizes
     if npad < n or gpad < g:
         raise ValueError(f"padded sizes {(npad, gpad)} are smaller than the problem's {(n, g)}")
     m = host.orthogonaliser.shape[1]
-    overlap = pad_to(host.overlap, (npad, npad))
-    overlap[n:, n:] = np.eye(npad - n)
-    shift = np.where(np.arange(npad) < m, 0.0, VIRTUAL_SHIFT)
-    occupation = np.where(np.arange(npad) < host.nocc, 2.0, 0.0)
-    arrays = dict(
+    return dict(
         hcore=pad_to(host.hcore, (npad, npad)),
-        overlap=overlap,
+        overlap=padded_overlap(host.overlap, npad),
         orthogonaliser=pad_to(host.orthogonaliser, (npad, npad)),
-        virtual_shift=shift,
+        virtual_shift=np.where(np.arange(npad) < m, 0.0, VIRTUAL_SHIFT),
         density_guess=pad_to(host.density_guess, (npad, npad)),
-        occupation=occupation,
+        occupation=np.where(np.arange(npad) < host.nocc, 2.0, 0.0),
         nuclear_repulsion=np.asarray(host.nuclear_repulsion),
-        ao=pad_to(host.ao, (4, gpad, npad), dtype),  # the largest array: cast while padding
         weights=pad_to(host.grid_weights, (gpad,)),
     )
-    jk = backend.prepare(host.eri_s8, n, npad, dtype)
-    return SCFProblem(**{k: np.asarray(v, dtype) for k, v in arrays.items()}, jk=jk)
 
 
-def stack_problems(problems: list[SCFProblem], batch_size: int | None = None) -> SCFProblem:
-    """Stack problems of equal padded shapes along a new leading axis, for a vmapped loop.
-
-    The J-K backends' arrays may differ in size between conformers (e.g. the number of unique
-    integrals); they are zero-padded to the largest, which every backend treats as no work (zero
-    integrals, zero rows). ``batch_size`` pads the batch itself by repeating the last problem, so a
-    short final batch reuses the compiled loop; callers drop those extra results.
-    """
-    shapes = {p.shapes for p in problems}
-    if len(shapes) != 1:
-        raise ValueError(f"a batch needs one padded shape; got {sorted(shapes)}")
-    if len({tuple(sorted(p.jk)) for p in problems}) != 1:
-        raise ValueError("a batch needs one J-K layout (the tile plans chose different strategies)")
-    problems = list(problems) + [problems[-1]] * max(0, (batch_size or 0) - len(problems))
-
-    def stack(*leaves):
-        shape = tuple(int(s) for s in np.max([np.shape(leaf) for leaf in leaves], axis=0)) if np.ndim(leaves[0]) else ()
-        if all(isinstance(leaf, np.ndarray) for leaf in leaves):
-            return host_stack(leaves, shape)
-        return jnp.stack([pad_leaf(jnp.asarray(leaf), shape) for leaf in leaves])
-
-    return jax.tree.map(stack, *problems)
+def padded_overlap(overlap: np.ndarray, npad: int) -> np.ndarray:
+    """The overlap matrix padded to (npad, npad), with a unit diagonal on the padded AOs."""
+    n = overlap.shape[0]
+    out = pad_to(overlap, (npad, npad))
+    out[n:, n:] = np.eye(npad - n)
+    return out
 
 
-def pad_leaf(array, shape: tuple[int, ...]):
-    """``array`` (numpy or JAX) zero-padded at the end of each axis to ``shape``."""
-    if array.shape == shape:
-        return array
-    xp = np if isinstance(array, np.ndarray) else jnp
-    return xp.pad(array, [(0, s - d) for s, d in zip(shape, array.shape)])
-
-
-def host_stack(arrays, shape: tuple[int, ...]) -> jax.Array:
-    """Stack host arrays (zero-padded to ``shape``) into one device array, without a second copy.
-
-    The stack is written into a 64-byte-aligned buffer that the CPU device adopts as is
-    (``may_alias``): for a batch of 8 conformers of a 9-heavy-atom molecule the AO values alone are
-    110 MB, and copying them into device memory took longer than the rest of the batch's transfer.
-    The buffer is new for every call and never written again, so the alias is safe.
-    """
-    out = aligned_empty((len(arrays),) + shape, arrays[0].dtype)
-    for i, array in enumerate(arrays):
-        out[i] = pad_leaf(array, shape)
-    return jax.device_put(out, may_alias=True)
+def final_inputs(host: HostProblem, sizes: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """What the float64 finalisation (:func:`~pyscf_ipu.results.final_density`) takes from the
+    host besides the loop's arrays: the overlap (Np, Np) and the grid weights (Gp,), in float64,
+    padded to the loop's ``sizes``."""
+    npad, gpad = sizes
+    return padded_overlap(host.overlap, npad), pad_to(host.grid_weights, (gpad,))

@@ -1,7 +1,8 @@
 """The public entry points: restricted Kohn-Sham single points, molecule -> :class:`SCFResult`.
 
     host preparation (PySCF, float64) -> padded SCFProblem (float32 or float64)
-    -> jitted SCF loop -> float64 finalisation on the host
+    -> jitted SCF loop -> float64 finalisation (purification and grid pass queued on the device,
+    J/K and eigensolve on the host)
 
 :func:`run_rks` runs one molecule. :func:`submit_batch` runs conformers of one molecule (equal
 shapes) as one vmapped loop; it returns at once (JAX dispatches asynchronously), so the caller can
@@ -19,8 +20,8 @@ import numpy as np
 from .config import RKSConfig, precision_scope
 from .host import HostProblem, prepare, prepare_conformers
 from .molecule import Molecule
-from .problem import build_problem, padded_sizes, stack_problems
-from .results import SCFResult, finalise
+from .problem import batch_members, build_batch, build_problem, final_inputs, padded_sizes
+from .results import FinalDensity, SCFResult, final_density, finalise
 from .scf import LoopSettings, SCFTrace, scf_loop, scf_loop_batch
 
 
@@ -51,7 +52,9 @@ def run_rks(
         trace = jax.block_until_ready(scf_loop(problem, settings))
         timings["scf_loop"] = time.perf_counter() - t
     t = time.perf_counter()
-    result = finalise(host, trace, settings.functional, config, problem.shapes)
+    overlap, weights = final_inputs(host, sizes)
+    final = final_density(settings.functional, problem.ao, weights, trace.density, overlap)
+    result = finalise(host, trace, final, config, problem.shapes)
     timings["finalise"] = time.perf_counter() - t
     profile = settings.backend.profile(host.eri_s8, host.nao, problem.shapes[0], dtype, result.iterations)
     if profile is not None and config.integrals == "device":  # the ERIs' own tile plan on the same IPUs
@@ -72,19 +75,20 @@ class BatchRun:
     settings: LoopSettings
     shapes: tuple[int, int]
     trace: SCFTrace  # stacked, possibly still computing
+    final: FinalDensity  # stacked, queued behind the loop
     timings: dict[str, float]
     start: float
 
     def results(self) -> list[SCFResult]:
         t = time.perf_counter()
-        trace = jax.block_until_ready(self.trace)
+        trace, final = jax.device_get(jax.block_until_ready((self.trace, self.final)))
         wait = time.perf_counter() - t
         dtype = np.dtype(self.config.precision)
         out = []
         for i, host in enumerate(self.hosts):
             t = time.perf_counter()
-            member = jax.tree.map(lambda a: a[i], trace)
-            result = finalise(host, member, self.settings.functional, self.config, self.shapes)
+            member = jax.tree.map(lambda a: a[i], (trace, final))
+            result = finalise(host, *member, self.config, self.shapes)
             timings = {
                 **host.timings,
                 **{k: v / len(self.hosts) for k, v in self.timings.items()},
@@ -115,12 +119,15 @@ def submit_batch(
     dtype = np.dtype(config.precision)
     with precision_scope(config.precision):
         t = time.perf_counter()
-        problems = stack_problems([build_problem(h, settings.backend, dtype, sizes) for h in hosts], batch_size)
+        members = batch_members(hosts, batch_size)
+        problems = build_batch(members, settings.backend, dtype, sizes)
+        overlap, weights = (np.stack(a) for a in zip(*(final_inputs(h, sizes) for h in members)))
         to_device = time.perf_counter() - t
         t = time.perf_counter()
         trace = scf_loop_batch(problems, settings)  # asynchronous: returns before the device is done
+        final = final_density(settings.functional, problems.ao, weights, trace.density, overlap)  # queued behind it
         dispatch = time.perf_counter() - t
-    return BatchRun(list(hosts), config, settings, sizes, trace, {"to_device": to_device, "dispatch": dispatch}, start)
+    return BatchRun(list(hosts), config, settings, sizes, trace, final, {"to_device": to_device, "dispatch": dispatch}, start)
 
 
 def run_rks_batch(molecules: list[Molecule], config: RKSConfig = RKSConfig(), **kwargs) -> list[SCFResult]:

@@ -226,7 +226,7 @@ def scf_loop(problem: SCFProblem, settings: LoopSettings) -> SCFTrace:
 
 @partial(jax.jit, static_argnames="settings")
 def scf_loop_batch(problems: SCFProblem, settings: LoopSettings) -> SCFTrace:
-    """:func:`scf_loop` vmapped over a leading batch axis (see ``problem.stack_problems``).
+    """:func:`scf_loop` vmapped over a leading batch axis (see ``problem.build_batch``).
 
     The batched while-loop runs until every member has stopped; members that stopped earlier keep
     their state (JAX's batched while_loop selects per member), so results equal unbatched runs.

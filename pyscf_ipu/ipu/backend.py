@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import jax
 import numpy as np
 
-from .contract import contract, layout, place
+from .contract import contract, layout, place, rows_layout_batch
 from .model import IPUModel
-from ..padding import bucket
+from ..padding import bucket, stack_members
 from .plan import TilePlan, Workload, plan, plan_on
 
 
@@ -38,6 +39,19 @@ class IPUJK:
     def prepare(self, eri_s8, nao, nao_padded, dtype):
         shape, real = self.plans(eri_s8, nao, nao_padded, dtype)
         return place(layout(shape, real, eri_s8, nao, dtype), shape.num_ipus)
+
+    def prepare_batch(self, eris, nao, nao_padded, dtype):
+        """The conformers' layouts stacked. Where they share one ``rows`` layout on one device (the
+        usual case: conformers have the same AO count and nearly the same integral count), the row
+        matrices of the whole batch are gathered by one vmapped program, straight into the stack:
+        laid out one by one and then stacked, each conformer's 20 MB of rows (9 heavy atoms,
+        STO-3G) was written twice."""
+        shapes = [self.plans(eri, nao, nao_padded, dtype)[0] for eri in eris]
+        sharded = shapes[0].num_ipus > 1 and len(jax.devices()) >= shapes[0].num_ipus  # placed IPU by IPU
+        batched = None if sharded else rows_layout_batch(shapes, eris, nao, dtype)
+        if batched is None:
+            return stack_members([self.prepare(eri, nao, nao_padded, dtype) for eri in eris])
+        return batched
 
     def contract(self, data, dm):
         return contract(data, dm)

@@ -78,25 +78,51 @@ def layout(shape_plan: TilePlan, real_plan: TilePlan, eri_s8: np.ndarray, nao: i
     decides which integrals each tile holds (s8). Rows of padded AOs are zero rows of the padded
     matrix, so rows follow ``shape_plan``.
     """
-    npad = shape_plan.workload.nao
     if shape_plan.strategy.name == "rows":
-        source = row_source(shape_plan)  # (num_ipus * T * L,) matrix row of each slot
         # Cast on the host: half the bytes to send; unpacked on the device. Padded AOs' pairs last.
-        rows = row_blocks(jnp.asarray(eri_s8.astype(dtype)), jnp.asarray(source), nao, npad)
-        npair_pad = npad * (npad + 1) // 2
-        i, j = tril_unpack(np.arange(npair_pad))  # the AOs of each pair
-        return {
-            "rows": rows.reshape(tile_shape(shape_plan) + (npair_pad,)),
-            "order": _order(shape_plan),  # (2 npair_pad,)
-            "pair_aos": np.stack([i, j]).astype(np.int32),  # (2, npair_pad)
-            "pairs": pair_index(npad),  # (Np, Np)
-        }
+        rows = row_blocks(jnp.asarray(eri_s8.astype(dtype)), jnp.asarray(row_source(shape_plan)), nao,
+                          shape_plan.workload.nao)  # fmt: skip
+        return _rows_arrays(shape_plan, rows)
     values, index = unique_quartets(eri_s8, nao)
     values = (values * degeneracy_weights(index)).astype(dtype)
     return {
         "values": _tile_blocks(shape_plan, real_plan.items, values),
         "index": _tile_blocks(shape_plan, real_plan.items, index),
     }
+
+
+def _rows_arrays(shape_plan: TilePlan, rows: jax.Array) -> dict:
+    """The ``rows`` strategy's arrays around its row blocks (R, npair_pad), or ([B,] R, npair_pad)
+    for a batch, whose other arrays then get the batch axis too."""
+    npad = shape_plan.workload.nao
+    npair_pad = npad * (npad + 1) // 2
+    batch = rows.shape[:-2]
+    i, j = tril_unpack(np.arange(npair_pad))  # the AOs of each pair
+    shared = {
+        "order": _order(shape_plan),  # (2 npair_pad,)
+        "pair_aos": np.stack([i, j]).astype(np.int32),  # (2, npair_pad)
+        "pairs": pair_index(npad),  # (Np, Np)
+    }
+    shared = {k: np.broadcast_to(v, batch + v.shape) for k, v in shared.items()}
+    return {"rows": rows.reshape(batch + tile_shape(shape_plan) + (npair_pad,)), **shared}
+
+
+def rows_layout_batch(shape_plans: list[TilePlan], eris: list[np.ndarray], nao: int, dtype) -> dict | None:
+    """:func:`layout` of a batch of conformers that share one ``rows`` plan, stacked, with the row
+    blocks of all of them gathered by one vmapped program; None if their plans differ."""
+    first = shape_plans[0]
+    source = row_source(first)
+    if first.strategy.name != "rows" or any(
+        p.strategy.name != "rows" or p.workload.nao != first.workload.nao or not np.array_equal(row_source(p), source)
+        for p in shape_plans[1:]
+    ):
+        return None
+    stacked = np.stack([eri.astype(dtype) for eri in eris])  # cast on the host: half the bytes to send
+    rows = _row_blocks_batch(jnp.asarray(stacked), jnp.asarray(source), nao, first.workload.nao)
+    return {k: jnp.asarray(v) for k, v in _rows_arrays(first, rows).items()}
+
+
+_row_blocks_batch = jax.jit(jax.vmap(row_blocks, in_axes=(0, None, None, None)), static_argnums=(2, 3))
 
 
 def place(data: dict, num_ipus: int) -> dict:
