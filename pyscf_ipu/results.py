@@ -10,7 +10,7 @@ meV. McWeeny purification in float64 restores idempotency to round-off first (me
 the float64 Fock matrix of the purified density.
 
 The work is split where its data lives. On the device, queued right behind the loop so that the
-host need not wait for it (:func:`final_density`, batched as :func:`final_density_batch`): the
+host need not wait for it (:func:`final_density`, one program for a whole batch): the
 purification and the float64 pass over the grid, which reads the loop's own AO values (in the
 loop's precision, promoted to float64 block by block; rounding them to float32 moves E_xc by at
 most 0.005 meV and V_xc by 7e-8 Hartree on 9-heavy-atom molecules, so no float64 copy of the
@@ -145,7 +145,8 @@ def final_density(functional: Functional, ao, weights, density, overlap: np.ndar
 
     ``ao`` (4, Gp, Np) and ``weights`` (Gp,) are the loop's own arrays, ``density`` (Np, Np) its
     last density and ``overlap`` the float64 overlap padded to (Np, Np) (unit diagonal on padding).
-    With a leading batch axis on every argument, the batch runs as one vmapped program.
+    With a leading batch axis on every argument, the batch runs as one program, conformer after
+    conformer.
     """
     with jax.enable_x64(True):  # the float64 arrays stay float64 inside
         kernel = _final_density_batch if np.ndim(overlap) == 3 else _final_density
