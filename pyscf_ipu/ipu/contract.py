@@ -111,11 +111,8 @@ def rows_layout_batch(shape_plans: list[TilePlan], eris: list[np.ndarray], nao: 
     """:func:`layout` of a batch of conformers that share one ``rows`` plan, stacked, with the row
     blocks of all of them gathered by one vmapped program; None if their plans differ."""
     first = shape_plans[0]
-    source = row_source(first)
-    if first.strategy.name != "rows" or any(
-        p.strategy.name != "rows" or p.workload.nao != first.workload.nao or not np.array_equal(row_source(p), source)
-        for p in shape_plans[1:]
-    ):
+    source = row_source(first)  # with one padded AO count (the caller's), equal sources mean one layout
+    if any(p.strategy.name != "rows" or not np.array_equal(row_source(p), source) for p in shape_plans):
         return None
     stacked = np.stack([eri.astype(dtype) for eri in eris])  # cast on the host: half the bytes to send
     rows = _row_blocks_batch(jnp.asarray(stacked), jnp.asarray(source), nao, first.workload.nao)
