@@ -56,24 +56,24 @@ def pad_into(out: np.ndarray, array: np.ndarray) -> np.ndarray:
     return out
 
 
-def stack_padded(arrays: list) -> jax.Array:
+def stack_padded(arrays: list, dtype=None) -> jax.Array:
     """Stack ``arrays`` (all numpy, or JAX) along a new leading axis, each zero-padded at the end of
-    every axis to the largest shape, as one device array.
+    every axis to the largest shape, as one device array (of ``dtype``, default the first array's).
 
-    Host arrays are written into one 64-byte-aligned buffer that the CPU device adopts as is
-    (``may_alias``), so the stack crosses to the device without a second copy; the buffer is new for
-    every call and never written again, so the alias is safe.
+    Host arrays are written (and cast) into one 64-byte-aligned buffer that the CPU device adopts as
+    is (``may_alias``), so the stack crosses to the device without a second copy; the buffer is new
+    for every call and never written again, so the alias is safe.
     """
     shape = tuple(int(s) for s in np.max([np.shape(a) for a in arrays], axis=0)) if np.ndim(arrays[0]) else ()
     if all(isinstance(a, np.ndarray) for a in arrays):
-        out = aligned_empty((len(arrays),) + shape, arrays[0].dtype)
+        out = aligned_empty((len(arrays),) + shape, dtype or arrays[0].dtype)
         for i, a in enumerate(arrays):
             if shape:
                 pad_into(out[i], a)
             else:
                 out[i] = a
         return jax.device_put(out, may_alias=True)
-    return jnp.stack([jnp.pad(jnp.asarray(a), [(0, s - d) for s, d in zip(shape, np.shape(a))]) for a in arrays])
+    return jnp.stack([jnp.pad(jnp.asarray(a, dtype), [(0, s - d) for s, d in zip(shape, np.shape(a))]) for a in arrays])
 
 
 def stack_members(members: list[dict]) -> dict[str, jax.Array]:

@@ -132,3 +132,43 @@ def test_conformers_prepared_together_match_libcint_one_by_one():
     assert np.abs(hosts[0].eri_s8 - hosts[1].eri_s8).max() > 1e-3  # each at its own geometry
     with pytest.raises(ValueError, match="same atoms in the same order"):
         prepare_conformers([water, from_name("methane")], RKSConfig(integrals="device"), needs_grid=False)
+
+
+@pytest.mark.parametrize("basis", ["sto-3g", "6-31g*"])
+def test_device_grid_and_ao_values_match_pyscf(basis):
+    """With device integrals the grid is partitioned and the AO values evaluated on the device.
+
+    Each conformer's points and weights equal PySCF's level-0 RKS grid (its two zero-weight alignment
+    points aside) to float64 round-off (1e-12); the float32 AO values and gradients that build_problem
+    and build_batch evaluate equal PySCF's ``eval_ao`` within 3e-6 relative to max(1, |value|), the
+    bound of tests/test_integrals.py, with zeros on the padded points and AOs. 6-31G* has d shells,
+    which go through the spherical transform; STO-3G has none, which skips it.
+    """
+    from pyscf_ipu.jk import get_jk_backend
+    from pyscf_ipu.problem import build_batch, build_problem
+
+    water = from_name("water")
+    rng = np.random.default_rng(5)
+    conformers = [water.with_positions(water.positions + 0.1 * rng.normal(size=water.positions.shape))
+                  for _ in range(2)]  # fmt: skip
+    config = RKSConfig(basis=basis, integrals="device")
+    hosts = [prepare(c, config) for c in conformers]  # one conformer per call: the ERI program of the tests above
+    backend = get_jk_backend("dense")
+    sizes = (hosts[0].nao + 3, 256 * (hosts[0].grid_points // 256 + 1))
+    batch = build_batch(hosts, backend, np.float32, sizes)
+    for k, host in enumerate(hosts):
+        assert host.ao is None
+        grids = dft.gen_grid.Grids(host.mol)
+        grids.level = 0
+        grids.build(with_non0tab=False, sort_grids=False)
+        real = grids.atm_idx >= 0  # PySCF marks its alignment padding with atom -1
+        np.testing.assert_allclose(host.grid_coords, grids.coords[real], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(host.grid_weights, grids.weights[real], rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(host.grid_owners, grids.atm_idx[real])
+        reference = dft.numint.eval_ao(host.mol, host.grid_coords, deriv=1)
+        ao = np.asarray(build_problem(host, backend, np.float32, sizes).ao, np.float64)
+        n, g = host.nao, host.grid_points
+        error = np.abs(ao[:, :g, :n] - reference) / np.maximum(1.0, np.abs(reference))
+        assert error.max() <= 3e-6, error.max()
+        assert not ao[:, g:].any() and not ao[:, :, n:].any()
+        np.testing.assert_array_equal(np.asarray(batch.ao[k]), ao.astype(np.float32))

@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from ..eri import degeneracy_weights, pair_index, row_blocks, s8_accumulate, symmetrise, tril_unpack
 from ..eri import unique_quartets, unpack_pairs
+from ..padding import stack_padded
 from .plan import TilePlan
 
 IPU_AXIS = "ipu"
@@ -114,8 +115,8 @@ def rows_layout_batch(shape_plans: list[TilePlan], eris: list[np.ndarray], nao: 
     source = row_source(first)  # with one padded AO count (the caller's), equal sources mean one layout
     if any(p.strategy.name != "rows" or not np.array_equal(row_source(p), source) for p in shape_plans):
         return None
-    stacked = np.stack([eri.astype(dtype) for eri in eris])  # cast on the host: half the bytes to send
-    rows = _row_blocks_batch(jnp.asarray(stacked), jnp.asarray(source), nao, first.workload.nao)
+    stacked = stack_padded([np.asarray(eri) for eri in eris], dtype)  # cast on the host: half the bytes to send
+    rows = _row_blocks_batch(stacked, jnp.asarray(source), nao, first.workload.nao)
     return {k: jnp.asarray(v) for k, v in _rows_arrays(first, rows).items()}
 
 
