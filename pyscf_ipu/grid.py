@@ -37,6 +37,7 @@ from pyscf import dft, gto
 from pyscf.dft import radi
 
 
+@jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class AtomGrids:
     """The geometry-independent part of a molecule's grid: each point relative to its own atom."""
@@ -84,3 +85,8 @@ def grid_points_and_weights(grids: AtomGrids, coords) -> tuple[jax.Array, jax.Ar
     cell = jnp.prod(jnp.where(off_diagonal, 0.5 * (1.0 - nu), 1.0), axis=-1)  # (G, A): P_A(r_g)
     own = jnp.take_along_axis(cell, owner[:, None], axis=1)[:, 0]
     return points, jnp.asarray(grids.volumes, dtype) * own / jnp.sum(cell, axis=-1)
+
+
+# conformers at once; the grids are arguments, not constants, so one program serves every molecule
+# whose padded point count and atom count agree
+grid_points_and_weights_batch = jax.jit(jax.vmap(grid_points_and_weights, in_axes=(None, 0)))

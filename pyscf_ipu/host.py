@@ -255,13 +255,17 @@ def ao_template(basis: str, elements: tuple[str, ...]) -> AOTables:
 
 
 @lru_cache(maxsize=64)
-def _device_grid_program(basis: str, elements: tuple[str, ...], level: int):
-    """(the atoms' grids, a jitted program (C, natm, 3) -> points (C, G, 3), weights (C, G)) for a
-    molecule's conformers: PySCF's grid definition, Becke-partitioned on the device (:mod:`.grid`)."""
-    from .grid import atom_grids, grid_points_and_weights
+def _atom_grids(basis: str, elements: tuple[str, ...], level: int):
+    """The atoms' grids of a molecule (geometry independent), padded to a bucketed point count with
+    zero-volume points, so that molecules of similar size share one compiled Becke program."""
+    from .grid import atom_grids
+    from .padding import bucket
 
     grids = atom_grids(_placeholder_mole(basis, elements), level)
-    return grids, jax.jit(jax.vmap(lambda coords: grid_points_and_weights(grids, coords)))
+    extra = bucket(len(grids.volumes), minimum=256) - len(grids.volumes)
+    padded = replace(grids, offsets=np.pad(grids.offsets, ((0, extra), (0, 0))), volumes=np.pad(grids.volumes, (0, extra)),
+                     owner=np.pad(grids.owner, (0, extra)))  # fmt: skip
+    return padded, len(grids.volumes)
 
 
 def device_grids(mols: list[gto.Mole], basis: str, level: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -269,11 +273,13 @@ def device_grids(mols: list[gto.Mole], basis: str, level: int) -> list[tuple[np.
     from one device program: the points and weights of PySCF's grid at ``level`` without its
     zero-weight alignment padding (equal to PySCF's to 1e-12; host Becke partitioning took 10 ms per
     9-heavy-atom conformer)."""
-    grids, program = _device_grid_program(basis, _same_atoms(mols), level)
+    from .grid import grid_points_and_weights_batch
+
+    grids, count = _atom_grids(basis, _same_atoms(mols), level)
     coords = _conformer_coords(mols)
     with jax.enable_x64(True):
-        points, weights = (np.asarray(a) for a in program(jnp.asarray(coords)))
-    return [(points[k], weights[k], grids.owner) for k in range(len(mols))]
+        points, weights = (np.asarray(a[:, :count]) for a in grid_points_and_weights_batch(grids, jnp.asarray(coords)))
+    return [(points[k], weights[k], grids.owner[:count]) for k in range(len(mols))]
 
 
 def _placeholder_mole(basis: str, elements: tuple[str, ...]) -> gto.Mole:
