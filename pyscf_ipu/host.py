@@ -25,7 +25,7 @@ from pyscf.lib.exceptions import BasisNotFoundError
 from pyscf.scf import addons, atom_hf
 
 from .config import RKSConfig, precision_scope
-from .integrals.ao_values import AOTables
+from .integrals.ao_values import AOTables, ao_tables
 from .molecule import Molecule, MoleculeError
 
 # Eigenvalues of S below this are treated as linear dependence and projected out (PySCF's lindep).
@@ -249,8 +249,6 @@ def primitive_template(basis: str, elements: tuple[str, ...]):
 @lru_cache(maxsize=64)
 def ao_template(basis: str, elements: tuple[str, ...]) -> AOTables:
     """The :class:`~.integrals.ao_values.AOTables` of ``basis`` on these atoms (geometry independent)."""
-    from .integrals.ao_values import ao_tables
-
     return ao_tables(primitive_template(basis, elements))
 
 

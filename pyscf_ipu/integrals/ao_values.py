@@ -70,34 +70,28 @@ def ao_values(basis: PrimitiveBasis, coords: np.ndarray, owners: np.ndarray, dty
     """
     owners = np.maximum(np.asarray(owners), 0)
     offsets = np.asarray(coords, np.float64) - basis.coords[owners]  # (G, 3), float64 on the host
-    tables = ao_tables(basis)
     sizes = (basis.cart2sph.shape[1], len(owners))
-    return ao_kernel(*_constants(tables, sizes[0], dtype), *_geometry(tables, basis.coords, offsets, sizes, dtype),
-                     *_points(owners, sizes[1]))  # fmt: skip
+    return ao_values_batch(ao_tables(basis), basis.coords[None], offsets[None], owners, sizes, dtype)[0]
 
 
 def ao_values_batch(tables: AOTables, atom_coords: np.ndarray, offsets: np.ndarray, owners: np.ndarray,
                     sizes: tuple[int, int], dtype) -> jax.Array:  # fmt: skip
     """(C, 4, Gp, Np) for C geometries of one molecule on grids of the same shape: ``atom_coords``
     (C, natm, 3) Bohr, ``offsets`` (C, G, 3) each point minus its owner atom (float64, see the module
-    doc), ``owners`` (G,) shared. ``sizes`` (Np, Gp) pads the AOs and points with zeros."""
-    naos, points = sizes
-    geometry = [_geometry(tables, c, o, sizes, dtype) for c, o in zip(atom_coords, offsets)]
-    offsets, shifts = (jnp.stack(a) for a in zip(*geometry))
-    return _ao_kernel_batch(*_constants(tables, naos, dtype), offsets, shifts, *_points(owners, points))
+    doc), ``owners`` (G,) shared. ``sizes`` (Np, Gp) pads the AOs and points with zeros.
 
-
-def _geometry(tables: AOTables, atom_coords: np.ndarray, offsets: np.ndarray, sizes: tuple[int, int], dtype):
-    """The geometry's arguments of :func:`ao_kernel`: the offsets padded to Gp points, and each AO
-    centre relative to each atom (natm, Nc', 3), formed in float64 on the host; Nc' counts the dummy
-    AOs that pad an untransformed basis to Np columns (zero coefficients: they sit anywhere)."""
+    The geometry enters as the padded offsets and as each AO centre relative to each atom
+    (C, natm, Nc', 3), both formed in float64 on the host; Nc' counts the dummy AOs that pad an
+    untransformed basis to Np columns (zero coefficients: they sit anywhere).
+    """
     naos, points = sizes
-    shifts = atom_coords[:, None, :] - atom_coords[tables.atom][None, :, :]  # atom minus AO centre
+    shifts = atom_coords[:, :, None, :] - atom_coords[:, tables.atom][:, None, :, :]  # atom minus AO centre
     if tables.cart2sph is None:
-        shifts = np.pad(shifts, ((0, 0), (0, naos - shifts.shape[1]), (0, 0)))
-    padded = np.zeros((points, 3))
-    padded[: len(offsets)] = offsets
-    return jnp.asarray(padded, dtype), jnp.asarray(shifts, dtype)
+        shifts = np.pad(shifts, ((0, 0), (0, 0), (0, naos - shifts.shape[2]), (0, 0)))
+    padded = np.zeros((len(offsets), points, 3))
+    padded[:, : offsets.shape[1]] = offsets
+    floats = (jnp.asarray(padded, dtype), jnp.asarray(shifts, dtype))
+    return _ao_kernel_batch(*_constants(tables, naos, dtype), *floats, *_points(owners, points))
 
 
 def _points(owners: np.ndarray, points: int):
@@ -122,7 +116,7 @@ def _constants(tables: AOTables, naos: int, dtype) -> tuple:
 
 @jax.jit
 def ao_kernel(exponents, coefficients, derivative_coefficients, powers, cart2sph, offsets, shifts, owners, count):
-    r"""(4, G, N) values and x/y/z gradients (see :func:`_constants`, :func:`_geometry`, :func:`_points`).
+    r"""(4, G, N) values and x/y/z gradients (see :func:`_constants`, :func:`ao_values_batch`, :func:`_points`).
 
     Per Cartesian AO :math:`\phi = x^i y^j z^l R(r^2)` with the contracted radial part
     :math:`R = \sum_k c_k e^{-a_k r^2}` and :math:`R' = \sum_k (-2 a_k c_k) e^{-a_k r^2}`:
