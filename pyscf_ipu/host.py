@@ -41,7 +41,8 @@ class HostProblem:
     nocc: int
     overlap: np.ndarray  # (N, N)
     hcore: np.ndarray  # (N, N)  T + V
-    eri_s8: np.ndarray  # (N(N+1)/2 * (N(N+1)/2 + 1) / 2,)  screened, PySCF's s8 packing
+    eri_s8: np.ndarray  # (N(N+1)/2 * (N(N+1)/2 + 1) / 2,)  screened, PySCF's s8 packing; float64 from
+    # libcint, or in the run's precision from the device integrals (then read-only)
     eri_kept: int  # non-zero unique integrals after screening
     orthogonaliser: np.ndarray  # (N, M)  X with X^T S X = 1, M <= N
     density_guess: np.ndarray  # (N, N)  MINAO
@@ -203,13 +204,16 @@ def device_one_electron(mols: list[gto.Mole], basis: str) -> list[tuple[np.ndarr
 
 def device_eri_s8(mols: list[gto.Mole], basis: str, precision: str) -> list[np.ndarray]:
     """The s8 ERIs of each conformer in ``mols`` (same atoms) from :mod:`pyscf_ipu.integrals.eri`,
-    in ``precision``, as float64 host arrays; conformers beyond one run as one batch."""
+    computed in ``precision`` (conformers beyond one as one batch) and kept in it: read-only numpy
+    views of the device's buffer (no copy on a CPU), which the J-K layout reads as they are. A
+    float64 copy (for libcint's contraction) took 6-11 ms per 9-heavy-atom conformer, mostly
+    first-touching new memory, and the finalisation contracts these on the device instead."""
     from .integrals.eri import eri_s8 as device_eris
 
     plan = eri_plan(basis, _same_atoms(mols))
     coords = _conformer_coords(mols)
     with precision_scope(precision):
-        eris = np.asarray(device_eris(plan, coords[0] if len(mols) == 1 else coords, precision), np.float64)
+        eris = np.asarray(device_eris(plan, coords[0] if len(mols) == 1 else coords, precision))
     return [eris] if len(mols) == 1 else list(eris[: len(mols)])
 
 

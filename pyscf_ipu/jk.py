@@ -63,6 +63,7 @@ class DenseJK:
     name: str = "dense"
 
     def prepare(self, eri_s8, nao, nao_padded, dtype):
+        eri_s8 = np.asarray(eri_s8, np.float64)  # device integrals come in float32; ao2mo reads doubles
         eri = ao2mo.restore(1, eri_s8, nao).astype(dtype)  # (N, N, N, N)
         return _dense_matrices(jnp.asarray(eri), nao_padded)
 

@@ -119,6 +119,7 @@ def plot_eri(eri_s8: np.ndarray, nao: int, path: str | Path, *, threshold: float
     """
     from pyscf import ao2mo
 
+    eri_s8 = np.asarray(eri_s8, np.float64)  # device integrals come in float32; ao2mo reads doubles
     full = ao2mo.restore(1, eri_s8, nao).reshape(nao * nao, nao * nao)
     npair = nao * (nao + 1) // 2
     s4 = ao2mo.restore(4, eri_s8, nao)  # (npair, npair)

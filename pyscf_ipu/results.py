@@ -14,8 +14,11 @@ host need not wait for it (:func:`final_density`, one program for a whole batch)
 purification and the float64 pass over the grid, which reads the loop's own AO values (in the
 loop's precision, promoted to float64 block by block; rounding them to float32 moves E_xc by at
 most 0.005 meV and V_xc by 7e-8 Hartree on 9-heavy-atom molecules, so no float64 copy of the
-largest array is made or sent). On the host (:func:`finalise`): libcint's s8 J/K contraction, the
-Fock matrix and one small eigensolve.
+largest array is made or sent). J and K are contracted there too when the loop's integrals are as
+exact as any the host holds (device integrals: the same float32 numbers), by the loop's own J-K
+backend in float64 (its float32 integrals promoted, the sums in float64); with host integrals in a
+float32 loop, the host's float64 s8 ERIs go through libcint's contraction instead. On the host
+(:func:`finalise`): the Fock matrix and one small eigensolve.
 """
 
 from __future__ import annotations
@@ -122,35 +125,47 @@ class FinalDensity:
     exc: jax.Array  # ()  E_xc at it
     vxc: jax.Array  # (Np, Np)  V_xc at it
     electrons: jax.Array  # ()  the electron count on the grid (NaN without a grid)
+    coulomb: jax.Array | None = None  # (Np, Np)  J at it, when the device contracts (else None: the host does)
+    exchange: jax.Array | None = None  # (Np, Np)  K at it, likewise
 
 
-@partial(jax.jit, static_argnums=0)
-def _final_density(functional: Functional, ao, weights, density, overlap) -> FinalDensity:
+@partial(jax.jit, static_argnums=(0, 5))
+def _final_density(functional: Functional, ao, weights, density, overlap, backend=None, jk=None) -> FinalDensity:
     dm = purify(density.astype(overlap.dtype), overlap)
+    vj, vk = backend.contract(jk, dm) if backend is not None else (None, None)  # float32 ERIs, float64 sums
     if not functional.pieces:  # Hartree-Fock: no grid
-        return FinalDensity(dm, jnp.zeros((), dm.dtype), jnp.zeros_like(dm), jnp.full((), jnp.nan, dm.dtype))
+        zero, nan = jnp.zeros((), dm.dtype), jnp.full((), jnp.nan, dm.dtype)
+        return FinalDensity(dm, zero, jnp.zeros_like(dm), nan, vj, vk)
     exc, vxc = xc_energy_and_potential(functional, ao, weights, dm)
-    return FinalDensity(dm, exc, vxc, electron_count(ao, weights, dm))
+    return FinalDensity(dm, exc, vxc, electron_count(ao, weights, dm), vj, vk)
 
 
 # Conformers one after another (lax.map), not vmapped: each one's grid blocks then stay cache-sized
 # (measured, 8 conformers of a 53-AO molecule: 13 ms per conformer mapped, 21 vmapped).
 _final_density_batch = jax.jit(
-    lambda functional, *arrays: jax.lax.map(lambda member: _final_density(functional, *member), arrays),
-    static_argnums=0)
+    lambda functional, backend, *arrays: jax.lax.map(
+        lambda member: _final_density(functional, *member[:4], backend, *member[4:]), arrays),
+    static_argnums=(0, 1))
 
 
-def final_density(functional: Functional, ao, weights, density, overlap: np.ndarray) -> FinalDensity:
+def final_density(functional: Functional, ao, weights, density, overlap: np.ndarray, backend=None,
+                  jk: dict | None = None) -> FinalDensity:  # fmt: skip
     """Dispatch the float64 purification and grid pass (asynchronous: returns before it is done).
 
     ``ao`` (4, Gp, Np) and ``weights`` (Gp,) are the loop's own arrays, ``density`` (Np, Np) its
     last density and ``overlap`` the float64 overlap padded to (Np, Np) (unit diagonal on padding).
-    With a leading batch axis on every argument, the batch runs as one program, conformer after
-    conformer.
+    With the loop's J-K ``backend`` and its arrays ``jk``, J and K of the purified density are
+    contracted here as well, in float64. With a leading batch axis on every argument, the batch runs
+    as one program, conformer after conformer.
     """
+    if (backend is None) != (jk is None):
+        raise ValueError("final_density needs both the J-K backend and its arrays, or neither")
+    extra = () if jk is None else (jk,)
     with jax.enable_x64(True):  # the float64 arrays stay float64 inside
-        kernel = _final_density_batch if np.ndim(overlap) == 3 else _final_density
-        return kernel(functional, ao, weights, density, jnp.asarray(overlap, jnp.float64))
+        overlap = jnp.asarray(overlap, jnp.float64)
+        if np.ndim(overlap) == 3:
+            return _final_density_batch(functional, backend, ao, weights, density, overlap, *extra)
+        return _final_density(functional, ao, weights, density, overlap, backend, *extra)
 
 
 def finalise(
@@ -168,7 +183,10 @@ def finalise(
     n = host.nao
     dm = np.asarray(final.density, np.float64)[:n, :n]
     ax = get_functional(config.xc).hf_exchange
-    vj, vk = pyscf_scf.hf.dot_eri_dm(host.eri_s8, dm, hermi=1)
+    if final.coulomb is not None:  # contracted on the device
+        vj, vk = (np.asarray(a, np.float64)[:n, :n] for a in (final.coulomb, final.exchange))
+    else:
+        vj, vk = pyscf_scf.hf.dot_eri_dm(host.eri_s8, dm, hermi=1)
     exc, vxc, electrons = float(final.exc), np.asarray(final.vxc, np.float64)[:n, :n], float(final.electrons)
     fock = host.hcore + vj - 0.5 * ax * vk + vxc
     terms = {

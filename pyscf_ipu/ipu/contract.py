@@ -134,7 +134,14 @@ def place(data: dict, num_ipus: int) -> dict:
 
 
 def _rows_compute(rows, dm_pairs):
-    """Compute step of one IPU: (T, L, npair) row blocks x replicated density pairs -> (T, L)."""
+    """Compute step of one IPU: (T, L, npair) row blocks x replicated density pairs -> (T, L).
+
+    Float32 rows with a float64 density (the finalisation's J and K) are widened as they are read,
+    in one fused multiply-and-sum: a matmul would first write a float64 copy of every row (measured,
+    53 AOs: 5.2 ms per conformer against 2.8).
+    """
+    if rows.dtype != dm_pairs.dtype:
+        return jnp.sum(rows.astype(dm_pairs.dtype) * dm_pairs, axis=-1)
     return jax.vmap(lambda block: block @ dm_pairs)(rows)
 
 
