@@ -205,7 +205,7 @@ def device_one_electron(mols: list[gto.Mole], basis: str) -> list[tuple[np.ndarr
 def device_eri_s8(mols: list[gto.Mole], basis: str, precision: str) -> list[np.ndarray]:
     """The s8 ERIs of each conformer in ``mols`` (same atoms) from :mod:`pyscf_ipu.integrals.eri`,
     computed in ``precision`` (conformers beyond one as one batch) and kept in it: read-only numpy
-    views of the device's buffer (no copy on a CPU), which the J-K layout reads as they are. A
+    views of the device's buffer (no copy on a CPU), which the J-K layout stacks as they are. A
     float64 copy (for libcint's contraction) took 6-11 ms per 9-heavy-atom conformer, mostly
     first-touching new memory, and the finalisation contracts these on the device instead."""
     from .integrals.eri import eri_s8 as device_eris

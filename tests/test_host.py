@@ -144,6 +144,7 @@ def test_device_integrals_finalise_j_and_k_on_the_device():
     from pyscf import scf
 
     from pyscf_ipu.rks import run_rks, submit_batch
+    from pyscf_ipu.xc.functionals import get_functional
 
     water = from_name("water")
     config = RKSConfig(integrals="device")
@@ -154,7 +155,7 @@ def test_device_integrals_finalise_j_and_k_on_the_device():
     for host, result in zip([hosts[0], *hosts], results):
         vj, vk = scf.hf.dot_eri_dm(np.asarray(host.eri_s8, np.float64), result.density, hermi=1)
         assert result.energy_terms["coulomb"] == pytest.approx(0.5 * np.sum(result.density * vj), abs=1e-9)
-        exchange = -0.25 * 0.2 * np.sum(result.density * vk)  # B3LYP: 20% exact exchange
+        exchange = -0.25 * get_functional(config.xc).hf_exchange * np.sum(result.density * vk)
         assert result.energy_terms["exact_exchange"] == pytest.approx(exchange, abs=1e-8)
     assert abs(results[1].energy - results[2].energy) > 1e-4  # each conformer its own
 

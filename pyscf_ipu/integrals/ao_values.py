@@ -23,6 +23,7 @@ this way; benzene STO-3G 1.3e-6, QM9 21989 6-31G* 1.5e-6.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import jax
 import jax.numpy as jnp
 import numpy as np

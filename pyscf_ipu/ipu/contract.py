@@ -118,7 +118,7 @@ def rows_layout_batch(shape_plans: list[TilePlan], eris: list[np.ndarray], nao: 
     source = row_source(first)  # with one padded AO count (the caller's), equal sources mean one layout
     if any(p.strategy.name != "rows" or not np.array_equal(row_source(p), source) for p in shape_plans):
         return None
-    stacked = stack_padded(list(eris), dtype)  # cast on the host: half the bytes to send
+    stacked = stack_padded(eris, dtype)  # libcint's float64 cast on the host: half the bytes to send
     rows = _tiled_rows(stacked, jnp.asarray(source), nao, first.workload.nao, tile_shape(first))
     return {k: jnp.asarray(v) for k, v in _rows_arrays(first, rows).items()}
 
