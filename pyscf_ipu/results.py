@@ -34,7 +34,7 @@ from pyscf import scf as pyscf_scf
 
 from .config import RKSConfig
 from .host import HostProblem
-from .numint import electron_count, xc_energy_and_potential
+from .numint import xc_energy_and_potential
 from .scf import SCFTrace
 from .units import HARTREE_TO_EV
 from .xc.functionals import Functional, get_functional
@@ -133,11 +133,8 @@ class FinalDensity:
 def _final_density(functional: Functional, ao, weights, density, overlap, backend=None, jk=None) -> FinalDensity:
     dm = purify(density.astype(overlap.dtype), overlap)
     vj, vk = backend.contract(jk, dm) if backend is not None else (None, None)  # float32 ERIs, float64 sums
-    if not functional.pieces:  # Hartree-Fock: no grid
-        zero, nan = jnp.zeros((), dm.dtype), jnp.full((), jnp.nan, dm.dtype)
-        return FinalDensity(dm, zero, jnp.zeros_like(dm), nan, vj, vk)
-    exc, vxc = xc_energy_and_potential(functional, ao, weights, dm)
-    return FinalDensity(dm, exc, vxc, electron_count(ao, weights, dm), vj, vk)
+    exc, vxc, electrons = xc_energy_and_potential(functional, ao, weights, dm)  # no grid work for Hartree-Fock
+    return FinalDensity(dm, exc, vxc, electrons, vj, vk)
 
 
 # Conformers one after another (lax.map), not vmapped: each one's grid blocks then stay cache-sized

@@ -81,7 +81,7 @@ def fock_and_energy(problem: SCFProblem, settings: LoopSettings, dm):
     functional = settings.functional
     ax = functional.hf_exchange
     vj, vk = settings.backend.contract(problem.jk, dm)
-    exc, vxc = xc_energy_and_potential(functional, problem.ao, problem.weights, dm)
+    exc, vxc, _ = xc_energy_and_potential(functional, problem.ao, problem.weights, dm)
     fock = problem.hcore + vj - (0.5 * ax) * vk + vxc
     energy = (
         jnp.sum(dm * problem.hcore)
