@@ -7,7 +7,7 @@ matrix of pairs p = ij (i >= j), npair = N(N+1)/2. From it we derive
   the 1/degeneracy weights that let every quartet be expanded over all 8 permutations;
 - **the row matrix**: J's and K's (npair, npair) matrices stacked, whose product with the density
   on the pairs gives J and K on the pairs directly (the symmetry-reduced "rows" form, N^4/2 values),
-  gathered on the device from PySCF's s8 packing by :func:`row_blocks`.
+  gathered on the device from PySCF's s8 packing by :func:`row_matrix`.
 
 .. math::
 
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 MAX_NAO = 2**15 - 1  # AO indices are stored as int16
-ROW_BLOCK_VALUES = 2**24  # working-set size (values) of one step of row_blocks
+ROW_BLOCK_VALUES = 2**24  # working-set size (values) of one step of row_matrix
 
 
 def tril_unpack(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -80,28 +80,24 @@ def s8_to_s4(s8: jnp.ndarray, npair: int) -> jnp.ndarray:
     return s8[hi * (hi + 1) // 2 + lo]  # int32: npair(npair+1)/2 < 2^31 up to npair ~ 65k (N ~ 360)
 
 
-@partial(jax.jit, static_argnames=("nao", "nao_padded"))
-def row_blocks(s8: jnp.ndarray, source: jnp.ndarray, nao: int, nao_padded: int) -> jnp.ndarray:
-    """Rows of the symmetry-reduced J and K matrices stacked, ``[MJ diag(w); MK]``, gathered on the device.
+def row_matrix(s4: jnp.ndarray, nao: int, nao_padded: int) -> jnp.ndarray:
+    """The symmetry-reduced J and K matrices stacked, ``[MJ diag(w); MK]``, built on the device.
 
-    The full matrix is (2 npair_pad, npair_pad) for ``nao_padded`` AOs; ``row_matrix @ D_pairs``
-    with D_pairs[ij] = D[i, j] over pairs i >= j gives J on the pairs (first npair_pad entries) and
-    K on the pairs (the rest):
+    The matrix is (2 npair_pad, npair_pad) for ``nao_padded`` AOs; ``row_matrix @ D_pairs`` with
+    D_pairs[ij] = D[i, j] over pairs i >= j gives J on the pairs (first npair_pad entries) and K on
+    the pairs (the rest):
 
     - MJ[kl, ij] = (ij|kl) (PySCF's s4 form) and w = 2 off the diagonal (D_ij and D_ji), 1 on it;
     - MK[il, jk] = (ij|kl) + (ik|jl) for j > k, (ij|jl) for j = k (K_il over both orderings of j
       and k, D being symmetric).
 
-    ``s8`` is PySCF's 8-fold packing of the ``nao`` real AOs, unpacked here to the 4-fold
-    (npair, npair) s4 with (ij|kl) = s4[pair(i, j), pair(k, l)]; ``source`` (R,) names the matrix
-    row each output row holds (-1: padding). Pairs of padded AOs (numbered after the real ones) and
-    padding rows are zero. MJ is s4 scaled by columns; MK is gathered by whole rows and columns
-    (``take``), which XLA does far faster than element-wise gathers, and no index exceeds N^2, so
-    int32 never overflows. Returns (R, npair_pad).
+    ``s4`` is the 4-fold (npair, npair) form of the ``nao`` real AOs (:func:`s8_to_s4`), with
+    (ij|kl) = s4[pair(i, j), pair(k, l)]. Pairs of padded AOs (numbered after the real ones) are
+    zero. MJ is s4 scaled by columns; MK is gathered by whole rows and columns (``take``), which XLA
+    does far faster than element-wise gathers, and no index exceeds N^2, so int32 never overflows.
     """
     n = nao
     npair, npair_pad = n * (n + 1) // 2, nao_padded * (nao_padded + 1) // 2
-    s4 = s8_to_s4(s8, npair)  # (npair, npair)
     a, b = tril_unpack(np.arange(npair))  # pair p = (a, b), a >= b: numpy, fixed at trace time
     pairs = jnp.asarray(pair_index(n))  # (N, N)
     fold_columns = (a * n + b).astype(np.int32)  # (j, k), j >= k, of each column, in the (N * N) fold
@@ -121,9 +117,7 @@ def row_blocks(s8: jnp.ndarray, source: jnp.ndarray, nao: int, nao_padded: int) 
     mk = jnp.take(mk, fold_columns, axis=0)  # rows (i, l), l <= i, in pair order
     mj = s4 * jnp.asarray(np.where(a == b, 1.0, 2.0), s4.dtype)  # MJ[kl, ij] w[ij]
     pad = [(0, npair_pad - npair), (0, npair_pad - npair)]
-    matrix = jnp.concatenate([jnp.pad(mj, pad), jnp.pad(mk, pad)])  # (2 npair_pad, npair_pad)
-    rows = jnp.take(matrix, jnp.maximum(source, 0), axis=0)  # the tiles' row blocks, in slot order
-    return jnp.where((source >= 0)[:, None], rows, 0.0)
+    return jnp.concatenate([jnp.pad(mj, pad), jnp.pad(mk, pad)])  # (2 npair_pad, npair_pad)
 
 
 def unpack_pairs(values: jnp.ndarray, pairs: jnp.ndarray) -> jnp.ndarray:

@@ -259,6 +259,26 @@ def test_layout_pads_only_the_last_tile():
     assert relative_error(j, ref_j) < 1e-5 and relative_error(k, ref_k) < 1e-5
 
 
+@pytest.mark.parametrize("ipus", [1, 3, 4])
+def test_rows_placement_puts_every_row_where_row_source_says(ipus):
+    """The rows layout built by slices (row_placement) equals the row matrix gathered by row_source,
+    on ragged splits over tiles and IPUs, for one conformer and for a batch of two."""
+    from pyscf_ipu.eri import row_matrix, s8_to_s4
+    from pyscf_ipu.ipu.contract import _tiled_rows, row_placement, row_source, tile_shape
+
+    host = prepare(from_name("water"), RKSConfig(), needs_grid=False)
+    n, npad = host.nao, host.nao + 3
+    p = plan_on(Workload(npad, int(np.count_nonzero(host.eri_s8))), ipu_model(num_ipus=4, tiles=4), "rows", ipus)
+    source = row_source(p)
+    s8 = np.stack([host.eri_s8, 2.0 * host.eri_s8]).astype(np.float32)
+    for eri in (s8[0], s8):
+        placed = np.asarray(_tiled_rows(jnp.asarray(eri), row_placement(p), n, npad, tile_shape(p)))
+        for k, one in enumerate(eri.reshape(-1, eri.shape[-1])):
+            matrix = np.asarray(row_matrix(s8_to_s4(jnp.asarray(one), n * (n + 1) // 2), n, npad))
+            expected = np.where((source >= 0)[:, None], matrix[np.maximum(source, 0)], 0.0)
+            np.testing.assert_array_equal(placed.reshape(-1, *placed.shape[-4:])[k].reshape(expected.shape), expected)
+
+
 def test_eri_tile_plan_covers_every_quartet_once_balanced_and_within_memory():
     """The device ERIs' tile plan: every canonical shell quartet but the one-centre ones exactly once
     (counted here from PySCF's shells directly), balanced within 25% on a 9-heavy-atom molecule, every
