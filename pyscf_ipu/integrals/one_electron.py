@@ -181,7 +181,9 @@ def _call(basis: PrimitiveBasis, centres, centre_shifts):
 
 def _select(table, i, j, t: int):
     """``table[i[m]][j[m]][t][m]`` (M,) of the nested tables of :func:`hermite_coefficients` (zero
-    where t > i + j), with indices i, j (M,), by masks: XLA's CPU gathers took ~20 ns an element."""
+    where t > i + j), with indices i, j (M,), by masks: indexing a stacked table with them was a
+    gather that took most of the kernel (8 conformers of a 9-heavy-atom molecule in float64: 8.5
+    against 4.9 ms per conformer)."""
     out = jnp.zeros_like(table[0][0][0])
     for a, row in enumerate(table):
         for b, entry in enumerate(row):
