@@ -20,6 +20,8 @@ batch), and the XC step took 1.7x as long on this machine.
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 
@@ -37,8 +39,13 @@ def density(ao: jnp.ndarray, dm: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]
 
 def xc_energy(functional: Functional, ao, weights, dm) -> jnp.ndarray:
     """E_xc[D] (a scalar) by quadrature on the grid."""
+    return _xc_energy_and_electrons(functional, ao, weights, dm)[0]
+
+
+def _xc_energy_and_electrons(functional: Functional, ao, weights, dm) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """(E_xc[D], the integral of rho) by quadrature on the grid, from one evaluation of the density."""
     rho, sigma = density(ao, dm)
-    return jnp.sum(weights * functional.energy_density(rho, sigma))
+    return jnp.sum(weights * functional.energy_density(rho, sigma)), jnp.sum(weights * rho)
 
 
 def grid_block(points: int) -> int:
@@ -66,11 +73,7 @@ def xc_energy_and_potential(functional: Functional, ao, weights, dm) -> tuple[jn
         # the float32 loop's) are promoted block by block
         ao_b = jax.lax.dynamic_slice_in_dim(ao, b * size, size, axis=1).astype(dm.dtype)
         w_b = jax.lax.dynamic_slice_in_dim(weights, b * size, size)  # (B,)
-
-        def energy(d):
-            rho, sigma = density(ao_b, d)
-            return jnp.sum(w_b * functional.energy_density(rho, sigma)), jnp.sum(w_b * rho)
-
+        energy = partial(_xc_energy_and_electrons, functional, ao_b, w_b)
         (exc, electrons), grad = jax.value_and_grad(energy, has_aux=True)(dm)
         return total[0] + exc, total[1] + grad, total[2] + electrons
 

@@ -272,7 +272,8 @@ def test_rows_placement_puts_every_row_where_row_source_says(ipus):
     source = row_source(p)
     s8 = np.stack([host.eri_s8, 2.0 * host.eri_s8]).astype(np.float32)
     for eri in (s8[0], s8):
-        placed = np.asarray(_tiled_rows(jnp.asarray(eri), row_placement(p), n, npad, tile_shape(p)))
+        placed = np.asarray(_tiled_rows(jnp.asarray(eri), row_placement(p), n, npad))
+        assert placed.shape == eri.shape[:-1] + tile_shape(p) + (npad * (npad + 1) // 2,)
         for k, one in enumerate(eri.reshape(-1, eri.shape[-1])):
             matrix = np.asarray(row_matrix(s8_to_s4(jnp.asarray(one), n * (n + 1) // 2), n, npad))
             expected = np.where((source >= 0)[:, None], matrix[np.maximum(source, 0)], 0.0)

@@ -98,8 +98,7 @@ def layout(shape_plan: TilePlan, real_plan: TilePlan, eri_s8: np.ndarray, nao: i
     """
     if shape_plan.strategy.name == "rows":
         # Cast on the host: half the bytes to send; unpacked on the device. Padded AOs' pairs last.
-        rows = _tiled_rows(jnp.asarray(eri_s8.astype(dtype)), row_placement(shape_plan), nao,
-                           shape_plan.workload.nao, tile_shape(shape_plan))  # fmt: skip
+        rows = _tiled_rows(jnp.asarray(eri_s8.astype(dtype)), row_placement(shape_plan), nao, shape_plan.workload.nao)
         return _rows_arrays(shape_plan, rows)
     values, index = unique_quartets(eri_s8, nao)
     values = (values * degeneracy_weights(index)).astype(dtype)
@@ -133,23 +132,23 @@ def rows_layout_batch(shape_plans: list[TilePlan], eris: list[np.ndarray], nao: 
     if any(p.strategy.name != "rows" for p in shape_plans):
         return None
     placement = row_placement(first)  # with one padded AO count (the caller's), equal placements mean one layout
-    if any(row_placement(p) != placement or tile_shape(p) != tile_shape(first) for p in shape_plans[1:]):
+    if any(row_placement(p) != placement for p in shape_plans[1:]):
         return None
     stacked = stack_padded(eris, dtype)  # libcint's float64 cast on the host: half the bytes to send
-    rows = _tiled_rows(stacked, placement, nao, first.workload.nao, tile_shape(first))
+    rows = _tiled_rows(stacked, placement, nao, first.workload.nao)
     return {k: jnp.asarray(v) for k, v in _rows_arrays(first, rows).items()}
 
 
-def _tiled_rows(s8, placement, nao: int, nao_padded: int, tiles: tuple[int, int, int]) -> jax.Array:
+def _tiled_rows(s8, placement, nao: int, nao_padded: int) -> jax.Array:
     """:func:`~pyscf_ipu.eri.row_matrix` of one s8 array (size,) or of a batch (B, size), laid out
-    ([B,] num_ipus, T, L, npair_pad) for ``tiles`` = (num_ipus, T, L) and the IPUs' row runs
-    ``placement`` (:func:`row_placement`).
+    ([B,] num_ipus, T, L, npair_pad) by the IPUs' row runs ``placement`` (:func:`row_placement`),
+    which fix the plan's :func:`tile_shape` too: T tiles for the longest run, L rows for the fullest tile.
 
     Two programs: the s4 unpacking on its own, so that it is materialised once. In one program XLA
     fused the whole layout into one loop that unpacked s8 again for every row element it wrote, and
     placed the rows by a gather of ``row_source``; with s4 apart and the runs placed by slices and
     pads, 8 conformers of a 53-AO molecule took 27.5 instead of 29.8 CPU-ms per conformer."""
-    return _placed_rows(_unpacked(s8, nao * (nao + 1) // 2), placement, nao, nao_padded, tiles)
+    return _placed_rows(_unpacked(s8, nao * (nao + 1) // 2), placement, nao, nao_padded)
 
 
 @partial(jax.jit, static_argnums=1)
@@ -158,13 +157,14 @@ def _unpacked(s8, npair: int) -> jax.Array:
     return s8_to_s4(s8, npair) if s8.ndim == 1 else jax.vmap(s8_to_s4, in_axes=(0, None))(s8, npair)
 
 
-@partial(jax.jit, static_argnums=(1, 2, 3, 4))
-def _placed_rows(s4, placement, nao: int, nao_padded: int, tiles: tuple[int, int, int]) -> jax.Array:
+@partial(jax.jit, static_argnums=(1, 2, 3))
+def _placed_rows(s4, placement, nao: int, nao_padded: int) -> jax.Array:
     """The row matrix of ``s4`` ([B,] npair, npair) cut into the tiles' row blocks (see :func:`_tiled_rows`)."""
     build = row_matrix if s4.ndim == 2 else jax.vmap(row_matrix, in_axes=(0, None, None))
     matrix = build(s4, nao, nao_padded)  # ([B,] 2 npair_pad, npair_pad)
     batch, width = matrix.shape[:-2], matrix.shape[-1]
-    _, per_ipu, slots = tiles
+    per_ipu = max(-(-count // per) for _, per, count in placement)  # T
+    slots = max(per for _, per, _ in placement)  # L
     blocks = []
     for start, per, count in placement:  # an IPU's run of rows, cut into tiles of ``per`` rows
         run = matrix[..., start : start + count, :]
