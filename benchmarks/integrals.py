@@ -1,19 +1,13 @@
 """ERI speed, side by side: our device ERIs (JAX, float32, 8 conformers as one batch) against libcint.
 
     python benchmarks/integrals.py [--molecules 3] [--conformers 8] [--windows 3] [--basis sto-3g]
-                                   [--expcutoff 30]
 
 For each of the first ``--molecules`` 9-heavy-atom molecules of the built-in sample, ``--conformers``
 RDKit conformers (the generator's seeds) are labelled with the full s8 ERI array:
 
 - **ours**: :func:`pyscf_ipu.integrals.eri.eri_s8` on all conformers at once (float32, one
-  compiled batch per molecule; the plan, screened for those conformers as the generator's is
-  (``host.eri_plan``), is built before the clock starts);
-- **libcint**: the s8 ``int2e`` per conformer, float64 (``host.eri_s8``, as the host path runs it).
-
-Both sides skip the primitive products whose Gaussian prefactor is below exp(-``--expcutoff``)
-(libcint's ``PTR_EXPCUTOFF`` rule; default ``RKSConfig.eri_expcutoff``; 0: ours skips none, libcint
-keeps its default).
+  compiled batch per molecule; the plan is built once per molecule, before the clock starts);
+- **libcint**: ``mol.intor("int2e", aosym="s8")`` per conformer, float64, PySCF's defaults.
 
 Threads: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=2 (libcint's OpenMP uses both cores), set before
 numpy is imported; ours deals its tiles out to one worker thread per core (``eri_s8``'s default).
@@ -37,10 +31,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from common import median_range  # noqa: E402
 
-from pyscf_ipu.config import RKSConfig  # noqa: E402
-from pyscf_ipu.host import build_mole, eri_plan  # noqa: E402
-from pyscf_ipu.host import eri_s8 as libcint_eri_s8  # noqa: E402
-from pyscf_ipu.integrals.eri import default_workers, eri_s8  # noqa: E402
+from pyscf_ipu.host import build_mole  # noqa: E402
+from pyscf_ipu.integrals.eri import default_workers, eri_s8, plan_eri  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
 from qm1b.generate import GenerateConfig  # noqa: E402
 from qm1b.inputs import builtin_sample, heavy_atom_count  # noqa: E402
@@ -52,13 +44,11 @@ def main() -> None:
     parser.add_argument("--conformers", type=int, default=8)
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--basis", default="sto-3g")
-    parser.add_argument("--expcutoff", type=float, default=RKSConfig().eri_expcutoff,
-                        help="primitive screening of both sides (see RKSConfig.eri_expcutoff)")
     args = parser.parse_args()
 
     seed = GenerateConfig.__dataclass_fields__["seed"].default
     chosen = [m for m in builtin_sample() if heavy_atom_count(m.smiles) == 9][: args.molecules]
-    print(f"{len(chosen)} molecules x {args.conformers} conformers, {args.basis}, primitive screening at exp(-{args.expcutoff:g}) on both sides; threads: OPENBLAS_NUM_THREADS="
+    print(f"{len(chosen)} molecules x {args.conformers} conformers, {args.basis}; threads: OPENBLAS_NUM_THREADS="
           f"{os.environ['OPENBLAS_NUM_THREADS']} OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}; ours: {default_workers()} worker threads\n")  # fmt: skip
     print(f"{'molecule':28s} {'AOs':>4s} {'ERIs':>10s} {'compile s':>9s} | {'ours ms/conformer':>22s} | "
           f"{'libcint ms/conformer':>22s} | {'ratio':>5s} | max |d|")  # fmt: skip
@@ -67,11 +57,11 @@ def main() -> None:
         conformers = embed_conformers(entry.smiles, args.conformers, seed, k)
         mols = [build_mole(c, args.basis) for c in conformers]
         coords = np.stack([m.atom_coords() for m in mols])  # (C, natm, 3) Bohr
-        plan = eri_plan(args.basis, tuple(mols[0].elements), coords, args.expcutoff)
+        plan = plan_eri(mols[0])
         t = time.perf_counter()
         ours = np.asarray(eri_s8(plan, coords, jnp.float32))  # compiles
         compile_s = time.perf_counter() - t
-        worst = max(float(np.abs(ours[c] - libcint_eri_s8(m, args.expcutoff)).max()) for c, m in enumerate(mols))
+        worst = max(float(np.abs(ours[c] - m.intor("int2e", aosym="s8")).max()) for c, m in enumerate(mols))
         times = {"ours": [], "libcint": []}
         for w in range(args.windows):
             t = time.perf_counter()
@@ -79,7 +69,7 @@ def main() -> None:
             times["ours"].append((time.perf_counter() - t) / len(mols))
             t = time.perf_counter()
             for m in mols:
-                libcint_eri_s8(m, args.expcutoff)
+                m.intor("int2e", aosym="s8")
             times["libcint"].append((time.perf_counter() - t) / len(mols))
             for side in totals:
                 totals[side][w] += times[side][w]

@@ -51,9 +51,8 @@ class RKSConfig:
     eri_threshold: float = option(0.0, "Schwarz screening: drop (ij|kl) with sqrt((ij|ij)(kl|kl)) below this")
     eri_expcutoff: float = option(
         30.0,
-        "primitive screening of the ERIs (libcint's on the host, the same rule on the device): skip primitive "
-        "products whose Gaussian prefactor bound is below exp(-this); 0 = none (libcint: its default 60, "
-        "nothing skipped in practice)",
+        "libcint primitive screening of the ERIs: skip primitive products whose Gaussian prefactor bound is "
+        "below exp(-this); 0 = libcint's default (60, nothing skipped in practice)",
     )
     diis_space: int = option(8, "number of Fock matrices kept for DIIS extrapolation")
     convergence_std_ev: float = option(

@@ -72,7 +72,7 @@ def nuclear_gradient(host: HostProblem, result: SCFResult, functional: Functiona
     dm = 2.0 * occupied @ occupied.T
     weighted = 2.0 * (occupied * result.mo_energy[:nocc]) @ occupied.T
     basis = primitive_basis(mol)
-    plan = eri_plan(result.config.basis, tuple(mol.elements), mol.atom_coords(), result.config.eri_expcutoff)
+    plan = eri_plan(result.config.basis, tuple(mol.elements))
     coefficients = two_electron_coefficients(dm, functional.hf_exchange)
     charges = mol.atom_charges().astype(np.float64)
     moving = atom_grids(mol, result.config.grid_level) if grid_response and host.grid_points else None

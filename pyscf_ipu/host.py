@@ -202,17 +202,16 @@ def device_one_electron(mols: list[gto.Mole], basis: str) -> list[tuple[np.ndarr
     return [(overlap[k], hcore[k]) for k in range(len(mols))]
 
 
-def device_eri_s8(mols: list[gto.Mole], basis: str, precision: str, expcutoff: float) -> list[np.ndarray]:
+def device_eri_s8(mols: list[gto.Mole], basis: str, precision: str) -> list[np.ndarray]:
     """The s8 ERIs of each conformer in ``mols`` (same atoms) from :mod:`pyscf_ipu.integrals.eri`,
-    computed in ``precision`` (conformers beyond one as one batch), without the primitive pairs that
-    ``expcutoff`` screens out in all of them (:func:`eri_plan`), and kept in it: read-only numpy
+    computed in ``precision`` (conformers beyond one as one batch) and kept in it: read-only numpy
     views of the device's buffer (no copy on a CPU), which the J-K layout stacks as they are. A
     float64 copy (for libcint's contraction) took 6-11 ms per 9-heavy-atom conformer, mostly
     first-touching new memory, and the finalisation contracts these on the device instead."""
     from .integrals.eri import eri_s8 as device_eris
 
+    plan = eri_plan(basis, _same_atoms(mols))
     coords = _conformer_coords(mols)
-    plan = eri_plan(basis, _same_atoms(mols), coords, expcutoff)
     with precision_scope(precision):
         eris = np.asarray(device_eris(plan, coords[0] if len(mols) == 1 else coords, precision))
     return [eris] if len(mols) == 1 else list(eris[: len(mols)])
@@ -233,33 +232,12 @@ def _conformer_coords(mols: list[gto.Mole]) -> np.ndarray:
     return np.stack(coords + coords[-1:] * (padded - len(coords)))
 
 
-def eri_plan(basis: str, elements: tuple[str, ...], coords: np.ndarray | None = None, expcutoff: float = 0.0):
-    """The ERI plan of ``basis`` on these atoms in this order, for the conformers ``coords`` ([C,] natm,
-    3) Bohr: without the primitive pairs that ``expcutoff`` screens out in all of them
-    (:func:`~.integrals.eri.kept_primitives`); without ``coords``, every one.
-
-    Plans are cached by the primitive pairs they keep, so the batches of a molecule's conformers,
-    which mostly keep the same ones, share a plan (and its device arrays).
-    """
-    from .integrals.eri import kept_primitives
-
-    kept = kept_primitives(_eri_shells(basis, elements), coords, expcutoff)
-    return _eri_plan(basis, elements, kept.shape, np.packbits(kept).tobytes())
-
-
 @lru_cache(maxsize=64)
-def _eri_shells(basis: str, elements: tuple[str, ...]):
-    from .integrals.eri import shells_of
-
-    return shells_of(_placeholder_mole(basis, elements))
-
-
-@lru_cache(maxsize=64)
-def _eri_plan(basis: str, elements: tuple[str, ...], shape: tuple[int, ...], kept: bytes):
+def eri_plan(basis: str, elements: tuple[str, ...]):
+    """The ERI plan of ``basis`` on these atoms in this order; it does not depend on the geometry."""
     from .integrals.eri import plan_eri
 
-    mask = np.unpackbits(np.frombuffer(kept, np.uint8), count=int(np.prod(shape))).reshape(shape).astype(bool)
-    return plan_eri(_placeholder_mole(basis, elements), mask)
+    return plan_eri(_placeholder_mole(basis, elements))
 
 
 @lru_cache(maxsize=64)
@@ -349,7 +327,7 @@ def prepare_conformers(molecules: list[Molecule], config: RKSConfig, needs_grid:
 
     t = time.perf_counter()
     if config.integrals == "device":
-        eris = device_eri_s8(mols, config.basis, config.precision, config.eri_expcutoff)
+        eris = device_eri_s8(mols, config.basis, config.precision)
     else:
         eris = [eri_s8(mol, config.eri_expcutoff) for mol in mols]
     eri_seconds = (time.perf_counter() - t) / len(mols)

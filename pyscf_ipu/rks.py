@@ -62,8 +62,7 @@ def run_rks(
         from .host import eri_plan
         from .ipu.eri_tiles import plan_eri_tiles
 
-        plan = eri_plan(config.basis, tuple(host.mol.elements), host.mol.atom_coords(), config.eri_expcutoff)
-        tiles = plan_eri_tiles(plan, settings.backend.model)
+        tiles = plan_eri_tiles(eri_plan(config.basis, tuple(host.mol.elements)), settings.backend.model)
         profile = {**profile, "eri_tiles": tiles.report()}
     return dataclasses.replace(result, timings=timings, seconds=time.perf_counter() - start, jk_profile=profile)
 

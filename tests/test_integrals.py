@@ -157,57 +157,6 @@ def test_eris_of_a_batch_of_conformers_match_each_geometry():
     assert np.abs(batch[0] - batch[1]).max() > 1e-3  # the geometries really differ
 
 
-def test_primitive_screening_leaves_out_only_negligible_products():
-    """Screened at libcint's rule (exp(-ab/(a+b) |A-B|^2) below exp(-30) in every conformer), a
-    9-heavy-atom molecule's plan computes fewer shell pairs and primitive pairs, and its ERIs are still
-    libcint's within the issue's bounds (1e-10 in float64, 1e-6 in float32; measured 1.4e-13 and
-    2.3e-7). A primitive pair kept for one conformer is kept for the batch, and pairs on one atom
-    keep all theirs (their prefactor is 1)."""
-    from pyscf_ipu.integrals.eri import kept_primitives, shells_of
-
-    mol = build_mole(MOLECULES["qm9-21989"](), "sto-3g")
-    shells = shells_of(mol)
-    coords = mol.atom_coords()[None] + np.random.default_rng(3).normal(scale=0.05, size=(2, mol.natm, 3))
-    kept = kept_primitives(shells, coords, 30.0)
-    for c in range(2):
-        assert (kept >= kept_primitives(shells, coords[c], 30.0)).all()
-    same_atom = shells.atom[:, None] == shells.atom[None, :]
-    np.testing.assert_array_equal(kept[same_atom], kept_primitives(shells)[same_atom])
-    full, screened = plan_eri(mol), plan_eri(mol, kept)
-    work = [sum(c.count * c.k2 for c in plan.pairs) for plan in (full, screened)]
-    assert sum(c.count for c in screened.pairs) < sum(c.count for c in full.pairs)  # whole shell pairs left out
-    assert work[1] < 0.8 * work[0]  # measured 0.69
-    with jax.enable_x64(True):
-        ours64 = np.asarray(eri_s8(screened, coords, jnp.float64))
-    ours32 = np.asarray(eri_s8(screened, coords, jnp.float32), np.float64)
-    for c in range(2):
-        ref = mol.set_geom_(coords[c], unit="Bohr", inplace=False).intor("int2e", aosym="s8")
-        np.testing.assert_allclose(ours64[c], ref, rtol=0, atol=1e-10)
-        assert np.abs(ours32[c] - ref).max() <= 1e-6
-
-
-def test_screened_plans_are_shared_by_conformers_that_keep_the_same_primitives():
-    """``host.eri_plan`` caches plans by the primitive pairs they keep: a nearby geometry reuses the
-    plan, a stretched one (H2 at 1.4 and 6 Bohr) gets its own, which still gives libcint's ERIs."""
-    from pyscf_ipu.host import eri_plan
-
-    mol = build_mole(MOLECULES["qm9-21989"](), "sto-3g")
-    elements = tuple(mol.elements)
-    first = eri_plan("sto-3g", elements, mol.atom_coords(), 30.0)
-    assert eri_plan("sto-3g", elements, mol.atom_coords() + 1e-4, 30.0) is first
-    assert eri_plan("sto-3g", elements) is not first  # unscreened
-    from pyscf import gto
-
-    near, far = (gto.M(atom=[("H", (0, 0, 0)), ("H", (0, 0, d))], unit="Bohr", basis="sto-3g") for d in (1.4, 6.0))
-    plans = [eri_plan("sto-3g", ("H", "H"), m.atom_coords(), 30.0) for m in (near, far)]
-    assert plans[0] is not plans[1]
-    kept = [sum(int((c.primitives[: c.count] >= 0).sum()) for c in plan.pairs) for plan in plans]
-    assert kept[1] < kept[0] == 27  # 3 pairs x 9 primitive pairs, all kept at 1.4 Bohr
-    with jax.enable_x64(True):
-        ours = np.asarray(eri_s8(plans[1], far.atom_coords(), jnp.float64))
-    np.testing.assert_allclose(ours, far.intor("int2e", aosym="s8"), rtol=0, atol=1e-10)
-
-
 def test_functions_sharing_exponents_form_one_eri_shell():
     """The ERI kernels take the functions of one atom with the same exponents as one shell (Pople's
     sp shells, a general contraction's functions), so a quartet's primitive work serves them all;

@@ -13,7 +13,7 @@ with the Hermite expansion coefficients E (products of the per-axis E^{ij}_t of
 (McMurchie and Davidson, J. Comput. Phys. 26, 218 (1978); Helgaker, Jorgensen and Olsen,
 *Molecular Electronic-Structure Theory*, 9.9).
 
-Organisation (the shape of the work is fixed by the basis and the screening, not by the positions):
+Organisation (the shape of the work is fixed by the basis, not by the geometry):
 
 - **Shells** here are the functions of one atom that share their exponents (:class:`Shells`): a
   Pople sp shell is one shell with an s and a p component, so a quartet's primitive quartets, Boys
@@ -35,7 +35,7 @@ Organisation (the shape of the work is fixed by the basis and the screening, not
   vectorises a loop along its last axis only and fuses everything but matmuls, so the layout is
   chosen for that. Diagonal tiles of a class with itself compute both halves and keep one.
 - The spherical values go straight into PySCF's 8-fold packed layout (``mol.intor("int2e",
-  aosym="s8")``), through destination indices built once per plan on the host; that is the layout
+  aosym="s8")``), through destination indices built once per basis on the host; that is the layout
   the J-K backends take.
 - **Cores:** from host positions, the tiles are dealt out to worker threads, one jit per share
   (:func:`eri_s8`), because XLA's CPU backend runs each loop on one core; conformers of a batch
@@ -45,16 +45,10 @@ Organisation (the shape of the work is fixed by the basis and the screening, not
   tiles and constants write :data:`NOWHERE`, the s8 tail is cut off), and every share has the same
   shapes. So the shares, and molecules of similar size, run one compiled program: the 100
   molecules of the generator's built-in sample need 31 instead of 2 x 95.
-- **Screening:** primitive pairs whose Gaussian prefactor is below exp(-``expcutoff``) in every
-  conformer are left out (:func:`kept_primitives`, libcint's rule; ``RKSConfig.eri_expcutoff``, 30).
-  A shell pair with none left is left out with all its quartets; the others are split by how many
-  they keep into a reduced and a full class (:func:`_screening_levels`), so that shapes stay fixed.
-  On three 9-heavy-atom molecules at STO-3G, 7-9% of the shell pairs go and 40% of the primitive
-  quartets (27% of those computed, with the tiles' padding), for 8-17% less ERI time
-  (``benchmarks/integrals.py``, ``--expcutoff`` 30 against 0); the integrals move by at most 1.4e-13. A screened plan depends on the conformers it was made for
-  (``host.eri_plan`` caches plans by what they keep). ``RKSConfig.eri_threshold`` applies its
-  Schwarz screening to the finished s8 array on the host. Quartets with all four shells on one atom
-  are not computed at all: their values are constants of the plan (see :func:`_one_centre`).
+- **No screening yet:** every shell quartet and every primitive quartet is computed (the plan is
+  fixed by the basis, so shapes stay fixed); ``RKSConfig.eri_threshold`` still applies its Schwarz
+  screening to the finished s8 array on the host. Quartets with all four shells on one atom are
+  not computed at all: their values are constants of the plan (see :func:`_one_centre`).
 
 Geometry enters through differences: A - C between atoms from a float64 host table, and P - A =
 -(b/p)(A - B), so a quartet on one atom sees exactly zero displacements in float32 as well.
@@ -168,12 +162,6 @@ class PairClass:
     count: int  # real pairs: rows [0, count)
     first: np.ndarray  # (n,) shell a, n a multiple of TILE
     second: np.ndarray  # (n,) shell b
-    primitives: np.ndarray  # (n, K2) the primitive pairs computed, as i k_b + j; -1 pads (coefficient 0)
-
-    @property
-    def k2(self) -> int:
-        """Primitive pairs computed per pair: k_a k_b, or fewer after screening (:func:`kept_primitives`)."""
-        return self.primitives.shape[1]
 
     @property
     def order(self) -> int:
@@ -206,7 +194,7 @@ class QuartetClass:
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: device arrays are cached per plan
 class EriPlan:
-    """Which shell quartets each class kernel evaluates, and where their values go (built on the host once per plan)."""
+    """Which shell quartets each class kernel evaluates, and where their values go (built once per basis)."""
 
     shells: Shells
     pairs: tuple[PairClass, ...]
@@ -227,39 +215,9 @@ class EriPlan:
         return bucket(self.natm, minimum=4)
 
 
-def kept_primitives(shells: Shells, coords=None, expcutoff: float = 0.0) -> np.ndarray:
-    """(S, S, K, K) bool: the primitive pairs (primitive i of shell a, j of shell b) to compute.
-
-    Primitive screening: the product of two Gaussians carries the prefactor
-    :math:`\\exp(-\\tfrac{ab}{a+b}|A-B|^2)` (the Gaussian product theorem), so a primitive pair whose
-    exponent :math:`\\tfrac{ab}{a+b}|A-B|^2` exceeds ``expcutoff`` in every conformer of ``coords``
-    ([C,] natm, 3) Bohr contributes less than exp(-expcutoff) of its size to every integral it enters,
-    and is skipped. It is the rule of libcint's ``PTR_EXPCUTOFF`` (``RKSConfig.eri_expcutoff``, 30:
-    below 1e-13). ``expcutoff`` 0 or no ``coords`` keeps every real primitive pair. Padded
-    primitives are never kept.
-    """
-    real = np.arange(shells.exponents.shape[1])[None, :] < shells.nprim[:, None]  # (S, K)
-    kept = real[:, None, :, None] & real[None, :, None, :]
-    if coords is None or expcutoff <= 0:
-        return kept
-    coords = np.asarray(coords, np.float64)
-    coords = coords.reshape(-1, *coords.shape[-2:])  # (C, natm, 3)
-    closest = ((coords[:, :, None] - coords[:, None]) ** 2).sum(-1).min(0)  # (natm, natm) |A - B|^2, nearest approach
-    r2 = closest[shells.atom[:, None], shells.atom[None, :]][:, :, None, None]  # (S, S, 1, 1)
-    a, b = shells.exponents[:, None, :, None], shells.exponents[None, :, None, :]
-    return kept & (a * b / (a + b) * r2 <= expcutoff)
-
-
-def plan_eri(mol: gto.Mole, kept: np.ndarray | None = None) -> EriPlan:
-    """Group ``mol``'s shell pairs and quartets into classes and tiles and work out the s8 destinations.
-
-    ``kept`` (:func:`kept_primitives`) screens primitive pairs; by default every one is computed and
-    the plan does not depend on the geometry. A shell pair with none kept is left out (its integrals
-    are zero); the others are grouped by how many they keep as well (:func:`_screening_levels`).
-    """
+def plan_eri(mol: gto.Mole) -> EriPlan:
+    """Group ``mol``'s shell pairs and quartets into classes and tiles and work out the s8 destinations."""
     shells = shells_of(mol)
-    if kept is None:
-        kept = kept_primitives(shells)
     nao = mol.nao_nr()
     npair = nao * (nao + 1) // 2
     size = npair * (npair + 1) // 2
@@ -268,24 +226,17 @@ def plan_eri(mol: gto.Mole, kept: np.ndarray | None = None) -> EriPlan:
     # classes by components and primitive counts: padding a 1-primitive shell to the 6 of a
     # 6-31G core shell would multiply its primitive quartets by up to 36
     kind = list(zip(shells.components, shells.nprim.tolist()))  # (components, K) per shell
-    by_class: dict[tuple, list[tuple[int, int, np.ndarray]]] = {}  # (l_a, K_a, l_b, K_b) -> pairs
+    by_class: dict[tuple, list[tuple[int, int]]] = {}  # (l_a, K_a, l_b, K_b) -> pairs
     for a in range(len(shells.atom)):
         for b in range(a + 1):
             first, second = (a, b) if kind[a] >= kind[b] else (b, a)
-            primitives = np.flatnonzero(kept[first, second, : kind[first][1], : kind[second][1]])  # i K_b + j
-            if len(primitives):  # else every primitive product is negligible: the pair's integrals are zero
-                by_class.setdefault(kind[first] + kind[second], []).append((first, second, primitives))
+            by_class.setdefault(kind[first] + kind[second], []).append((first, second))
     pairs = []
     for (la, ka, lb, kb), members in sorted(by_class.items()):
-        for k2, group in _screening_levels(members, ka * kb):
-            count = len(group)
-            padded = TILE * bucket(-(-count // TILE), minimum=1)
-            group = group + group[:1] * (padded - count)  # repeats of the first pair: their quartets go nowhere
-            primitives = np.full((padded, k2), -1, np.int64)
-            for row, (_, _, kept_here) in enumerate(group):
-                primitives[row, : len(kept_here)] = kept_here
-            rows = np.array([(first, second) for first, second, _ in group])
-            pairs.append(PairClass(la, lb, ka, kb, count, rows[:, 0], rows[:, 1], primitives))
+        rows = np.array(members)
+        padded = TILE * bucket(-(-len(rows) // TILE), minimum=1)
+        rows = np.concatenate([rows, np.repeat(rows[:1], padded - len(rows), axis=0)])
+        pairs.append(PairClass(la, lb, ka, kb, len(members), rows[:, 0], rows[:, 1]))
     quartets = []
     for x in range(len(pairs)):
         for y in range(x + 1):
@@ -294,25 +245,6 @@ def plan_eri(mol: gto.Mole, kept: np.ndarray | None = None) -> EriPlan:
                 quartets.append(quartet)
     index, value = _one_centre(mol)
     return EriPlan(shells, tuple(pairs), tuple(quartets), nao, size, mol.natm, index, value)
-
-
-def _screening_levels(members: list, full: int) -> list[tuple[int, list]]:
-    """Shell pairs of one class (each with the primitive pairs it keeps) split in two by what they keep,
-    as (K2, pairs): those that keep at most 2/3 of the k_a k_b primitive pairs, padded to that, and
-    the rest, padded to k_a k_b.
-
-    Each level is a pair class of its own (shapes are static), so the quartet classes grow up to
-    fourfold, and so does the compile time. Measured on three 9-heavy-atom molecules at STO-3G (8
-    conformers; ERI time per conformer, screened against not): two levels 45, 34, 40 ms against 48,
-    36, 41; three levels (1/3, 2/3, 1) were no faster, with 21 quartet classes instead of 15. A
-    reduced level with less than two tiles of pairs joins the full one rather than pad tiles of its
-    own.
-    """
-    low = -(-2 * full // 3)
-    reduced = [m for m in members if len(m[2]) <= low]
-    if len(reduced) < 2 * TILE or low == full:
-        return [(full, members)]
-    return [(low, reduced), (full, [m for m in members if len(m[2]) > low])]
 
 
 def _quartet_class(shells: Shells, pairs, x: int, y: int) -> QuartetClass | None:
@@ -414,16 +346,13 @@ def _coulomb_pairs(bra_order: int, ket_order: int) -> np.ndarray:
 
 
 def _pair_factors(plan: EriPlan, c: PairClass):
-    """Host float64 -> (PairFactors, p, c_a c_b / p) for the primitive pairs of a class that are computed
-    (``c.primitives``): (n, K2) each but the last, (n, K2, C_a C_b) with the coefficients of each pair
-    of Cartesian functions, 0 on the padding."""
+    """Host float64 -> (PairFactors, p, c_a c_b / p) for the primitive pairs of a class: (n, K2) each but
+    the last, (n, K2, C_a C_b) with the coefficients of each pair of Cartesian functions."""
     sh = plan.shells
     n = len(c.first)
     a, b = sh.exponents[c.first, : c.ka, None], sh.exponents[c.second, None, : c.kb]  # (n, ka, 1), (n, 1, kb)
     p = a + b
-    real = c.primitives >= 0
-    picked = np.where(real, c.primitives, c.primitives[:, :1])  # padding repeats a real one, weighted 0
-    flat = lambda x: np.take_along_axis(np.broadcast_to(x, (n, c.ka, c.kb)).reshape(n, -1), picked, 1)  # noqa: E731
+    flat = lambda x: np.broadcast_to(x, (n, c.ka, c.kb)).reshape(n, -1)  # noqa: E731
 
     def cartesian(shell, components, k):  # (n, K, C): each Cartesian function's coefficients, by component
         return np.concatenate([np.repeat(sh.coefficients[shell, m, :k, None], len(cartesian_powers(l)), axis=2)
@@ -431,8 +360,7 @@ def _pair_factors(plan: EriPlan, c: PairClass):
 
     ca, cb = cartesian(c.first, c.la, c.ka), cartesian(c.second, c.lb, c.kb)
     coef = ca[:, :, None, :, None] * cb[:, None, :, None, :] / p[..., None, None]  # (n, ka, kb, C_a, C_b)
-    coef = np.take_along_axis(coef.reshape(n, c.ka * c.kb, -1), picked[..., None], 1) * real[..., None]
-    return PairFactors(*(flat(x) for x in (0.5 / p, a / p, b / p, a * b / p))), flat(p), coef
+    return PairFactors(*(flat(x) for x in (0.5 / p, a / p, b / p, a * b / p))), flat(p), coef.reshape(n, c.ka * c.kb, -1)
 
 
 def _pair_data(la, lb, factors: PairFactors, p, scale, ab):

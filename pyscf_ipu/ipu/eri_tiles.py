@@ -96,7 +96,7 @@ def _class_costs(plan: EriPlan) -> tuple[list[np.ndarray], list[np.ndarray], lis
         outputs = ket.functions
         total = order_b + order_k
         ops = 25 * (total + 1) + 3 * len(hermite_indices(total)) + 2 * hb * hk * (1 + outputs)
-        primitives = bra.k2 * ket.k2
+        primitives = bra.ka * bra.kb * ket.ka * ket.kb
         # the kernels' order: squares of TILE bra x TILE ket pairs, so a tile's run of them reads few pairs
         bra_rows, ket_rows = q.quartets()
         bras.append(bra_rows)
@@ -108,7 +108,7 @@ def _class_costs(plan: EriPlan) -> tuple[list[np.ndarray], list[np.ndarray], lis
 def _pair_bytes(plan: EriPlan, index: int) -> int:
     """Bytes of one pair's data on a tile: its Hermite matrix (K2, S_a S_b, H) and P - A (K2, 3), float32."""
     c = plan.pairs[index]
-    k2 = c.k2
+    k2 = c.ka * c.kb
     return 4 * k2 * (c.functions * len(hermite_indices(c.order)) + 3)
 
 
@@ -116,7 +116,7 @@ def _pair_bytes(plan: EriPlan, index: int) -> int:
 def plan_eri_tiles(plan: EriPlan, model: IPUModel) -> EriTilePlan:
     """Spread ``plan``'s quartets over the fewest IPUs (up to ``model.num_ipus``) whose tiles hold them.
 
-    Cached per (plan, model): ``host.eri_plan`` caches plans per basis, atom order and screening.
+    Cached per (plan, model): a plan is built once per basis and atom order (``host.eri_plan``).
     """
     bras, kets, costs = _class_costs(plan)
     cost = np.concatenate(costs) if costs else np.zeros(0)
@@ -127,7 +127,8 @@ def plan_eri_tiles(plan: EriPlan, model: IPUModel) -> EriTilePlan:
     bra_class = np.array([q.bra for q in plan.quartets])[klass]
     ket_class = np.array([q.ket for q in plan.quartets])[klass]
     out_bytes = VALUE_AND_INDEX_BYTES * outputs[klass].astype(np.float64)
-    primitive = int(sum(len(c) * plan.pairs[q.bra].k2 * plan.pairs[q.ket].k2 for c, q in zip(costs, plan.quartets)))
+    primitive = int(sum(len(c) * plan.pairs[q.bra].ka * plan.pairs[q.bra].kb * plan.pairs[q.ket].ka
+                        * plan.pairs[q.ket].kb for c, q in zip(costs, plan.quartets)))  # fmt: skip
     for num_ipus in range(1, model.num_ipus + 1):
         tiles = min(num_ipus * model.tiles, len(cost))
         # Cut by work alone where the tiles' memory allows (the best balance), else let the output
