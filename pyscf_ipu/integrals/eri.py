@@ -45,10 +45,17 @@ Organisation (the shape of the work is fixed by the basis, not by the geometry):
   tiles and constants write :data:`NOWHERE`, the s8 tail is cut off), and every share has the same
   shapes. So the shares, and molecules of similar size, run one compiled program: the 100
   molecules of the generator's built-in sample need 31 instead of 2 x 95.
-- **No screening yet:** every shell quartet and every primitive quartet is computed (the plan is
-  fixed by the basis, so shapes stay fixed); ``RKSConfig.eri_threshold`` still applies its Schwarz
-  screening to the finished s8 array on the host. Quartets with all four shells on one atom are
-  not computed at all: their values are constants of the plan (see :func:`_one_centre`).
+- **No screening in the kernels:** every shell quartet and every primitive quartet is computed, so
+  the plan is fixed by the basis and molecules of similar size share its shapes;
+  ``RKSConfig.eri_threshold`` applies its Schwarz screening to the finished s8 array on the host.
+  Primitive screening was built and measured (commit 0d7c1e7, reverted): with libcint's rule at
+  exp(-30), 7-9% of the shell pairs and 40% of the primitive quartets of three 9-heavy-atom
+  molecules at STO-3G drop out, but a plan then depends on its conformers and splits its classes
+  by what they keep. The ERIs got 8-17% faster and the generator 3% (interleaved, 8 conformers per
+  molecule); over 16 distinct molecules (``benchmarks/generator_cold.py``) it lost 50% cold and 19%
+  with the compilation cache filled, as fewer molecules shared programs (dropping only whole
+  pairs, 12% and 8%). Quartets with all four shells on one atom are not computed at all: their
+  values are constants of the plan (see :func:`_one_centre`).
 
 Geometry enters through differences: A - C between atoms from a float64 host table, and P - A =
 -(b/p)(A - B), so a quartet on one atom sees exactly zero displacements in float32 as well.
