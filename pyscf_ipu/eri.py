@@ -7,7 +7,7 @@ matrix of pairs p = ij (i >= j), npair = N(N+1)/2. From it we derive
   the 1/degeneracy weights that let every quartet be expanded over all 8 permutations;
 - **the row matrix**: J's and K's (npair, npair) matrices stacked, whose product with the density
   on the pairs gives J and K on the pairs directly (the symmetry-reduced "rows" form, N^4/2 values),
-  gathered on the device from PySCF's s8 packing by :func:`row_matrix`.
+  gathered on the device by :func:`row_matrix` from the 4-fold form that :func:`s8_to_s4` unpacks.
 
 .. math::
 
