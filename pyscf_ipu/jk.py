@@ -8,14 +8,17 @@ in einsum form ``J = einsum('ijkl,ij->kl', eri, D)`` and ``K = einsum('ijkl,jk->
 
 A backend is a frozen (hashable) object with two methods:
 
-- ``prepare(eri_s8, nao, nao_padded, dtype) -> dict of arrays``: once per molecule, outside the loop.
-  The arrays' shapes may depend only on padded sizes, so molecules in one bucket share compiled code.
-- ``prepare_batch(eris, nao, nao_padded, dtype) -> dict of arrays``: the same for the conformers of
-  a batch, stacked along a leading axis (``prepare`` of each, stacked by
-  :func:`~pyscf_ipu.padding.stack_members`, unless the backend can do better).
+- ``prepare(eri_s8, nao, nao_padded, dtype, kept=None) -> dict of arrays``: once per molecule,
+  outside the loop. The arrays' shapes may depend only on padded sizes, so molecules in one bucket
+  share compiled code. ``kept``, where given, is ``eri_s8``'s non-zero count
+  (``HostProblem.eri_kept``), which a backend that plans by sizes need not count again.
+- ``prepare_batch(eris, nao, nao_padded, dtype, kept=None) -> dict of arrays``: the same for the
+  conformers of a batch (``kept`` a list), stacked along a leading axis (``prepare`` of each,
+  stacked by :func:`~pyscf_ipu.padding.stack_members`, unless the backend can do better).
 - ``contract(data, dm) -> (J, K)``: pure JAX, traced inside the jitted SCF step.
 
-- ``profile(eri_s8, nao, nao_padded, dtype, iterations) -> dict | None``: how the work is spread.
+- ``profile(eri_s8, nao, nao_padded, dtype, iterations, kept=None) -> dict | None``: how the work
+  is spread.
 
 Backends are chosen by name from :data:`JK_BACKENDS` (each entry builds the backend from the run's
 :class:`RKSConfig`); nothing inspects array shapes to pick one. ``ipu`` (the default) is the
@@ -43,13 +46,16 @@ from .padding import bucket, pad_to, stack_members
 class JKBackend(Protocol):
     name: str
 
-    def prepare(self, eri_s8: np.ndarray, nao: int, nao_padded: int, dtype) -> dict[str, np.ndarray]: ...
+    def prepare(self, eri_s8: np.ndarray, nao: int, nao_padded: int, dtype,
+                kept: int | None = None) -> dict[str, np.ndarray]: ...  # fmt: skip
 
-    def prepare_batch(self, eris: list[np.ndarray], nao: int, nao_padded: int, dtype) -> dict[str, jax.Array]: ...
+    def prepare_batch(self, eris: list[np.ndarray], nao: int, nao_padded: int, dtype,
+                      kept: list[int] | None = None) -> dict[str, jax.Array]: ...  # fmt: skip
 
     def contract(self, data: dict, dm: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]: ...
 
-    def profile(self, eri_s8: np.ndarray, nao: int, nao_padded: int, dtype, iterations: int) -> dict | None:
+    def profile(self, eri_s8: np.ndarray, nao: int, nao_padded: int, dtype, iterations: int,
+                kept: int | None = None) -> dict | None:  # fmt: skip
         """A report of how the backend spreads the work (None if it has nothing to say)."""
 
 
@@ -62,15 +68,15 @@ class DenseJK:
 
     name: str = "dense"
 
-    def prepare(self, eri_s8, nao, nao_padded, dtype):
+    def prepare(self, eri_s8, nao, nao_padded, dtype, kept=None):
         eri_s8 = np.asarray(eri_s8, np.float64)  # device integrals come in float32; ao2mo reads doubles
         eri = ao2mo.restore(1, eri_s8, nao).astype(dtype)  # (N, N, N, N)
         return _dense_matrices(jnp.asarray(eri), nao_padded)
 
-    def prepare_batch(self, eris, nao, nao_padded, dtype):
+    def prepare_batch(self, eris, nao, nao_padded, dtype, kept=None):
         return stack_members([self.prepare(eri, nao, nao_padded, dtype) for eri in eris])
 
-    def profile(self, eri_s8, nao, nao_padded, dtype, iterations):
+    def profile(self, eri_s8, nao, nao_padded, dtype, iterations, kept=None):
         return None
 
     def contract(self, data, dm):
@@ -99,7 +105,7 @@ class S8JK:
 
     name: str = "s8"
 
-    def prepare(self, eri_s8, nao, nao_padded, dtype):
+    def prepare(self, eri_s8, nao, nao_padded, dtype, kept=None):
         values, index = unique_quartets(eri_s8, nao)
         values = values * degeneracy_weights(index)
         size = bucket(len(values), minimum=1024)
@@ -108,10 +114,10 @@ class S8JK:
             "index": pad_to(index, (size, 4)),
         }
 
-    def prepare_batch(self, eris, nao, nao_padded, dtype):
+    def prepare_batch(self, eris, nao, nao_padded, dtype, kept=None):
         return stack_members([self.prepare(eri, nao, nao_padded, dtype) for eri in eris])
 
-    def profile(self, eri_s8, nao, nao_padded, dtype, iterations):
+    def profile(self, eri_s8, nao, nao_padded, dtype, iterations, kept=None):
         return None
 
     def contract(self, data, dm):

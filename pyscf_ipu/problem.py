@@ -73,7 +73,7 @@ def build_problem(host: HostProblem, backend: JKBackend, dtype, sizes: tuple[int
         ao = device_ao_values([host], dtype, sizes)[0]
     else:
         ao = pad_to(host.ao, (4, gpad, npad), dtype)  # the largest array: cast while padding
-    jk = backend.prepare(host.eri_s8, host.nao, npad, dtype)
+    jk = backend.prepare(host.eri_s8, host.nao, npad, dtype, host.eri_kept)
     return SCFProblem(**{k: np.asarray(v, dtype) for k, v in arrays.items()}, ao=ao, jk=jk)
 
 
@@ -121,7 +121,7 @@ def build_batch(hosts: list[HostProblem], backend: JKBackend, dtype, sizes: tupl
     return SCFProblem(
         **{k: stack_padded([np.asarray(a[k], dtype) for a in arrays]) for k in arrays[0]},
         ao=ao,
-        jk=backend.prepare_batch([h.eri_s8 for h in hosts], hosts[0].nao, npad, dtype),
+        jk=backend.prepare_batch([h.eri_s8 for h in hosts], hosts[0].nao, npad, dtype, [h.eri_kept for h in hosts]),
     )
 
 

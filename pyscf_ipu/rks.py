@@ -57,7 +57,8 @@ def run_rks(
     final = final_density(settings.functional, problem.ao, weights, trace.density, overlap, *jk)
     result = finalise(host, trace, final, config, problem.shapes)
     timings["finalise"] = time.perf_counter() - t
-    profile = settings.backend.profile(host.eri_s8, host.nao, problem.shapes[0], dtype, result.iterations)
+    profile = settings.backend.profile(host.eri_s8, host.nao, problem.shapes[0], dtype, result.iterations,
+                                       host.eri_kept)  # fmt: skip
     if profile is not None and config.integrals == "device":  # the ERIs' own tile plan on the same IPUs
         from .host import eri_plan
         from .ipu.eri_tiles import plan_eri_tiles
@@ -96,7 +97,8 @@ class BatchRun:
                 "scf_wait": wait / len(self.hosts),
                 "finalise": time.perf_counter() - t,
             }
-            profile = self.settings.backend.profile(host.eri_s8, host.nao, self.shapes[0], dtype, result.iterations)
+            profile = self.settings.backend.profile(host.eri_s8, host.nao, self.shapes[0], dtype, result.iterations,
+                                                    host.eri_kept)  # fmt: skip
             out.append(dataclasses.replace(result, timings=timings, jk_profile=profile))
         seconds = (time.perf_counter() - self.start) / len(out)
         return [dataclasses.replace(r, seconds=seconds) for r in out]
