@@ -83,10 +83,6 @@ def xc_energy_and_potential(functional: Functional, ao, weights, dm) -> tuple[jn
         (exc, electrons), grad = jax.value_and_grad(energy, has_aux=True)(dm)
         return total[0] + exc, total[1] + grad, total[2] + electrons
 
-    # Blocks after the last one with a non-zero weight add exactly nothing (every term carries a
-    # weight): the grid's padding to a shape bucket (4% of the points of 9-heavy-atom molecules) is
-    # not computed. The count is a reduction over the weights; vmapped, the loop runs to the largest.
-    last = jnp.max(jnp.where(weights != 0, jnp.arange(weights.shape[0]), -1))
     zero = jnp.zeros((), dm.dtype)
-    exc, grad, electrons = jax.lax.fori_loop(0, last // size + 1, block, (zero, jnp.zeros_like(dm), zero))
+    exc, grad, electrons = jax.lax.fori_loop(0, weights.shape[0] // size, block, (zero, jnp.zeros_like(dm), zero))
     return exc, 0.5 * (grad + grad.T), electrons
