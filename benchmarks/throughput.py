@@ -19,6 +19,12 @@ finalisation use PySCF too), set before numpy is imported; XLA uses its default 
 timed windows follow, interleaved ours, PySCF, ours, PySCF, ... with the 1-minute load average of
 each. Conformers per hour are medians over the windows with [min-max]; the ratio is the median of
 the per-window ratios. Label differences are ours minus this PySCF run, in meV.
+
+Two time splits of ours follow. The generator's own (its last warm window) is pipelined: a batch is
+prepared while the device still runs the previous one, so a preparation stage that waits for the
+device is charged for that batch's SCF too. The stage split runs the same batches with every stage
+waiting for its result before the next starts (``--split-repeats`` times, medians), with the CPU
+time of each: where the time goes, without the overlap.
 """
 
 from __future__ import annotations
@@ -39,8 +45,12 @@ import numpy as np  # noqa: E402
 from common import median_range  # noqa: E402
 from pyscf import dft  # noqa: E402
 
-from pyscf_ipu.config import RKSConfig  # noqa: E402
-from pyscf_ipu.host import build_mole  # noqa: E402
+import jax  # noqa: E402
+from pyscf_ipu.config import RKSConfig, precision_scope  # noqa: E402
+from pyscf_ipu.host import build_mole, prepare_conformers  # noqa: E402
+from pyscf_ipu.problem import batch_members, build_batch, final_inputs, padded_sizes  # noqa: E402
+from pyscf_ipu.results import final_density, finalise  # noqa: E402
+from pyscf_ipu.scf import LoopSettings, scf_loop_batch  # noqa: E402
 from pyscf_ipu.units import HARTREE_TO_EV  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
 from qm1b.generate import GenerateConfig, run_shard  # noqa: E402
@@ -63,12 +73,65 @@ def pyscf_labels(molecule, config: RKSConfig) -> dict[str, float]:
             "y": (lumo - homo) * HARTREE_TO_EV, "converged": mf.converged}  # fmt: skip
 
 
+def stage_split(batches: list[list], config: RKSConfig, batch_size: int, repeats: int) -> None:
+    """Print where our time goes, stage by stage, each waiting for its result (see the module doc):
+    wall and CPU ms per conformer, medians over ``repeats`` passes over ``batches`` (after one pass
+    that compiles nothing new, the generator's windows having run)."""
+    settings = LoopSettings.from_config(config)
+    dtype = np.dtype(config.precision)
+    count = sum(len(b) for b in batches)
+
+    def one_pass() -> dict[str, tuple[float, float]]:
+        spent: dict[str, list[float]] = {}
+
+        def timed(name, work):
+            wall, cpu = time.perf_counter(), time.process_time()
+            out = jax.block_until_ready(work())
+            total = spent.setdefault(name, [0.0, 0.0])
+            total[0] += time.perf_counter() - wall
+            total[1] += time.process_time() - cpu
+            return out
+
+        for molecules in batches:
+            hosts = timed("host preparation", lambda: prepare_conformers(molecules, config))
+            for host in hosts:  # its parts (the wall time each of them took)
+                for key in ("one_electron", "eri", "grid", "guess"):
+                    spent.setdefault(f"  {key}", [0.0, None])[0] += host.timings.get(key, 0.0)
+            sizes = tuple(int(s) for s in np.max([padded_sizes(h) for h in hosts], axis=0))
+            members = batch_members(hosts, batch_size)
+            with precision_scope(config.precision):
+                problems = timed("AO values, J-K layout", lambda: build_batch(members, settings.backend, dtype, sizes))
+                trace = timed("SCF loop", lambda: scf_loop_batch(problems, settings))
+                overlap, weights = (np.stack(a) for a in zip(*(final_inputs(h, sizes) for h in members)))
+                jk = (settings.backend, problems.jk) if config.integrals == "device" else ()
+                final = timed("float64 finalisation", lambda: final_density(settings.functional, problems.ao, weights,
+                                                                             trace.density, overlap, *jk))  # fmt: skip
+            trace, final = jax.device_get((trace, final))
+            timed("host finalise", lambda: [finalise(h, *jax.tree.map(lambda a: a[i], (trace, final)), config, sizes)
+                                            for i, h in enumerate(hosts)])  # fmt: skip
+        return spent
+
+    one_pass()
+    passes = [one_pass() for _ in range(repeats)]
+    print(f"\nour stage split, stages one after another (median of {repeats}; ms per conformer):")
+    print(f"  {'':24s} {'wall':>7s} {'CPU':>7s}")
+    for name in passes[0]:
+        wall = statistics.median(p[name][0] for p in passes) * 1000 / count
+        cpu = None if passes[0][name][1] is None else statistics.median(p[name][1] for p in passes) * 1000 / count
+        print(f"  {name:24s} {wall:7.1f} " + ("" if cpu is None else f"{cpu:7.1f}"))
+    top = [name for name in passes[0] if not name.startswith(" ")]
+    wall = statistics.median(sum(p[n][0] for n in top) for p in passes) * 1000 / count
+    cpu = statistics.median(sum(p[n][1] for n in top) for p in passes) * 1000 / count
+    print(f"  {'total':24s} {wall:7.1f} {cpu:7.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--molecules", type=int, default=3)
     parser.add_argument("--conformers", type=int, default=8)
     parser.add_argument("--windows", type=int, default=3, help="timed windows per side, after the cold one")
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--split-repeats", type=int, default=3, help="passes of the stage split (0: none)")
     parser.add_argument("--integrals", choices=("host", "device"), default="host",
                         help="our side's integrals: libcint on the host, or the JAX kernels (RKSConfig.integrals)")
     args = parser.parse_args()
@@ -88,7 +151,8 @@ def main() -> None:
 
     # The PySCF side labels exactly the generator's conformers: same SMILES, ids and seeds.
     gen = generator_config("unused")
-    conformers = [c for k, m in enumerate(chosen) for c in embed_conformers(m.smiles, gen.conformers, gen.seed, k)]
+    per_molecule = [embed_conformers(m.smiles, gen.conformers, gen.seed, k) for k, m in enumerate(chosen)]
+    conformers = [c for molecule in per_molecule for c in molecule]
     count = len(conformers)
     print(f"{len(chosen)} molecules x {args.conformers} conformers = {count} conformers "
           f"({', '.join(m.smiles for m in chosen)}); B3LYP/STO-3G, grid level 0; our integrals: {args.integrals}")  # fmt: skip
@@ -131,6 +195,9 @@ def main() -> None:
     print(f"\nour time split, last warm window ({total:.1f} s of {3600 * count / ours[-1]:.1f} s wall):")
     for key, seconds in sorted(summary.timings.items(), key=lambda kv: -kv[1]):
         print(f"  {key:16s} {seconds:7.2f} s  {seconds / total:6.1%}  {1000 * seconds / count:7.1f} ms/conformer")
+    if args.split_repeats > 0:
+        batches = [b[i : i + args.batch_size] for b in per_molecule for i in range(0, len(b), args.batch_size)]
+        stage_split(batches, dft_config, args.batch_size, args.split_repeats)
 
 
 if __name__ == "__main__":
