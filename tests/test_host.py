@@ -129,6 +129,7 @@ def test_conformers_prepared_together_match_libcint_one_by_one():
         np.testing.assert_allclose(device.overlap, host.overlap, rtol=0, atol=1e-10)
         np.testing.assert_allclose(device.hcore, host.hcore, rtol=0, atol=1e-10)
         np.testing.assert_allclose(device.eri_s8, host.eri_s8, rtol=0, atol=1e-6)
+        assert device.eri_kept == np.count_nonzero(device.eri_s8)  # counted on the device
     assert np.abs(hosts[0].eri_s8 - hosts[1].eri_s8).max() > 1e-3  # each at its own geometry
     with pytest.raises(ValueError, match="same atoms in the same order"):
         prepare_conformers([water, from_name("methane")], RKSConfig(integrals="device"), needs_grid=False)
@@ -198,3 +199,26 @@ def test_device_grid_and_ao_values_match_pyscf(basis):
         assert error.max() <= 3e-6, error.max()
         assert not ao[:, g:].any() and not ao[:, :, n:].any()
         np.testing.assert_array_equal(np.asarray(batch.ao[k]), ao.astype(np.float32))
+
+
+def test_stacking_the_rows_of_one_batch_does_not_copy():
+    """stack_padded: arrays that are the rows of one array, all of them in order (the device ERIs of a
+    batch), become that array's own buffer; anything else (a subset, another order, a cast) is
+    copied into a new stack, with the same values either way."""
+    import jax
+    import jax.numpy as jnp
+
+    from pyscf_ipu.padding import stack_padded
+
+    batch = jnp.arange(24, dtype=jnp.float32).reshape(4, 6) + 1
+    rows = list(np.asarray(batch))  # read-only views of the device buffer, as device_eri_s8 hands out
+    whole = stack_padded(rows, np.float32)
+    assert whole.unsafe_buffer_pointer() == batch.unsafe_buffer_pointer()
+    for parts in (rows[:3], rows[::-1], [rows[0], rows[1].copy(), *rows[2:]]):
+        stacked = stack_padded(parts, np.float32)
+        assert stacked.unsafe_buffer_pointer() != batch.unsafe_buffer_pointer()
+        np.testing.assert_array_equal(np.asarray(stacked), np.stack(parts))
+    with jax.enable_x64(True):
+        widened = stack_padded(rows, np.float64)
+    assert widened.dtype == np.float64 and widened.unsafe_buffer_pointer() != batch.unsafe_buffer_pointer()
+    np.testing.assert_array_equal(np.asarray(widened), np.asarray(batch, np.float64))
