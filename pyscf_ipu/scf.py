@@ -230,5 +230,8 @@ def scf_loop_batch(problems: SCFProblem, settings: LoopSettings) -> SCFTrace:
 
     The batched while-loop runs until every member has stopped; members that stopped earlier keep
     their state (JAX's batched while_loop selects per member), so results equal unbatched runs.
+    The loop keeps the two cores ~85% busy; running two half batches from two threads at once, to
+    fill the rest, deadlocked XLA's CPU runtime (jaxlib 0.10.2, this machine), so batches run one at
+    a time.
     """
     return jax.vmap(lambda problem: scf_loop(problem, settings))(problems)

@@ -147,7 +147,12 @@ def _tiled_rows(s8, placement, nao: int, nao_padded: int) -> jax.Array:
     Two programs: the s4 unpacking on its own, so that it is materialised once. In one program XLA
     fused the whole layout into one loop that unpacked s8 again for every row element it wrote, and
     placed the rows by a gather of ``row_source``; with s4 apart and the runs placed by slices and
-    pads, 8 conformers of a 53-AO molecule took 27.5 instead of 29.8 CPU-ms per conformer."""
+    pads, 8 conformers of a 53-AO molecule took 27.5 instead of 29.8 CPU-ms per conformer. A single
+    gather from s8 by precomputed indices was slower still (11.4 ms per conformer against 10.9 for
+    both programs), and most of the rest is the first writes to the fresh 52 and 160 MB outputs:
+    glibc maps every allocation above 32 MB anew (~10,000 page faults per conformer in the
+    generator, ~0.7 us each); one malloc arena with raised thresholds removed the faults but made
+    the whole pipeline 6% slower."""
     return _placed_rows(_unpacked(s8, nao * (nao + 1) // 2), placement, nao, nao_padded)
 
 
