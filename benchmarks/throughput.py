@@ -50,6 +50,7 @@ from pyscf_ipu.config import RKSConfig, precision_scope  # noqa: E402
 from pyscf_ipu.host import build_mole, prepare_conformers  # noqa: E402
 from pyscf_ipu.problem import batch_members, build_batch, final_inputs, padded_sizes  # noqa: E402
 from pyscf_ipu.results import final_density, finalise  # noqa: E402
+from pyscf_ipu.rks import finalisation_jk  # noqa: E402
 from pyscf_ipu.scf import LoopSettings, scf_loop_batch  # noqa: E402
 from pyscf_ipu.units import HARTREE_TO_EV  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
@@ -81,48 +82,48 @@ def stage_split(batches: list[list], config: RKSConfig, batch_size: int, repeats
     dtype = np.dtype(config.precision)
     count = sum(len(b) for b in batches)
 
-    def one_pass() -> dict[str, tuple[float, float]]:
-        spent: dict[str, list[float]] = {}
+    def one_pass() -> tuple[dict[str, list[float]], dict[str, float]]:
+        stages: dict[str, list[float]] = {}  # name -> [wall, CPU] seconds
+        parts = dict.fromkeys(("one_electron", "eri", "grid", "guess"), 0.0)  # of host preparation, wall
 
         def timed(name, work):
             wall, cpu = time.perf_counter(), time.process_time()
             out = jax.block_until_ready(work())
-            total = spent.setdefault(name, [0.0, 0.0])
+            total = stages.setdefault(name, [0.0, 0.0])
             total[0] += time.perf_counter() - wall
             total[1] += time.process_time() - cpu
             return out
 
         for molecules in batches:
             hosts = timed("host preparation", lambda: prepare_conformers(molecules, config))
-            for host in hosts:  # its parts (the wall time each of them took)
-                for key in ("one_electron", "eri", "grid", "guess"):
-                    spent.setdefault(f"  {key}", [0.0, None])[0] += host.timings.get(key, 0.0)
+            for key in parts:
+                parts[key] += sum(host.timings.get(key, 0.0) for host in hosts)
             sizes = tuple(int(s) for s in np.max([padded_sizes(h) for h in hosts], axis=0))
             members = batch_members(hosts, batch_size)
             with precision_scope(config.precision):
                 problems = timed("AO values, J-K layout", lambda: build_batch(members, settings.backend, dtype, sizes))
                 trace = timed("SCF loop", lambda: scf_loop_batch(problems, settings))
                 overlap, weights = (np.stack(a) for a in zip(*(final_inputs(h, sizes) for h in members)))
-                jk = (settings.backend, problems.jk) if config.integrals == "device" else ()
+                jk = finalisation_jk(config, settings, problems)
                 final = timed("float64 finalisation", lambda: final_density(settings.functional, problems.ao, weights,
                                                                              trace.density, overlap, *jk))  # fmt: skip
             trace, final = jax.device_get((trace, final))
             timed("host finalise", lambda: [finalise(h, *jax.tree.map(lambda a: a[i], (trace, final)), config, sizes)
                                             for i, h in enumerate(hosts)])  # fmt: skip
-        return spent
+        return stages, parts
 
     one_pass()
     passes = [one_pass() for _ in range(repeats)]
+    ms = lambda seconds: statistics.median(seconds) * 1000 / count  # noqa: E731  per conformer
     print(f"\nour stage split, stages one after another (median of {repeats}; ms per conformer):")
     print(f"  {'':24s} {'wall':>7s} {'CPU':>7s}")
-    for name in passes[0]:
-        wall = statistics.median(p[name][0] for p in passes) * 1000 / count
-        cpu = None if passes[0][name][1] is None else statistics.median(p[name][1] for p in passes) * 1000 / count
-        print(f"  {name:24s} {wall:7.1f} " + ("" if cpu is None else f"{cpu:7.1f}"))
-    top = [name for name in passes[0] if not name.startswith(" ")]
-    wall = statistics.median(sum(p[n][0] for n in top) for p in passes) * 1000 / count
-    cpu = statistics.median(sum(p[n][1] for n in top) for p in passes) * 1000 / count
-    print(f"  {'total':24s} {wall:7.1f} {cpu:7.1f}")
+    for name in passes[0][0]:
+        print(f"  {name:24s} {ms(p[name][0] for p, _ in passes):7.1f} {ms(p[name][1] for p, _ in passes):7.1f}")
+        if name == "host preparation":
+            for key in passes[0][1]:
+                print(f"    {key:22s} {ms(q[key] for _, q in passes):7.1f}")
+    print(f"  {'total':24s} {ms(sum(v[0] for v in p.values()) for p, _ in passes):7.1f} "
+          f"{ms(sum(v[1] for v in p.values()) for p, _ in passes):7.1f}")  # fmt: skip
 
 
 def main() -> None:

@@ -366,9 +366,9 @@ def _prepare_one(molecule: Molecule, mol: gto.Mole, overlap: np.ndarray, hcore: 
 
     t = time.perf_counter()
     nao = mol.nao_nr()
-    screened = schwarz_screen(eri, nao * (nao + 1) // 2, config.eri_threshold)
-    eri_kept = nonzero if screened is eri and nonzero is not None else int(np.count_nonzero(screened))
-    eri = screened
+    if config.eri_threshold > 0 or nonzero is None:  # screening zeroes more: count what is left
+        eri = schwarz_screen(eri, nao * (nao + 1) // 2, config.eri_threshold)
+        nonzero = int(np.count_nonzero(eri))
     timings["eri"] += time.perf_counter() - t
 
     t = time.perf_counter()
@@ -399,7 +399,7 @@ def _prepare_one(molecule: Molecule, mol: gto.Mole, overlap: np.ndarray, hcore: 
         overlap=overlap,
         hcore=hcore,
         eri_s8=eri,
-        eri_kept=eri_kept,
+        eri_kept=nonzero,
         orthogonaliser=x,
         density_guess=dm0,
         grid_coords=np.asarray(coords),

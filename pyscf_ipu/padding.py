@@ -87,7 +87,7 @@ def _rows_of(arrays: list) -> np.ndarray | None:
     base = getattr(arrays[0], "base", None)
     if not isinstance(base, np.ndarray) or base.shape != (len(arrays),) + np.shape(arrays[0]):
         return None
-    if not base.flags.c_contiguous or base.ndim < 2:
+    if not base.flags.c_contiguous:
         return None
     start, step = base.ctypes.data, base.strides[0]
     if all(isinstance(a, np.ndarray) and a.base is base and a.ctypes.data == start + i * step for i, a in enumerate(arrays)):

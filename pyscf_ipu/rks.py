@@ -53,7 +53,7 @@ def run_rks(
         timings["scf_loop"] = time.perf_counter() - t
     t = time.perf_counter()
     overlap, weights = final_inputs(host, sizes)
-    jk = _device_jk(config, settings, problem)
+    jk = finalisation_jk(config, settings, problem)
     final = final_density(settings.functional, problem.ao, weights, trace.density, overlap, *jk)
     result = finalise(host, trace, final, config, problem.shapes)
     timings["finalise"] = time.perf_counter() - t
@@ -128,13 +128,13 @@ def submit_batch(
         to_device = time.perf_counter() - t
         t = time.perf_counter()
         trace = scf_loop_batch(problems, settings)  # asynchronous: returns before the device is done
-        jk = _device_jk(config, settings, problems)
+        jk = finalisation_jk(config, settings, problems)
         final = final_density(settings.functional, problems.ao, weights, trace.density, overlap, *jk)  # queued behind it
         dispatch = time.perf_counter() - t
     return BatchRun(list(hosts), config, settings, sizes, trace, final, {"to_device": to_device, "dispatch": dispatch}, start)
 
 
-def _device_jk(config: RKSConfig, settings: LoopSettings, problem) -> tuple:
+def finalisation_jk(config: RKSConfig, settings: LoopSettings, problem) -> tuple:
     """(backend, arrays) for the finalisation's J and K on the device, or () for the host's.
 
     With device integrals the loop's J-K arrays hold the very integrals the host would use, so the
