@@ -230,8 +230,13 @@ def scf_loop_batch(problems: SCFProblem, settings: LoopSettings) -> SCFTrace:
 
     The batched while-loop runs until every member has stopped; members that stopped earlier keep
     their state (JAX's batched while_loop selects per member), so results equal unbatched runs.
-    The loop keeps the two cores ~85% busy; running two half batches from two threads at once, to
-    fill the rest, deadlocked XLA's CPU runtime (jaxlib 0.10.2, this machine), so batches run one at
-    a time.
+    Batches run one at a time. Two loops at once, from two threads (or one program sharded over two
+    CPU devices), hang: jaxlib 0.10.2 spreads a batched ``eigh`` (LAPACK) over XLA's intra-op pool
+    and blocks a pool thread until the pieces are done, so two such calls occupy both threads of a
+    2-core pool and wait for each other. With ``eigh`` mapped over the batch instead (one matrix per
+    call; a custom vmap rule), they ran: three 9-heavy-atom batches of 8 took 48.8 against 53.5 ms
+    per conformer one at a time, and beside the next batches' host preparation 101.7 against 108.1
+    (6%), the two cores being nearly saturated already. Not adopted: a hang of a weeks-long run on
+    the next jaxlib's scheduling is too high a price for 6%.
     """
     return jax.vmap(lambda problem: scf_loop(problem, settings))(problems)

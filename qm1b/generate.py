@@ -4,8 +4,10 @@ Work flows molecule by molecule, conformers in batches of ``batch_size``: confor
 share every shape, so a batch runs as one vmapped, jit-compiled SCF loop. Molecules are ordered by
 their AO count, so consecutive batches reuse compiled code (and the persistent compilation cache
 spares a restarted run the compiling). While the device works on batch k, the host prepares batch
-k+1 (PySCF integrals and grid); batch k is then finalised and committed to the shard as one atomic
-part (see :mod:`qm1b.store`). A killed run resumes with ``--resume``: committed conformers and
+k+1 (PySCF integrals and grid; with device integrals, only the host-side steps of it overlap: XLA's
+CPU client runs the programs of one thread in order, so the integrals' programs wait for batch k's
+loop); batch k is then finalised and committed to the shard as one atomic part (see
+:mod:`qm1b.store`). A killed run resumes with ``--resume``: committed conformers and
 recorded failures are skipped, so at most the batch in flight is recomputed.
 """
 
