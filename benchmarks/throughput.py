@@ -48,9 +48,9 @@ from pyscf import dft  # noqa: E402
 import jax  # noqa: E402
 from pyscf_ipu.config import RKSConfig, precision_scope  # noqa: E402
 from pyscf_ipu.host import build_mole, prepare_conformers  # noqa: E402
-from pyscf_ipu.problem import batch_members, build_batch, final_inputs, padded_sizes  # noqa: E402
-from pyscf_ipu.results import final_density, finalise  # noqa: E402
-from pyscf_ipu.rks import finalisation_jk  # noqa: E402
+from pyscf_ipu.problem import batch_members, build_batch, padded_sizes  # noqa: E402
+from pyscf_ipu.results import finalise  # noqa: E402
+from pyscf_ipu.rks import batch_finalisation  # noqa: E402
 from pyscf_ipu.scf import LoopSettings, scf_loop_batch  # noqa: E402
 from pyscf_ipu.units import HARTREE_TO_EV  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
@@ -103,10 +103,8 @@ def stage_split(batches: list[list], config: RKSConfig, batch_size: int, repeats
             with precision_scope(config.precision):
                 problems = timed("AO values, J-K layout", lambda: build_batch(members, settings.backend, dtype, sizes))
                 trace = timed("SCF loop", lambda: scf_loop_batch(problems, settings))
-                overlap, weights = (np.stack(a) for a in zip(*(final_inputs(h, sizes) for h in members)))
-                jk = finalisation_jk(config, settings, problems)
-                final = timed("float64 finalisation", lambda: final_density(settings.functional, problems.ao, weights,
-                                                                             trace.density, overlap, *jk))  # fmt: skip
+                final = timed("float64 finalisation",
+                              lambda: batch_finalisation(config, settings, members, problems, sizes, trace))
             trace, final = jax.device_get((trace, final))
             timed("host finalise", lambda: [finalise(h, *jax.tree.map(lambda a: a[i], (trace, final)), config, sizes)
                                             for i, h in enumerate(hosts)])  # fmt: skip

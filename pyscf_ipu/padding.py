@@ -67,10 +67,10 @@ def stack_padded(arrays: list, dtype=None) -> jax.Array:
     :func:`~pyscf_ipu.host.device_eri_s8` hands out) are not copied at all: that array is the stack
     (restacking the ERIs took 2.2 ms per 9-heavy-atom conformer).
     """
-    shape = tuple(int(s) for s in np.max([np.shape(a) for a in arrays], axis=0)) if np.ndim(arrays[0]) else ()
     whole = _rows_of(arrays)
     if whole is not None and whole.dtype == np.dtype(dtype or whole.dtype):
         return jax.device_put(whole, may_alias=True)
+    shape = tuple(int(s) for s in np.max([np.shape(a) for a in arrays], axis=0)) if np.ndim(arrays[0]) else ()
     if all(isinstance(a, np.ndarray) for a in arrays):
         out = aligned_empty((len(arrays),) + shape, dtype or arrays[0].dtype)
         for i, a in enumerate(arrays):
@@ -85,14 +85,13 @@ def stack_padded(arrays: list, dtype=None) -> jax.Array:
 def _rows_of(arrays: list) -> np.ndarray | None:
     """The C-contiguous numpy array whose rows ``arrays`` are, all of them in order, or None."""
     base = getattr(arrays[0], "base", None)
-    if not isinstance(base, np.ndarray) or base.shape != (len(arrays),) + np.shape(arrays[0]):
-        return None
-    if not base.flags.c_contiguous:
+    whole_shape = (len(arrays),) + np.shape(arrays[0])
+    if not isinstance(base, np.ndarray) or base.shape != whole_shape or not base.flags.c_contiguous:
         return None
     start, step = base.ctypes.data, base.strides[0]
-    if all(isinstance(a, np.ndarray) and a.base is base and a.ctypes.data == start + i * step for i, a in enumerate(arrays)):
-        return base
-    return None
+    in_order = all(isinstance(a, np.ndarray) and a.base is base and a.ctypes.data == start + i * step
+                   for i, a in enumerate(arrays))  # fmt: skip
+    return base if in_order else None
 
 
 def stack_members(members: list[dict]) -> dict[str, jax.Array]:

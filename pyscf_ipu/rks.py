@@ -53,7 +53,7 @@ def run_rks(
         timings["scf_loop"] = time.perf_counter() - t
     t = time.perf_counter()
     overlap, weights = final_inputs(host, sizes)
-    jk = finalisation_jk(config, settings, problem)
+    jk = _device_jk(config, settings, problem)
     final = final_density(settings.functional, problem.ao, weights, trace.density, overlap, *jk)
     result = finalise(host, trace, final, config, problem.shapes)
     timings["finalise"] = time.perf_counter() - t
@@ -124,17 +124,24 @@ def submit_batch(
         t = time.perf_counter()
         members = batch_members(hosts, batch_size)
         problems = build_batch(members, settings.backend, dtype, sizes)
-        overlap, weights = (np.stack(a) for a in zip(*(final_inputs(h, sizes) for h in members)))
         to_device = time.perf_counter() - t
         t = time.perf_counter()
         trace = scf_loop_batch(problems, settings)  # asynchronous: returns before the device is done
-        jk = finalisation_jk(config, settings, problems)
-        final = final_density(settings.functional, problems.ao, weights, trace.density, overlap, *jk)  # queued behind it
+        final = batch_finalisation(config, settings, members, problems, sizes, trace)  # queued behind it
         dispatch = time.perf_counter() - t
     return BatchRun(list(hosts), config, settings, sizes, trace, final, {"to_device": to_device, "dispatch": dispatch}, start)
 
 
-def finalisation_jk(config: RKSConfig, settings: LoopSettings, problem) -> tuple:
+def batch_finalisation(config: RKSConfig, settings: LoopSettings, members: list[HostProblem], problems,
+                       sizes: tuple[int, int], trace: SCFTrace) -> FinalDensity:  # fmt: skip
+    """Dispatch the float64 finalisation of a batch's loop ``trace`` (asynchronous; see
+    :func:`~pyscf_ipu.results.final_density`): ``members`` and ``problems`` as the loop had them."""
+    overlap, weights = (np.stack(a) for a in zip(*(final_inputs(h, sizes) for h in members)))
+    jk = _device_jk(config, settings, problems)
+    return final_density(settings.functional, problems.ao, weights, trace.density, overlap, *jk)
+
+
+def _device_jk(config: RKSConfig, settings: LoopSettings, problem) -> tuple:
     """(backend, arrays) for the finalisation's J and K on the device, or () for the host's.
 
     With device integrals the loop's J-K arrays hold the very integrals the host would use, so the
