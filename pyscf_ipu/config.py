@@ -107,13 +107,13 @@ def _base_type(tp):
     return args[0] if args else tp
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls) -> None:
-    """Add one ``--option`` per field of the dataclass ``cls``."""
+def add_config_arguments(parser: argparse.ArgumentParser, cls, defaults: dict | None = None) -> None:
+    """Add one ``--option`` per field of the dataclass ``cls`` (``defaults`` overrides field defaults)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = _base_type(hints[f.name])
         flag = "--" + f.name.replace("_", "-")
-        default = f.default
+        default = (defaults or {}).get(f.name, f.default)
         help_text = f.metadata.get("help", "")
         if default is not None:
             help_text += f" (default: {default})"
@@ -143,14 +143,16 @@ def default_cache_dir() -> Path:
 def enable_compilation_cache(path: str | Path | None = None) -> Path:
     """Turn on JAX's persistent compilation cache, so a new process does not recompile.
 
-    Called by the command-line entry points and the tests, never at import.
+    Every program is kept, however quickly it compiled: below JAX's default threshold (1 s) a
+    program compiled again in every new process. Called by the command-line entry points and the
+    tests, never at import.
     """
     import jax
 
     cache = Path(path) if path is not None else default_cache_dir() / "jax"
     cache.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(cache))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     return cache
 
 

@@ -36,6 +36,9 @@ import numpy as np
 from pyscf import dft, gto
 from pyscf.dft import radi
 
+from .programs import compiled
+
+
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class AtomGrids:
     volumes: np.ndarray  # (G,) radial times angular weights
     owner: np.ndarray  # (G,) int32: the atom whose grid the point belongs to
     adjust: np.ndarray  # (natm, natm) Treutler's a_AB (antisymmetric)
+    present: np.ndarray  # (natm,) bool: False for the dummy atoms that pad a molecule to its size bucket
 
 
 def atom_grids(mol: gto.Mole, level: int) -> AtomGrids:
@@ -62,7 +66,17 @@ def atom_grids(mol: gto.Mole, level: int) -> AtomGrids:
     # PySCF's own adjustment function: nu(mu) = mu + a_AB (1 - mu^2), so a_AB = nu(0)
     nu = radi.treutler_atomic_radii_adjust(mol, radi.BRAGG_RADII)
     adjust = np.array([[nu(a, b, 0.0) for b in range(mol.natm)] for a in range(mol.natm)])
-    return AtomGrids(np.concatenate(offsets), np.concatenate(volumes), np.concatenate(owner), adjust)
+    return AtomGrids(np.concatenate(offsets), np.concatenate(volumes), np.concatenate(owner), adjust,
+                     np.ones(mol.natm, bool))  # fmt: skip
+
+
+def pad_grids(grids: AtomGrids, points: int, natm: int) -> AtomGrids:
+    """``grids`` padded to ``points`` zero-volume points and ``natm`` atoms (dummies, left out of the
+    partition), the shapes of a size bucket."""
+    extra, atoms = points - len(grids.volumes), natm - len(grids.present)
+    return AtomGrids(np.pad(grids.offsets, ((0, extra), (0, 0))), np.pad(grids.volumes, (0, extra)),
+                     np.pad(grids.owner, (0, extra)), np.pad(grids.adjust, ((0, atoms), (0, atoms))),
+                     np.pad(grids.present, (0, atoms)))  # fmt: skip
 
 
 def grid_points_and_weights(grids: AtomGrids, coords) -> tuple[jax.Array, jax.Array]:
@@ -73,7 +87,8 @@ def grid_points_and_weights(grids: AtomGrids, coords) -> tuple[jax.Array, jax.Ar
     points = coords[owner] + jnp.asarray(grids.offsets, dtype)  # (G, 3)
     distance = jnp.linalg.norm(points[:, None, :] - coords[None, :, :], axis=-1)  # (G, natm)
     natm = coords.shape[0]
-    off_diagonal = ~jnp.eye(natm, dtype=bool)
+    present = jnp.asarray(grids.present)
+    off_diagonal = ~jnp.eye(natm, dtype=bool) & present[:, None] & present[None, :]  # dummy atoms take no part
     apart = coords[:, None, :] - coords[None, :, :]
     # the square root of positive numbers only: a zero on the diagonal would give NaN gradients
     squared = jnp.where(off_diagonal, jnp.sum(apart * apart, axis=-1), 1.0)  # (natm, natm)
@@ -82,11 +97,11 @@ def grid_points_and_weights(grids: AtomGrids, coords) -> tuple[jax.Array, jax.Ar
     nu = mu + jnp.asarray(grids.adjust, dtype) * (1.0 - mu * mu)
     for _ in range(3):
         nu = 0.5 * (3.0 - nu * nu) * nu
-    cell = jnp.prod(jnp.where(off_diagonal, 0.5 * (1.0 - nu), 1.0), axis=-1)  # (G, A): P_A(r_g)
+    cell = jnp.prod(jnp.where(off_diagonal, 0.5 * (1.0 - nu), 1.0), axis=-1) * present  # (G, A): P_A(r_g)
     own = jnp.take_along_axis(cell, owner[:, None], axis=1)[:, 0]
     return points, jnp.asarray(grids.volumes, dtype) * own / jnp.sum(cell, axis=-1)
 
 
-# conformers at once; the grids are arguments, not constants, so one program serves every molecule
-# whose padded point count and atom count agree
-grid_points_and_weights_batch = jax.jit(jax.vmap(grid_points_and_weights, in_axes=(None, 0)))
+# conformers at once, each with its molecule's grids (:func:`pad_grids`): arguments, not constants,
+# so one program serves every molecule of a size bucket
+grid_points_and_weights_batch = compiled(jax.vmap(grid_points_and_weights))

@@ -24,9 +24,11 @@ from pyscf import dft, gto, scf
 from pyscf.lib.exceptions import BasisNotFoundError
 from pyscf.scf import addons, atom_hf
 
+from .buckets import SizeBucket, pad_atoms
 from .config import RKSConfig, precision_scope
 from .integrals.ao_values import AOTables, ao_tables
 from .molecule import Molecule, MoleculeError
+from .programs import compiled
 
 # Eigenvalues of S below this are treated as linear dependence and projected out (PySCF's lindep).
 LINEAR_DEPENDENCE_THRESHOLD = 1e-8
@@ -52,11 +54,19 @@ class HostProblem:
     ao: np.ndarray | None  # (4, G, N)  values and x/y/z derivatives; None: evaluated on the device (ao_tables)
     nuclear_repulsion: float
     timings: dict[str, float]
+    bucket: SizeBucket | None = None  # the size bucket whose shapes the problem is padded to
     ao_tables: AOTables | None = field(default=None, repr=False)  # the basis, for the device's AO values
 
     @property
     def nao(self) -> int:
         return self.overlap.shape[0]
+
+    @property
+    def eri_nao(self) -> int:
+        """The AOs of ``eri_s8``: the molecule's (libcint), or its bucket's (the device integrals write
+        the bucket's s8 array, of which the molecule's is the leading part; the rest is zero)."""
+        npair = int(round((np.sqrt(8.0 * self.eri_s8.shape[0] + 1.0) - 1.0) / 2.0))
+        return int(round((np.sqrt(8.0 * npair + 1.0) - 1.0) / 2.0))
 
     @property
     def grid_points(self) -> int:
@@ -181,9 +191,9 @@ def eri_s8(mol: gto.Mole, expcutoff: float = 0.0) -> np.ndarray:
     return gto.getints("int2e_sph" if not mol.cart else "int2e_cart", mol._atm, mol._bas, env, aosym="s8")
 
 
-def device_one_electron(mols: list[gto.Mole], basis: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(overlap, core Hamiltonian) of each conformer in ``mols`` (same atoms), as float64 host arrays,
-    from :mod:`pyscf_ipu.integrals` in one call.
+def device_one_electron(mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(overlap, core Hamiltonian) of each conformer in ``mols`` (molecules of ``bucket``), as float64
+    host arrays at the molecules' sizes, from :mod:`pyscf_ipu.integrals` in one call.
 
     Computed in float64 whatever the SCF's precision: in float32 their errors are systematic (the core
     Hamiltonian's energy came out 0.5-2.1 meV low on 9-heavy-atom molecules, measured against
@@ -191,63 +201,57 @@ def device_one_electron(mols: list[gto.Mole], basis: str) -> list[tuple[np.ndarr
     """
     from .integrals.one_electron import one_electron
 
-    template = primitive_template(basis, _same_atoms(mols))
-    coords = _conformer_coords(mols)
+    bases = [primitive_template(bucket.basis, tuple(mol.elements)) for mol in mols]
+    capacity = primitive_template(bucket.basis, bucket.template_elements)
     with precision_scope("float64"):
-        if len(mols) == 1:
-            ints = {k: v[None] for k, v in one_electron(replace(template, coords=coords[0]), np.dtype("float64")).items()}
-        else:
-            ints = one_electron(template, np.dtype("float64"), coords)
+        ints = one_electron(bases, np.dtype("float64"), _conformer_coords(mols, bucket), capacity)
         overlap, hcore = np.asarray(ints["overlap"]), np.asarray(ints["kinetic"] + ints["nuclear"])
-    return [(overlap[k], hcore[k]) for k in range(len(mols))]
+    return [(overlap[k, : mol.nao, : mol.nao], hcore[k, : mol.nao, : mol.nao]) for k, mol in enumerate(mols)]
 
 
-def device_eri_s8(mols: list[gto.Mole], basis: str, precision: str) -> tuple[list[np.ndarray], list[int]]:
-    """(s8 ERIs, their non-zero counts) of each conformer in ``mols`` (same atoms) from
-    :mod:`pyscf_ipu.integrals.eri`, computed in ``precision`` (conformers beyond one as one batch)
-    and kept in it: read-only numpy views of the device's buffer (no copy on a CPU), which the J-K
-    layout stacks as they are. A float64 copy (for libcint's contraction) took 6-11 ms per
-    9-heavy-atom conformer, mostly first-touching new memory, and the finalisation contracts these
-    on the device instead. The counts are taken on the device too: numpy's ``count_nonzero`` of a
-    float32 array took 1.9 ms per 9-heavy-atom conformer."""
+def device_eri_s8(mols: list[gto.Mole], bucket: SizeBucket, precision: str) -> tuple[list[np.ndarray], list[int]]:
+    """(s8 ERIs, their non-zero counts) of each conformer in ``mols`` (molecules of ``bucket``) from
+    :mod:`pyscf_ipu.integrals.eri`, computed in ``precision`` as one batch and kept in it: each the
+    bucket's s8 array (the molecule's is its leading part, the rest zero), a read-only numpy view of
+    the device's buffer (no copy on a CPU), which the J-K layout stacks as it is. The finalisation
+    contracts these on the device. The counts are taken on the device too (numpy's
+    ``count_nonzero`` of a float32 array took 1.9 ms per 9-heavy-atom conformer)."""
     from .integrals.eri import eri_s8 as device_eris
 
-    plan = eri_plan(basis, _same_atoms(mols))
-    coords = _conformer_coords(mols)
+    plans = [eri_plan(bucket.basis, tuple(mol.elements), bucket) for mol in mols]
     with precision_scope(precision):
-        eris = device_eris(plan, coords[0] if len(mols) == 1 else coords, precision)
-        counts = np.atleast_1d(np.asarray(_count_nonzero(eris)))
+        eris = device_eris(plans, _conformer_coords(mols, bucket), precision)
+        counts = np.asarray(_count_nonzero(eris))
         eris = np.asarray(eris)
-    return ([eris] if len(mols) == 1 else list(eris[: len(mols)])), [int(c) for c in counts[: len(mols)]]
+    return list(eris), [int(c) for c in counts]
 
 
-@jax.jit
+@compiled
 def _count_nonzero(eris: jax.Array) -> jax.Array:
-    """([C,]) non-zero entries of each s8 array, int32 (an s8 array has fewer than 2^31 entries)."""
+    """(C,) non-zero entries of each s8 array, int32 (an s8 array has fewer than 2^31 entries)."""
     return jnp.count_nonzero(eris, axis=-1)
 
 
-def _same_atoms(mols: list[gto.Mole]) -> tuple[str, ...]:
-    elements = tuple(mols[0].elements)
-    if any(tuple(mol.elements) != elements for mol in mols[1:]):
-        raise ValueError("conformers computed together must have the same atoms in the same order")
-    return elements
-
-
-def _conformer_coords(mols: list[gto.Mole]) -> np.ndarray:
-    """(C', natm, 3) Bohr: the conformers' positions, their count padded to a power of two by
-    repeating the last (each count compiles its own ERI program; the extra results are dropped)."""
-    coords = [mol.atom_coords() for mol in mols]
-    padded = 1 << (len(coords) - 1).bit_length()
-    return np.stack(coords + coords[-1:] * (padded - len(coords)))
+def _conformer_coords(mols: list[gto.Mole], bucket: SizeBucket) -> np.ndarray:
+    """(C, natm, 3) Bohr: the conformers' positions, padded to the bucket's atoms with dummies."""
+    return np.stack([pad_atoms(mol.atom_coords(), bucket.natm) for mol in mols])
 
 
 @lru_cache(maxsize=64)
-def eri_plan(basis: str, elements: tuple[str, ...]):
-    """The ERI plan of ``basis`` on these atoms in this order; it does not depend on the geometry."""
+def eri_plan(basis: str, elements: tuple[str, ...], bucket: SizeBucket | None = None):
+    """The ERI plan of ``basis`` on these atoms in this order, in the shapes of ``bucket`` (default:
+    its own bucketed counts); it does not depend on the geometry."""
     from .integrals.eri import plan_eri
 
-    return plan_eri(_placeholder_mole(basis, elements))
+    return plan_eri(_placeholder_mole(basis, elements), None if bucket is None else eri_capacity(bucket))
+
+
+@lru_cache(maxsize=16)
+def eri_capacity(bucket: SizeBucket):
+    """The ERI shapes of ``bucket`` (:func:`~.integrals.eri.eri_capacity` of its template molecule)."""
+    from .integrals.eri import eri_capacity as capacity
+
+    return capacity(_placeholder_mole(bucket.basis, bucket.template_elements))
 
 
 @lru_cache(maxsize=64)
@@ -267,31 +271,28 @@ def ao_template(basis: str, elements: tuple[str, ...]) -> AOTables:
 
 
 @lru_cache(maxsize=64)
-def _atom_grids(basis: str, elements: tuple[str, ...], level: int):
-    """The atoms' grids of a molecule (geometry independent), padded to a bucketed point count with
-    zero-volume points, so that molecules of similar size share one compiled Becke program."""
-    from .grid import atom_grids
-    from .padding import bucket
+def _atom_grids(elements: tuple[str, ...], bucket: SizeBucket):
+    """The atoms' grids of a molecule (geometry independent), padded to its bucket's points and
+    atoms (zero-volume points, dummy atoms), and the molecule's own point count."""
+    from .grid import atom_grids, pad_grids
 
-    grids = atom_grids(_placeholder_mole(basis, elements), level)
-    extra = bucket(len(grids.volumes), minimum=256) - len(grids.volumes)
-    padded = replace(grids, offsets=np.pad(grids.offsets, ((0, extra), (0, 0))), volumes=np.pad(grids.volumes, (0, extra)),
-                     owner=np.pad(grids.owner, (0, extra)))  # fmt: skip
-    return padded, len(grids.volumes)
+    grids = atom_grids(_placeholder_mole(bucket.basis, elements), bucket.grid_level)
+    return pad_grids(grids, bucket.grid_points, bucket.natm), len(grids.volumes)
 
 
-def device_grids(mols: list[gto.Mole], basis: str, level: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(points (G, 3), weights (G,), owners (G,)) of each conformer in ``mols`` (same atoms), in float64,
-    from one device program: the points and weights of PySCF's grid at ``level`` without its
-    zero-weight alignment padding (equal to PySCF's to 1e-12; host Becke partitioning took 10 ms per
-    9-heavy-atom conformer)."""
+def device_grids(mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(points (G, 3), weights (G,), owners (G,)) of each conformer in ``mols`` (molecules of
+    ``bucket``), in float64, from one device program: the points and weights of PySCF's grid at the
+    bucket's level without its zero-weight alignment padding (equal to PySCF's to 1e-12; host Becke
+    partitioning took 10 ms per 9-heavy-atom conformer)."""
     from .grid import grid_points_and_weights_batch
 
-    grids, count = _atom_grids(basis, _same_atoms(mols), level)
-    coords = _conformer_coords(mols)
+    grids = [_atom_grids(tuple(mol.elements), bucket) for mol in mols]
+    stacked = jax.tree.map(lambda *xs: np.stack(xs), *[g for g, _ in grids])
     with jax.enable_x64(True):
-        points, weights = (np.asarray(a[:, :count]) for a in grid_points_and_weights_batch(grids, jnp.asarray(coords)))
-    return [(points[k], weights[k], grids.owner[:count]) for k in range(len(mols))]
+        points, weights = grid_points_and_weights_batch(stacked, jnp.asarray(_conformer_coords(mols, bucket)))
+        points, weights = np.asarray(points), np.asarray(weights)
+    return [(points[k, :count], weights[k, :count], g.owner[:count]) for k, (g, count) in enumerate(grids)]
 
 
 def _placeholder_mole(basis: str, elements: tuple[str, ...]) -> gto.Mole:
@@ -321,23 +322,26 @@ def prepare(molecule: Molecule, config: RKSConfig, needs_grid: bool = True) -> H
 
 
 def prepare_conformers(molecules: list[Molecule], config: RKSConfig, needs_grid: bool = True) -> list[HostProblem]:
-    """:func:`prepare` for conformers of one molecule (the same atoms in the same order).
+    """:func:`prepare` for a batch: conformers of molecules of one size bucket (:class:`SizeBucket`).
 
-    With device integrals, the one-electron integrals and the ERIs of all of them are computed in one
-    call each (one program per batch instead of a call per conformer); the timings share that time
-    out equally.
+    With device integrals, the one-electron integrals, the ERIs and the grids of all of them are
+    computed in one call each (one program per batch and bucket); the timings share that time out
+    equally.
     """
+    mols = [build_mole(molecule, config.basis) for molecule in molecules]  # checks the elements and basis
+    bucket = SizeBucket.of(molecules[0], config.basis, config.grid_level)
+    if any(not bucket.fits(molecule) for molecule in molecules[1:]):
+        raise ValueError("a batch needs molecules of one size bucket")
     t = time.perf_counter()
-    mols = [build_mole(molecule, config.basis) for molecule in molecules]
     if config.integrals == "device":
-        one_electron = device_one_electron(mols, config.basis)
+        one_electron = device_one_electron(mols, bucket)
     else:
         one_electron = [(mol.intor("int1e_ovlp"), mol.intor("int1e_kin") + mol.intor("int1e_nuc")) for mol in mols]
     one_electron_seconds = (time.perf_counter() - t) / len(mols)
 
     t = time.perf_counter()
     if config.integrals == "device":
-        eris, counts = device_eri_s8(mols, config.basis, config.precision)
+        eris, counts = device_eri_s8(mols, bucket, config.precision)
     else:
         eris, counts = [eri_s8(mol, config.eri_expcutoff) for mol in mols], [None] * len(mols)
     eri_seconds = (time.perf_counter() - t) / len(mols)
@@ -345,16 +349,16 @@ def prepare_conformers(molecules: list[Molecule], config: RKSConfig, needs_grid:
     t = time.perf_counter()
     grids = [None] * len(mols)
     if config.integrals == "device" and needs_grid:
-        grids = device_grids(mols, config.basis, config.grid_level)
+        grids = device_grids(mols, bucket)
     grid_seconds = (time.perf_counter() - t) / len(mols)
-    return [_prepare_one(molecule, mol, *ints, eri, count, grid, config, needs_grid,
+    return [_prepare_one(molecule, mol, *ints, eri, count, grid, config, needs_grid, bucket,
                          {"one_electron": one_electron_seconds, "eri": eri_seconds, "grid": grid_seconds})
             for molecule, mol, ints, eri, count, grid
             in zip(molecules, mols, one_electron, eris, counts, grids)]  # fmt: skip
 
 
 def _prepare_one(molecule: Molecule, mol: gto.Mole, overlap: np.ndarray, hcore: np.ndarray, eri: np.ndarray,
-                 nonzero: int | None, grid: tuple | None, config: RKSConfig, needs_grid: bool,
+                 nonzero: int | None, grid: tuple | None, config: RKSConfig, needs_grid: bool, bucket: SizeBucket,
                  timings: dict[str, float]) -> HostProblem:  # fmt: skip
     """The rest of one conformer's preparation, from its integrals: orthogonaliser, screening, guess,
     grid. ``nonzero`` counts the non-zero entries of ``eri`` where they are known (None: counted
@@ -367,7 +371,8 @@ def _prepare_one(molecule: Molecule, mol: gto.Mole, overlap: np.ndarray, hcore: 
     t = time.perf_counter()
     nao = mol.nao_nr()
     if config.eri_threshold > 0 or nonzero is None:  # screening zeroes more: count what is left
-        eri = schwarz_screen(eri, nao * (nao + 1) // 2, config.eri_threshold)
+        n = nao if eri.shape[0] == (nao * (nao + 1) // 2) * (nao * (nao + 1) // 2 + 1) // 2 else bucket.nao
+        eri = schwarz_screen(eri, n * (n + 1) // 2, config.eri_threshold)
         nonzero = int(np.count_nonzero(eri))
     timings["eri"] += time.perf_counter() - t
 
@@ -408,5 +413,6 @@ def _prepare_one(molecule: Molecule, mol: gto.Mole, overlap: np.ndarray, hcore: 
         ao=None if ao is None else np.asarray(ao),
         nuclear_repulsion=float(mol.energy_nuc()),
         timings=timings,
+        bucket=bucket,
         ao_tables=tables,
     )

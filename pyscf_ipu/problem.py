@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from .buckets import pad_atoms
 from .host import HostProblem
 from .jk import JKBackend
-from .padding import aligned_empty, bucket, pad_into, pad_to, stack_padded
+from .padding import aligned_empty, pad_into, pad_to, stack_padded
 
 VIRTUAL_SHIFT = 10.0  # Hartree; above any real orbital energy of the supported bases
 
@@ -48,16 +49,10 @@ class SCFProblem:
 
 
 def padded_sizes(host: HostProblem) -> tuple[int, int]:
-    """(Np, Gp): the bucketed AO count (a multiple of 4 at least) and grid size.
-
-    AOs are bucketed finely (at most 1/8 more, and in steps of 4 below 64) since the J-K row
-    matrices grow as Np^4 and the grid work as Np^2: with steps of 8, a 50-AO molecule (9 heavy
-    atoms, STO-3G) padded to 56 carried 1.57x the rows it needs. On three such molecules (50, 51
-    and 53 AOs), the device-integral pipeline took 314 CPU-ms per conformer with steps of 8 and 286
-    with steps of 4. Each bucket compiles its own programs, once per machine with the persistent
-    compilation cache.
-    """
-    return bucket(host.nao, minimum=4), bucket(host.grid_points, minimum=256)
+    """(Np, Gp): the AO count and grid size of the problem's size bucket (see :mod:`pyscf_ipu.buckets`),
+    Gp 0 without a grid (Hartree-Fock). Molecules of one bucket share every compiled program."""
+    npad, gpad = host.bucket.sizes
+    return npad, gpad if host.grid_points else 0
 
 
 def build_problem(host: HostProblem, backend: JKBackend, dtype, sizes: tuple[int, int] | None = None) -> SCFProblem:
@@ -73,7 +68,7 @@ def build_problem(host: HostProblem, backend: JKBackend, dtype, sizes: tuple[int
         ao = device_ao_values([host], dtype, sizes)[0]
     else:
         ao = pad_to(host.ao, (4, gpad, npad), dtype)  # the largest array: cast while padding
-    jk = backend.prepare(host.eri_s8, host.nao, npad, dtype, host.eri_kept)
+    jk = backend.prepare(host.eri_s8, host.eri_nao, npad, dtype, host.eri_kept)
     return SCFProblem(**{k: np.asarray(v, dtype) for k, v in arrays.items()}, ao=ao, jk=jk)
 
 
@@ -83,9 +78,10 @@ def device_ao_values(hosts: list[HostProblem], dtype, sizes: tuple[int, int]) ->
     padded with zeros: 2-3x faster than PySCF's float64 ``eval_ao`` followed by the cast and padding."""
     from .integrals.ao_values import ao_values_batch
 
-    coords = np.stack([h.mol.atom_coords() for h in hosts])  # (C, natm, 3)
-    offsets = np.stack([h.grid_coords - c[h.grid_owners] for h, c in zip(hosts, coords)])  # float64
-    return ao_values_batch(hosts[0].ao_tables, coords, offsets, hosts[0].grid_owners, sizes, dtype)
+    natm = hosts[0].bucket.natm
+    coords = np.stack([pad_atoms(h.mol.atom_coords(), natm) for h in hosts])  # (C, natm, 3)
+    offsets = [h.grid_coords - c[h.grid_owners] for h, c in zip(hosts, coords)]  # float64
+    return ao_values_batch([h.ao_tables for h in hosts], coords, offsets, [h.grid_owners for h in hosts], sizes, dtype)
 
 
 def batch_members(hosts: list[HostProblem], batch_size: int | None) -> list[HostProblem]:
@@ -95,19 +91,20 @@ def batch_members(hosts: list[HostProblem], batch_size: int | None) -> list[Host
 
 
 def build_batch(hosts: list[HostProblem], backend: JKBackend, dtype, sizes: tuple[int, int] | None = None) -> SCFProblem:
-    """The conformers ``hosts`` (the same atoms) as one problem with a leading batch axis, for the
-    vmapped loop: :func:`build_problem` of each, stacked.
+    """The conformers ``hosts`` (molecules of one size bucket) as one problem with a leading batch
+    axis, for the vmapped loop: :func:`build_problem` of each, stacked.
 
-    ``sizes`` defaults to the largest :func:`padded_sizes` of the batch (see :func:`batch_members`
-    to pad the batch itself). AO values left to the device are evaluated there for the whole batch
+    ``sizes`` defaults to the bucket's :func:`padded_sizes` (see :func:`batch_members` to pad the
+    batch itself). AO values left to the device are evaluated there for the whole batch
     (:func:`device_ao_values`); host ones are cast and padded straight into their slot of the
     batch's array (one pass over 14 MB per 9-heavy-atom conformer, where padding each and then
-    stacking took two). The J-K arrays come from the backend's
-    ``prepare_batch``, which builds them for the whole batch at once where it can.
+    stacking took two). The J-K arrays come from the backend's ``prepare_batch``, which builds them
+    for the whole batch at once where it can, from every conformer's integrals as the bucket's s8
+    array (the molecule's leading, zeros after).
     """
-    if len({h.nao for h in hosts}) != 1:
-        raise ValueError("a batch needs conformers of one molecule: their AO counts differ")
-    npad, gpad = sizes = sizes or tuple(int(s) for s in np.max([padded_sizes(h) for h in hosts], axis=0))
+    if len({h.bucket for h in hosts}) != 1:
+        raise ValueError("a batch needs conformers of molecules of one size bucket")
+    npad, gpad = sizes = sizes or padded_sizes(hosts[0])
     arrays = [_padded_arrays(h, sizes) for h in hosts]
     if len({h.ao is None for h in hosts}) != 1:
         raise ValueError("a batch needs one preparation: some conformers' AO values are on the host, some not")
@@ -118,10 +115,12 @@ def build_batch(hosts: list[HostProblem], backend: JKBackend, dtype, sizes: tupl
         for slot, host in zip(ao, hosts):
             pad_into(slot, host.ao)
         ao = jax.device_put(ao, may_alias=True)  # new and never written again: the device may adopt it
+    npair = npad * (npad + 1) // 2
+    eris = [h.eri_s8 if h.eri_nao == npad else pad_to(h.eri_s8, (npair * (npair + 1) // 2,)) for h in hosts]
     return SCFProblem(
         **{k: stack_padded([np.asarray(a[k], dtype) for a in arrays]) for k in arrays[0]},
         ao=ao,
-        jk=backend.prepare_batch([h.eri_s8 for h in hosts], hosts[0].nao, npad, dtype, [h.eri_kept for h in hosts]),
+        jk=backend.prepare_batch(eris, npad, npad, dtype, [h.eri_kept for h in hosts]),
     )
 
 

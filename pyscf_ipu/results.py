@@ -38,6 +38,7 @@ from .numint import xc_energy_and_potential
 from .scf import SCFTrace
 from .units import HARTREE_TO_EV
 from .xc.functionals import Functional, get_functional
+from .programs import compiled
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,7 +140,7 @@ def _final_density(functional: Functional, ao, weights, density, overlap, backen
 
 # Conformers one after another (lax.map), not vmapped: each one's grid blocks then stay cache-sized
 # (measured, 8 conformers of a 53-AO molecule: 13 ms per conformer mapped, 21 vmapped).
-_final_density_batch = jax.jit(
+_final_density_batch = compiled(
     lambda functional, backend, *arrays: jax.lax.map(
         lambda member: _final_density(functional, *member[:4], backend, *member[4:]), arrays),
     static_argnums=(0, 1))

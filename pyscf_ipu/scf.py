@@ -34,6 +34,7 @@ from .numint import xc_energy_and_potential
 from .problem import SCFProblem
 from .units import HARTREE_TO_EV
 from .xc.functionals import Functional, get_functional
+from .programs import compiled
 
 QM1B_STD_WINDOW = 5
 
@@ -224,7 +225,7 @@ def scf_loop(problem: SCFProblem, settings: LoopSettings) -> SCFTrace:
     return SCFTrace(dm, mo_energy, energies, changes, commutators, it, std, converged(changes, it, settings))
 
 
-@partial(jax.jit, static_argnames="settings")
+@partial(compiled, static_argnums=1)
 def scf_loop_batch(problems: SCFProblem, settings: LoopSettings) -> SCFTrace:
     """:func:`scf_loop` vmapped over a leading batch axis (see ``problem.build_batch``).
 

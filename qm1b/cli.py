@@ -24,13 +24,13 @@ from pyscf_ipu.config import ConfigError, RKSConfig, add_config_arguments, confi
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .generate import GenerateConfig
+    from .generate import GENERATOR_DFT_DEFAULTS, GenerateConfig
 
     parser = Parser(prog="qm1b", description="QM1B-style DFT dataset generator")
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="SMILES -> conformers -> DFT labels -> HDF5 shards")
     add_config_arguments(gen.add_argument_group("generation"), GenerateConfig)
-    add_config_arguments(gen.add_argument_group("DFT settings"), RKSConfig)
+    add_config_arguments(gen.add_argument_group("DFT settings"), RKSConfig, GENERATOR_DFT_DEFAULTS)
     info = commands.add_parser("info", help="counts, failures, convergence, throughput, label statistics")
     info.add_argument("directory")
     info.add_argument("--json", action="store_true")

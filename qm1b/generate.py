@@ -23,6 +23,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from pyscf_ipu.buckets import SizeBucket
 from pyscf_ipu.config import RKSConfig, default_cache_dir, disable_numpy_huge_pages, enable_compilation_cache, option
 from pyscf_ipu.forces import nuclear_gradient
 from pyscf_ipu.host import HostProblem, prepare_conformers
@@ -38,6 +39,10 @@ from .schema import SCALAR_COLUMNS, Failure, RecordBatch
 from .store import ShardWriter
 
 EXECUTORS = ("local", "ray")
+# The generator's own DFT defaults where they differ from a single point's: the JAX integrals, whose
+# programs molecules of one size bucket share (a single `pyscf-ipu run` keeps libcint's, which need
+# no compiling).
+GENERATOR_DFT_DEFAULTS = {"integrals": "device"}
 
 
 @dataclass(frozen=True)
@@ -123,24 +128,22 @@ def label_settings(gen: GenerateConfig, dft: RKSConfig) -> dict:
     }
 
 
-@lru_cache(maxsize=None)
-def _element_nao(basis: str, symbol: str) -> int:
-    from pyscf import gto
-
-    return sum((2 * shell[0] + 1) * (len(shell[1]) - 1) for shell in gto.basis.load(basis, symbol))
-
-
-def nao_estimate(smiles: str, basis: str) -> int:
-    """The AO count of a SMILES in a basis (spherical), for ordering work by shape; 0 if unknown."""
+def smiles_bucket(smiles: str, basis: str, grid_level: int) -> SizeBucket | None:
+    """The size bucket of a SMILES (its atoms with hydrogens added), for grouping work by shape; None
+    if RDKit cannot read it or the basis lacks one of its elements (the run records the failure)."""
     from rdkit import Chem
 
     mol = Chem.MolFromSmiles(smiles)
     if mol is None:
-        return 0
+        return None
     try:
-        return sum(_element_nao(basis, a.GetSymbol()) for a in Chem.AddHs(mol).GetAtoms())
-    except Exception:  # an element the basis lacks: the run records the failure itself
-        return 0
+        return SizeBucket.of_symbols([a.GetSymbol() for a in Chem.AddHs(mol).GetAtoms()], basis, grid_level)
+    except Exception:  # an element the basis lacks
+        return None
+
+
+def _bucket_order(bucket: SizeBucket | None) -> tuple:
+    return (0, "") if bucket is None else (bucket.nao, bucket.label())
 
 
 def load_inputs(gen: GenerateConfig) -> list[MoleculeInput]:
@@ -151,10 +154,14 @@ def load_inputs(gen: GenerateConfig) -> list[MoleculeInput]:
 
 @dataclass
 class _Batch:
-    entry: MoleculeInput
-    conformer_ids: list[int]
-    molecules: list[Molecule]
+    """Conformers labelled together: of one molecule or of several of one size bucket."""
+
+    members: list[tuple[MoleculeInput, int, Molecule]]  # (input, conformer id, conformer)
     hosts: list[HostProblem] = field(default_factory=list)
+
+    @property
+    def molecules(self) -> list[Molecule]:
+        return [m for _, _, m in self.members]
 
 
 def _records(
@@ -168,41 +175,41 @@ def _records(
     ``gradients``: dE/dR (natoms, 3) Hartree/Bohr of each conformer, stored as forces in eV/Bohr.
     """
     rows, failures, kept_gradients = [], [], []
-    for k, (cid, molecule, r) in enumerate(zip(batch.conformer_ids, batch.molecules, results)):
+    for k, ((entry, cid, molecule), r) in enumerate(zip(batch.members, results)):
         labels = np.array([r.energy, r.homo, r.lumo, r.gap, r.energy_std_ev])
         if gradients is not None and not np.all(np.isfinite(gradients[k])):
-            failures.append(Failure(batch.entry.smiles, "NaN force", batch.entry.molecule_id, cid))
+            failures.append(Failure(entry.smiles, "NaN force", entry.molecule_id, cid))
         elif not np.all(np.isfinite(labels)):
-            failures.append(Failure(batch.entry.smiles, "NaN label", batch.entry.molecule_id, cid))
+            failures.append(Failure(entry.smiles, "NaN label", entry.molecule_id, cid))
         elif drop_unconverged and not r.converged:
-            failures.append(Failure(batch.entry.smiles, "not converged (--drop-unconverged)", batch.entry.molecule_id, cid))
+            failures.append(Failure(entry.smiles, "not converged (--drop-unconverged)", entry.molecule_id, cid))
         else:
-            rows.append((cid, molecule, r))
+            rows.append((entry, cid, molecule, r))
             if gradients is not None:
                 kept_gradients.append(gradients[k])
     if not rows:
         return None, failures
     columns = {
-        "smile": [batch.entry.smiles] * len(rows),
-        "atoms": [m.formula for _, m, _ in rows],
-        "energy": [r.energy * HARTREE_TO_EV for _, _, r in rows],
-        "homo": [r.homo * HARTREE_TO_EV for _, _, r in rows],
-        "lumo": [r.lumo * HARTREE_TO_EV for _, _, r in rows],
-        "y": [r.gap_ev for _, _, r in rows],
-        "N": [r.nao for _, _, r in rows],
-        "std": [r.energy_std_ev for _, _, r in rows],
-        "converged": [r.converged for _, _, r in rows],
-        "iterations": [r.iterations for _, _, r in rows],
+        "smile": [e.smiles for e, _, _, _ in rows],
+        "atoms": [m.formula for _, _, m, _ in rows],
+        "energy": [r.energy * HARTREE_TO_EV for _, _, _, r in rows],
+        "homo": [r.homo * HARTREE_TO_EV for _, _, _, r in rows],
+        "lumo": [r.lumo * HARTREE_TO_EV for _, _, _, r in rows],
+        "y": [r.gap_ev for _, _, _, r in rows],
+        "N": [r.nao for _, _, _, r in rows],
+        "std": [r.energy_std_ev for _, _, _, r in rows],
+        "converged": [r.converged for _, _, _, r in rows],
+        "iterations": [r.iterations for _, _, _, r in rows],
         "seconds": [seconds / len(rows)] * len(rows),
-        "molecule_id": [batch.entry.molecule_id] * len(rows),
-        "conformer_id": [cid for cid, _, _ in rows],
+        "molecule_id": [e.molecule_id for e, _, _, _ in rows],
+        "conformer_id": [cid for _, cid, _, _ in rows],
     }
     records = RecordBatch(
         columns={k: np.asarray(v, dtype=SCALAR_COLUMNS[k]) if k not in ("smile", "atoms") else np.asarray(v, object)
                  for k, v in columns.items()},  # fmt: skip
-        natoms=np.array([m.natom for _, m, _ in rows]),
-        z=np.concatenate([m.atomic_numbers for _, m, _ in rows]).astype(np.int8),
-        pos=np.concatenate([m.positions for _, m, _ in rows]).astype(np.float32),
+        natoms=np.array([m.natom for _, _, m, _ in rows]),
+        z=np.concatenate([m.atomic_numbers for _, _, m, _ in rows]).astype(np.int8),
+        pos=np.concatenate([m.positions for _, _, m, _ in rows]).astype(np.float32),
         forces=None if gradients is None else (-HARTREE_TO_EV * np.concatenate(kept_gradients)).astype(np.float32),
     )
     return records, failures
@@ -215,7 +222,9 @@ def run_shard(gen: GenerateConfig, dft: RKSConfig) -> Summary:
     start = time.perf_counter()
     enable_compilation_cache(default_cache_dir() / "jax")
     disable_numpy_huge_pages()
-    inputs = sorted(load_inputs(gen), key=lambda m: (nao_estimate(m.smiles, dft.basis), m.molecule_id))
+    inputs = load_inputs(gen)
+    buckets = {m.molecule_id: smiles_bucket(m.smiles, dft.basis, dft.grid_level) for m in inputs}
+    inputs = sorted(inputs, key=lambda m: (_bucket_order(buckets[m.molecule_id]), m.molecule_id))
     shard, num_shards = parse_shard(gen.shard)
     summary = Summary(out=gen.out, shard=gen.shard, molecules=len(inputs))
     timings = summary.timings
@@ -229,7 +238,7 @@ def run_shard(gen: GenerateConfig, dft: RKSConfig) -> Summary:
         def finish(item: tuple[_Batch, BatchRun]) -> None:
             nonlocal last_commit
             batch, run = item
-            results = run.results()
+            results = run.results()[: len(batch.members)]  # the batch's padding members dropped
             for result in results:  # host preparation, transfer, waiting for the device, finalisation
                 for k, v in result.timings.items():
                     timings[k] = timings.get(k, 0.0) + v
@@ -248,19 +257,24 @@ def run_shard(gen: GenerateConfig, dft: RKSConfig) -> Summary:
             summary.conformers += len(records) if records is not None else 0
             summary.converged += int(records.columns["converged"].sum()) if records is not None else 0
             summary.failures += len(failures)
-            bar.update(len(batch.conformer_ids))
+            bar.update(len(batch.members))
 
         for batch in _batches(inputs, gen, dft, done, writer, summary, bar, timings):
+            # a short batch is filled up with copies of its last conformer: every batch of a size
+            # bucket then runs the same programs (their results are dropped)
+            padded = batch.molecules + batch.molecules[-1:] * (gen.batch_size - len(batch.members))
             try:
-                batch.hosts = prepare_conformers(batch.molecules, dft, needs_grid=dft.xc != "hf")
+                hosts = prepare_conformers(padded, dft, needs_grid=dft.xc != "hf")
             except MoleculeError as err:  # e.g. an element the basis lacks: the whole molecule fails
-                writer.commit(None, [Failure(batch.entry.smiles, str(err), batch.entry.molecule_id, -1)])
-                summary.failures += 1
-                bar.update(len(batch.conformer_ids))
+                entries = {e.molecule_id: e for e, _, _ in batch.members}
+                writer.commit(None, [Failure(e.smiles, str(err), e.molecule_id, -1) for e in entries.values()])
+                summary.failures += len(entries)
+                bar.update(len(batch.members))
                 continue
+            batch.hosts = hosts[: len(batch.members)]
             if inflight is not None:
                 finish(inflight)  # the device worked on it while this batch was prepared
-            inflight = (batch, submit_batch(batch.hosts, dft, batch_size=gen.batch_size))
+            inflight = (batch, submit_batch(hosts, dft, batch_size=gen.batch_size))
         if inflight is not None:
             finish(inflight)
         bar.close()
@@ -269,7 +283,11 @@ def run_shard(gen: GenerateConfig, dft: RKSConfig) -> Summary:
 
 
 def _batches(inputs, gen, dft, done, writer, summary, bar, timings) -> Iterator[_Batch]:
-    """Conformer batches still to do, molecule by molecule; failures of whole molecules are committed."""
+    """Conformer batches still to do, in the inputs' order (grouped by size bucket): a batch takes
+    ``batch_size`` conformers of one bucket, from one molecule or several; failures of whole
+    molecules are committed."""
+    pending: list[tuple[MoleculeInput, int, Molecule]] = []
+    pending_bucket = None
     for entry in inputs:
         if (entry.molecule_id, -1) in done:
             summary.skipped += gen.conformers
@@ -285,12 +303,30 @@ def _batches(inputs, gen, dft, done, writer, summary, bar, timings) -> Iterator[
             continue
         finally:
             timings["conformers"] = timings.get("conformers", 0.0) + time.perf_counter() - t
-        todo = [(cid, m) for cid, m in enumerate(molecules) if (entry.molecule_id, cid) not in done]
+        todo = [(entry, cid, m) for cid, m in enumerate(molecules) if (entry.molecule_id, cid) not in done]
         summary.skipped += len(molecules) - len(todo)
         bar.update(gen.conformers - len(todo))
-        for start in range(0, len(todo), gen.batch_size):
-            chunk = todo[start : start + gen.batch_size]
-            yield _Batch(entry, [cid for cid, _ in chunk], [m for _, m in chunk])
+        if not todo:
+            continue
+        bucket = _molecule_bucket(todo[0][2], dft)
+        if pending and (bucket is None or bucket != pending_bucket):
+            yield _Batch(pending)
+            pending = []
+        pending_bucket = bucket
+        pending += todo
+        while len(pending) >= gen.batch_size or (pending and bucket is None):
+            yield _Batch(pending[: gen.batch_size])
+            pending = pending[gen.batch_size :]
+    if pending:
+        yield _Batch(pending)
+
+
+def _molecule_bucket(molecule: Molecule, dft: RKSConfig) -> SizeBucket | None:
+    """The conformer's size bucket; None if the basis lacks an element (its batch then fails alone)."""
+    try:
+        return SizeBucket.of(molecule, dft.basis, dft.grid_level)
+    except Exception:
+        return None
 
 
 def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
@@ -312,4 +348,4 @@ def generate(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
     return [run_shard(gen, dft)]
 
 
-__all__ = ["GenerateConfig", "Summary", "generate", "nao_estimate", "run_ray", "run_shard"]
+__all__ = ["GenerateConfig", "Summary", "generate", "run_ray", "run_shard", "smiles_bucket"]

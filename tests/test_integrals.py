@@ -208,8 +208,8 @@ def test_molecules_of_similar_size_share_the_compiled_integral_programs():
     """ERI plans are padded to bucketed shapes (pair rows, tiles per class, atoms, the s8 size), and
     the one-electron kernel's sizes likewise, so two different molecules in one bucket run the same
     compiled programs, each still equal to libcint."""
-    from pyscf_ipu.integrals.eri import _quartets, _static
-    from pyscf_ipu.integrals.one_electron import _one_electron
+    from pyscf_ipu.integrals.eri import _quartets_batch, _static
+    from pyscf_ipu.integrals.one_electron import _one_electron_batch
 
     first, second = (build_mole(record.molecule, "sto-3g") for record in qm9_molecules([2, 3]))  # NH3, H2O
     plans = [plan_eri(first), plan_eri(second)]
@@ -223,7 +223,7 @@ def test_molecules_of_similar_size_share_the_compiled_integral_programs():
             ints = one_electron(primitive_basis(mol), jnp.float64)
         assert ints["overlap"].shape == (mol.nao, mol.nao)
         np.testing.assert_allclose(np.asarray(ints["nuclear"]), mol.intor("int1e_nuc"), rtol=0, atol=1e-10)
-        compiled.append((_quartets._cache_size(), _one_electron._cache_size()))
+        compiled.append((_quartets_batch.signatures, _one_electron_batch.signatures))
     assert compiled[1] == compiled[0]  # the second molecule compiled nothing new
 
 
@@ -242,7 +242,7 @@ def test_compiled_eri_programs_are_released_before_the_memory_mapping_limit(monk
     for mol, plan in zip(mols, plans):
         ours = np.asarray(eri_s8(plan, mol.atom_coords(), jnp.float32, workers=1), np.float64)
         assert np.abs(ours - mol.intor("int2e", aosym="s8")).max() <= 1e-6
-        assert eri._quartets._cache_size() == 1  # the other program was released
+        assert eri._quartets_batch.signatures == 1  # the other program was released
 
 
 def test_eri_input_is_checked():

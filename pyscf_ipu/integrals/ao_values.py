@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..programs import compiled
 from .basis import PrimitiveBasis
 
 
@@ -72,47 +73,54 @@ def ao_values(basis: PrimitiveBasis, coords: np.ndarray, owners: np.ndarray, dty
     owners = np.maximum(np.asarray(owners), 0)
     offsets = np.asarray(coords, np.float64) - basis.coords[owners]  # (G, 3), float64 on the host
     sizes = (basis.cart2sph.shape[1], len(owners))
-    return ao_values_batch(ao_tables(basis), basis.coords[None], offsets[None], owners, sizes, dtype)[0]
+    return ao_values_batch([ao_tables(basis)], basis.coords[None], [offsets], [owners], sizes, dtype)[0]
 
 
-def ao_values_batch(tables: AOTables, atom_coords: np.ndarray, offsets: np.ndarray, owners: np.ndarray,
-                    sizes: tuple[int, int], dtype) -> jax.Array:  # fmt: skip
-    """(C, 4, Gp, Np) for C geometries of one molecule on grids of the same shape: ``atom_coords``
-    (C, natm, 3) Bohr, ``offsets`` (C, G, 3) each point minus its owner atom (float64, see the module
-    doc), ``owners`` (G,) shared. ``sizes`` (Np, Gp) pads the AOs and points with zeros.
+def ao_values_batch(tables: list[AOTables], atom_coords: np.ndarray, offsets: list[np.ndarray],
+                    owners: list[np.ndarray], sizes: tuple[int, int], dtype) -> jax.Array:  # fmt: skip
+    """(C, 4, Gp, Np) for C conformers, each with its molecule's ``tables`` (molecules of one size
+    bucket may mix): ``atom_coords`` (C, natm, 3) Bohr, ``offsets`` (G_c, 3) each point minus its
+    owner atom (float64, see the module doc), ``owners`` (G_c,) those atoms. ``sizes`` (Np, Gp) pads
+    the AOs and points with zeros.
 
     The geometry enters as the padded offsets and as each AO centre relative to each atom
     (C, natm, Nc', 3), both formed in float64 on the host; Nc' counts the dummy AOs that pad an
     untransformed basis to Np columns (zero coefficients: they sit anywhere).
     """
     naos, points = sizes
-    shifts = atom_coords[:, :, None, :] - atom_coords[:, tables.atom][:, None, :, :]  # atom minus AO centre
-    if tables.cart2sph is None:
-        shifts = np.pad(shifts, ((0, 0), (0, 0), (0, naos - shifts.shape[2]), (0, 0)))
+    transformed = any(t.cart2sph is not None for t in tables)
+    ncart = max(t.exponents.shape[0] for t in tables) if transformed else naos
+    nprim = max(t.exponents.shape[1] for t in tables)
+    constants = [_constants(t, ncart, nprim, naos, transformed) for t in tables]
+    shifts = np.stack([c[:, None, :] - c[np.pad(t.atom, (0, ncart - len(t.atom)))][None, :, :]
+                       for t, c in zip(tables, atom_coords)])  # (C, natm, Nc', 3): atom minus AO centre  # fmt: skip
     padded = np.zeros((len(offsets), points, 3))
-    padded[:, : offsets.shape[1]] = offsets
-    floats = (jnp.asarray(padded, dtype), jnp.asarray(shifts, dtype))
-    return _ao_kernel_batch(*_constants(tables, naos, dtype), *floats, *_points(owners, points))
+    for k, o in enumerate(offsets):
+        padded[k, : len(o)] = o
+    stacked = [np.stack(parts) for parts in zip(*constants)]
+    floats = [jnp.asarray(a, dtype) for a in stacked[:3]] + [jnp.asarray(stacked[3])]
+    floats += [jnp.asarray(stacked[4], dtype) if transformed else None]
+    owner = np.stack([np.pad(np.asarray(o, np.int32), (0, points - len(o))) for o in owners])
+    count = np.array([len(o) for o in owners], np.int32)
+    return _ao_kernel_batch(*floats, jnp.asarray(padded, dtype), jnp.asarray(shifts, dtype), jnp.asarray(owner),
+                            jnp.asarray(count))  # fmt: skip
 
 
-def _points(owners: np.ndarray, points: int):
-    """(owners padded to ``points`` with atom 0, the real point count): the values beyond it are zero."""
-    return jnp.asarray(np.pad(np.asarray(owners, np.int32), (0, points - len(owners)))), jnp.asarray(len(owners))
-
-
-def _constants(tables: AOTables, naos: int, dtype) -> tuple:
-    """The basis's arrays as the kernel takes them (small: (Nc, K) and (Nc, N)): exponents,
-    coefficients, -2 exponent x coefficients, powers and the spherical transform, padded to ``naos``
-    output columns (dummy AOs with zero coefficients where there is no transform)."""
-    nc = tables.exponents.shape[0]
-    extra = naos - (nc if tables.cart2sph is None else tables.cart2sph.shape[1])
-    rows = extra if tables.cart2sph is None else 0
-    exponents = np.pad(tables.exponents, ((0, rows), (0, 0)), constant_values=1.0)
-    coefficients = np.pad(tables.coefficients, ((0, rows), (0, 0)))
+def _constants(tables: AOTables, ncart: int, nprim: int, naos: int, transformed: bool) -> tuple:
+    """The basis's arrays as the kernel takes them (small: (Nc', K) and (Nc', N)): exponents,
+    coefficients, -2 exponent x coefficients, powers and the spherical transform, padded to ``ncart``
+    Cartesian AOs of ``nprim`` primitives and ``naos`` output columns (without a transform, the
+    Cartesian AOs are the output: dummy AOs with zero coefficients pad them)."""
+    rows, k = ncart - tables.exponents.shape[0], nprim - tables.exponents.shape[1]
+    exponents = np.pad(tables.exponents, ((0, rows), (0, k)), constant_values=1.0)
+    coefficients = np.pad(tables.coefficients, ((0, rows), (0, k)))
     powers = np.pad(tables.powers, ((0, rows), (0, 0)))
-    cart2sph = None if tables.cart2sph is None else np.pad(tables.cart2sph, ((0, 0), (0, extra)))
-    floats = [jnp.asarray(a, dtype) for a in (exponents, coefficients, -2.0 * exponents * coefficients)]
-    return (*floats, jnp.asarray(powers), None if cart2sph is None else jnp.asarray(cart2sph, dtype))
+    if not transformed:
+        cart2sph = None
+    else:
+        cart2sph = np.eye(tables.exponents.shape[0]) if tables.cart2sph is None else tables.cart2sph
+        cart2sph = np.pad(cart2sph, ((0, rows), (0, naos - cart2sph.shape[1])))
+    return exponents, coefficients, -2.0 * exponents * coefficients, powers, cart2sph
 
 
 @jax.jit
@@ -162,7 +170,7 @@ def ao_kernel(exponents, coefficients, derivative_coefficients, powers, cart2sph
     return out if cart2sph is None else out @ cart2sph
 
 
-_ao_kernel_batch = jax.jit(jax.vmap(ao_kernel, in_axes=(None,) * 5 + (0, 0, None, None)))
+_ao_kernel_batch = compiled(jax.vmap(ao_kernel, in_axes=(0, 0, 0, 0, 0, 0, 0, 0, 0)))  # fmt: skip
 
 
 def ao_values_at(basis: PrimitiveBasis, points, coords: jax.Array) -> jax.Array:
@@ -172,5 +180,9 @@ def ao_values_at(basis: PrimitiveBasis, points, coords: jax.Array) -> jax.Array:
     tables = ao_tables(basis)
     centres = coords[jnp.asarray(tables.atom)]  # (Nc, 3)
     owners = jnp.zeros(len(points), jnp.int32)  # offsets from the origin: d = point - centre
-    return ao_kernel(*_constants(tables, basis.cart2sph.shape[1], dtype), jnp.asarray(points, dtype), -centres[None],
-                     owners, len(points))  # fmt: skip
+    transformed = tables.cart2sph is not None
+    ncart = tables.exponents.shape[0]
+    constants = _constants(tables, ncart, tables.exponents.shape[1], basis.cart2sph.shape[1], transformed)
+    floats = [jnp.asarray(a, dtype) for a in constants[:3]] + [jnp.asarray(constants[3])]
+    floats += [jnp.asarray(constants[4], dtype) if transformed else None]
+    return ao_kernel(*floats, jnp.asarray(points, dtype), -centres[None], owners, len(points))

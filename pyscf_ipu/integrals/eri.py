@@ -76,6 +76,7 @@ import scipy.linalg
 from pyscf import gto
 
 from ..padding import bucket
+from ..programs import compiled
 from .basis import cartesian_powers, contracted_shells
 from .one_electron import PairFactors, _stack, hermite_coefficients, hermite_coulomb, hermite_indices
 
@@ -206,56 +207,97 @@ class EriPlan:
     shells: Shells
     pairs: tuple[PairClass, ...]
     quartets: tuple[QuartetClass, ...]
-    nao: int
-    size: int  # entries of the s8 array
-    natm: int
+    nao: int  # AOs of the s8 array written: the molecule's, or its bucket's (the extra AOs' integrals are 0)
+    size: int  # entries of that s8 array
+    natm: int  # the molecule's atoms
     one_centre_index: np.ndarray  # (M,) s8 positions of the integrals with all four AOs on one atom
     one_centre_value: np.ndarray  # (M,) their values (float64, from libcint: they do not depend on geometry)
-
-    @property
-    def padded_size(self) -> int:
-        return padded_s8_size(self.size)
-
-    @property
-    def padded_natm(self) -> int:
-        """Atoms as computed (bucketed; the extra atoms are at the origin and own no shell)."""
-        return bucket(self.natm, minimum=4)
+    padded_natm: int  # atoms as computed (the extra atoms are at the origin and own no shell)
+    padded_size: int  # the s8 array as computed (the tail beyond ``size`` is cut off)
+    one_centre_count: int  # the one-centre constants' capacity
 
 
-def plan_eri(mol: gto.Mole) -> EriPlan:
-    """Group ``mol``'s shell pairs and quartets into classes and tiles and work out the s8 destinations."""
-    shells = shells_of(mol)
-    nao = mol.nao_nr()
-    npair = nao * (nao + 1) // 2
-    size = npair * (npair + 1) // 2
-    if padded_s8_size(size) >= NOWHERE:
-        raise ValueError(f"{nao} AOs: the s8 ERI array ({size:,} entries) exceeds 32-bit indexing")
+@dataclass(frozen=True)
+class EriCapacity:
+    """The shapes of a size bucket's ERI plans (:func:`eri_capacity` of its template molecule): every
+    plan made with it has these pair classes with these padded row counts, full tile grids and these
+    sizes, so all molecules of the bucket run one program and may share a batch."""
+
+    classes: tuple[tuple, ...]  # (l_a, K_a, l_b, K_b) of each pair class, in order
+    rows: tuple[int, ...]  # padded rows (pairs) of each class, multiples of TILE
+    nao: int
+    natm: int
+    one_centre: int
+
+
+def _pair_classes(shells: Shells) -> dict[tuple, list[tuple[int, int]]]:
+    """Shell pairs by class (l_a, K_a, l_b, K_b), (l_a, K_a) >= (l_b, K_b), sorted by class."""
     # classes by components and primitive counts: padding a 1-primitive shell to the 6 of a
     # 6-31G core shell would multiply its primitive quartets by up to 36
     kind = list(zip(shells.components, shells.nprim.tolist()))  # (components, K) per shell
-    by_class: dict[tuple, list[tuple[int, int]]] = {}  # (l_a, K_a, l_b, K_b) -> pairs
+    by_class: dict[tuple, list[tuple[int, int]]] = {}
     for a in range(len(shells.atom)):
         for b in range(a + 1):
             first, second = (a, b) if kind[a] >= kind[b] else (b, a)
             by_class.setdefault(kind[first] + kind[second], []).append((first, second))
+    return dict(sorted(by_class.items()))
+
+
+def _one_centre_count(mol: gto.Mole) -> int:
+    """Integrals with all four AOs on one atom: p(p+1)/2 for the p = n(n+1)/2 AO pairs of each atom."""
+    pairs = [(a1 - a0) * (a1 - a0 + 1) // 2 for _, _, a0, a1 in mol.aoslice_by_atom()]
+    return sum(p * (p + 1) // 2 for p in pairs)
+
+
+def eri_capacity(template: gto.Mole) -> EriCapacity:
+    """The ERI shapes of the size bucket whose template molecule is ``template``."""
+    by_class = _pair_classes(shells_of(template))
+    rows = tuple(TILE * bucket(-(-len(m) // TILE), minimum=1) for m in by_class.values())
+    return EriCapacity(tuple(by_class), rows, template.nao_nr(), template.natm, _one_centre_count(template))
+
+
+def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None) -> EriPlan:
+    """Group ``mol``'s shell pairs and quartets into classes and tiles and work out the s8 destinations.
+
+    Without ``capacity``, every count is rounded up to its own bucket (:func:`~pyscf_ipu.padding.bucket`)
+    and tiles without a quartet to compute are left out. With the ``capacity`` of ``mol``'s size
+    bucket, the plan takes the bucket's shapes: its classes' row counts, every tile of each quartet
+    class (a tile with nothing to compute is skipped by the kernel at run time), and the s8 array of
+    the bucket's AOs, of which ``mol``'s is the leading part.
+    """
+    shells = shells_of(mol)
+    nao = mol.nao_nr() if capacity is None else capacity.nao
+    npair = nao * (nao + 1) // 2
+    size = npair * (npair + 1) // 2
+    if padded_s8_size(size) >= NOWHERE:
+        raise ValueError(f"{nao} AOs: the s8 ERI array ({size:,} entries) exceeds 32-bit indexing")
+    by_class = _pair_classes(shells)
+    if capacity is not None and (tuple(by_class) != capacity.classes or mol.natm > capacity.natm
+                                 or any(len(m) > r for m, r in zip(by_class.values(), capacity.rows))):  # fmt: skip
+        raise ValueError("the molecule does not fit the ERI capacity of this size bucket")
     pairs = []
-    for (la, ka, lb, kb), members in sorted(by_class.items()):
+    for k, ((la, ka, lb, kb), members) in enumerate(by_class.items()):
         rows = np.array(members)
-        padded = TILE * bucket(-(-len(rows) // TILE), minimum=1)
+        padded = TILE * bucket(-(-len(rows) // TILE), minimum=1) if capacity is None else capacity.rows[k]
         rows = np.concatenate([rows, np.repeat(rows[:1], padded - len(rows), axis=0)])
         pairs.append(PairClass(la, lb, ka, kb, len(members), rows[:, 0], rows[:, 1]))
     quartets = []
     for x in range(len(pairs)):
         for y in range(x + 1):
-            quartet = _quartet_class(shells, pairs, x, y)
+            quartet = _quartet_class(shells, pairs, x, y, every_tile=capacity is not None)
             if quartet is not None:
                 quartets.append(quartet)
     index, value = _one_centre(mol)
-    return EriPlan(shells, tuple(pairs), tuple(quartets), nao, size, mol.natm, index, value)
+    if capacity is None:
+        return EriPlan(shells, tuple(pairs), tuple(quartets), nao, size, mol.natm, index, value,
+                       bucket(mol.natm, minimum=4), padded_s8_size(size), len(index))  # fmt: skip
+    return EriPlan(shells, tuple(pairs), tuple(quartets), nao, size, mol.natm, index, value,
+                   capacity.natm, padded_s8_size(size), capacity.one_centre)  # fmt: skip
 
 
-def _quartet_class(shells: Shells, pairs, x: int, y: int) -> QuartetClass | None:
-    """The tiles of the quartets (class x | class y), x >= y; None if none of them is computed.
+def _quartet_class(shells: Shells, pairs, x: int, y: int, every_tile: bool = False) -> QuartetClass | None:
+    """The tiles of the quartets (class x | class y), x >= y; None if none of them is computed
+    (``every_tile``: all tiles, those with nothing to compute included, so the shape is the classes').
 
     A quartet is computed unless it is padding, a repeat ((ij|kl) with kl > ij within one class)
     or one-centre (all four shells on one atom: a constant of the plan, see :func:`_one_centre`).
@@ -274,7 +316,7 @@ def _quartet_class(shells: Shells, pairs, x: int, y: int) -> QuartetClass | None
     atoms = [shells.atom[c.first[rows]] for c, rows in ((bra, bi), (ket, ki))]
     atoms += [shells.atom[c.second[rows]] for c, rows in ((bra, bi), (ket, ki))]
     keep &= ~((atoms[0] == atoms[1]) & (atoms[0] == atoms[2]) & (atoms[0] == atoms[3]))
-    used = keep.any((1, 2))
+    used = keep.any((1, 2)) | every_tile
     if not used.any():
         return None
     tiles, bi, ki, keep = tiles[used], bi[used], ki[used], keep[used]
@@ -449,64 +491,75 @@ def _by_tile(x, index, axis=0):
     return jnp.moveaxis(jnp.take(x.reshape(shape), index, axis=axis, mode="clip"), axis, 0)
 
 
-def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None) -> jax.Array:
-    """The ERIs of ``plan``'s basis packed as PySCF's s8: (size,) for atom positions ``coords`` (natm, 3)
-    in Bohr, or (C, size) for C conformers (C, natm, 3), computed as one batch.
+def eri_s8(plans, coords, dtype=jnp.float32, workers: int | None = None) -> jax.Array:
+    """The ERIs packed as PySCF's s8: (size,) for one plan (an :class:`EriPlan`) and atom positions
+    ``coords`` (natm, 3) in Bohr, or (C, size) for C conformers (C, natm, 3), computed as one batch.
+    ``plans`` is one plan for all conformers, or one per conformer: plans of one size bucket
+    (:func:`plan_eri` with the bucket's :class:`EriCapacity`), so that conformers of different
+    molecules share the batch; positions beyond a molecule's atoms are ignored.
 
     Host (numpy) positions have their differences formed in float64 on the host: exact zeros within
     an atom, full precision between atoms, and the per-pair Hermite matrices are computed in
     float64 and rounded once (computed in float32 they carry a systematic error, +1.6e-7 of the
     ERIs on average, which moved 9-heavy-atom energies by +2.5 meV). The quartet tiles are then
     shared out over ``workers`` threads (default: :func:`default_workers`), each running its share
-    as its own jit: XLA's CPU backend runs a loop fusion on one core, so one program leaves the
-    others idle (measured on 2 cores, QM9 21989 at STO-3G: one conformer 300 -> 130-160 ms).
+    as its own program: XLA's CPU backend runs a loop fusion on one core.
 
     JAX positions are differenced on the device and the whole computation runs in ``dtype`` as one
     program (no threads: it may be traced), so the result can be differentiated with respect to
     them (the forces do, in float64).
     """
-    if coords.shape[-2:] != (plan.natm, 3) or coords.ndim not in (2, 3):
-        raise ValueError(f"coords has shape {coords.shape}: expected ([conformers,] {plan.natm}, 3)")
+    single = coords.ndim == 2
+    plans = [plans] * (1 if single else coords.shape[0]) if isinstance(plans, EriPlan) else list(plans)
+    first = plans[0]
+    natm = max(plan.natm for plan in plans)
+    if coords.ndim not in (2, 3) or coords.shape[-1] != 3 or not natm <= coords.shape[-2] <= first.padded_natm \
+            or len(plans) != (1 if single else coords.shape[0]):  # fmt: skip
+        raise ValueError(f"coords has shape {coords.shape}: expected ([conformers,] {natm}, 3), one plan per conformer")
+    if any(_static(plan) != _static(first) or plan.padded_natm != first.padded_natm for plan in plans):
+        raise ValueError("conformers computed together need plans of one size bucket")
     dtype = jnp.dtype(dtype)
-    pairs, quartets = (_pairs_batch, _quartets_batch) if coords.ndim == 3 else (_pairs, _quartets)
-    extra_atoms = [(0, 0)] * (coords.ndim - 2) + [(0, plan.padded_natm - plan.natm), (0, 0)]  # own no shell
+    if single:
+        coords = coords[None]
+    extra_atoms = [(0, 0), (0, first.padded_natm - coords.shape[1]), (0, 0)]  # own no shell
+    pair_arrays = _stacked(tuple(plans), "pairs", dtype.name if isinstance(coords, jax.Array) else "float64")
     if isinstance(coords, jax.Array):
         workers = 1  # one program: it may be traced
         coords = jnp.pad(coords, extra_atoms)
         shifts = (coords[..., :, None, :] - coords[..., None, :, :]).astype(dtype)
-        data = pairs(_static(plan)[0], _pair_arrays(plan, dtype.name), shifts, dtype.name)
+        data = _pairs_batch(_static(first)[0], pair_arrays, shifts, dtype.name)
     else:
         workers = default_workers() if workers is None else workers
         if workers < 1:
             raise ValueError(f"workers = {workers}: need at least 1")
         coords = np.pad(np.asarray(coords, np.float64), extra_atoms)
-        difference = coords[..., :, None, :] - coords[..., None, :, :]  # ([C,] natm, natm, 3)
+        difference = coords[..., :, None, :] - coords[..., None, :, :]  # (C, natm, natm, 3)
         shifts = jnp.asarray(difference, dtype)
         with jax.enable_x64(True):
-            data = pairs(_static(plan)[0], _pair_arrays(plan, "float64"), jnp.asarray(difference), dtype.name)
-    parts, arrays = _parts(plan, workers), _quartet_arrays(plan, workers)
+            data = _pairs_batch(_static(first)[0], pair_arrays, jnp.asarray(difference), dtype.name)
+    shares = [_stacked(tuple(plans), ("quartets", k, workers), dtype.name) for k in range(workers)]
+    static = _static(_parts(first, workers)[0])
 
     def run(k: int) -> jax.Array:
-        return quartets(_static(parts[k]), arrays[k], _one_centre_arrays(parts[k], dtype.name), data, shifts)
+        return _quartets_batch(static, *shares[k], data, shifts)
 
     # every share runs one program (equal shapes): account for it before the threads start
-    inputs = (arrays[0], _one_centre_arrays(parts[0], dtype.name), data, shifts)
-    _LIVE_PROGRAMS.admit((_static(parts[0]), str(jax.tree.map(lambda x: (x.shape, x.dtype.name), inputs))))
+    _LIVE_PROGRAMS.admit((static, str(jax.tree.map(lambda x: (x.shape, x.dtype.name), (shares[0], data, shifts)))))
+    if workers == 1:
+        out = _combine((run(0),), first.size)
+    else:
+        x64 = jax.config.jax_enable_x64  # the caller's, possibly a thread-local jax.enable_x64 context
 
-    if len(parts) == 1:
-        return run(0)[..., : plan.size]
-    x64 = jax.config.jax_enable_x64  # the caller's, possibly a thread-local jax.enable_x64 context
+        def in_thread(k: int) -> jax.Array:
+            with jax.enable_x64(x64):  # worker threads do not inherit the caller's context
+                return run(k).block_until_ready()  # in this thread: the point is to keep the cores busy at once
 
-    def in_thread(k: int) -> jax.Array:
-        with jax.enable_x64(x64):  # worker threads do not inherit the caller's context
-            return run(k).block_until_ready()  # in this thread: the point is to keep the cores busy at once
-
-    with ThreadPoolExecutor(len(parts)) as pool:
-        shares = tuple(pool.map(in_thread, range(len(parts))))
-    return _combine(shares, plan.size)
+        with ThreadPoolExecutor(workers) as pool:
+            out = _combine(tuple(pool.map(in_thread, range(workers))), first.size)
+    return out[0] if single else out
 
 
-@partial(jax.jit, static_argnums=1)
+@partial(compiled, static_argnums=1)
 def _combine(shares: tuple, size: int) -> jax.Array:
     """The shares' s8 arrays added (each wrote zeros outside its own quartets) and cut to ``size``, in
     one pass: Python's ``sum`` and the slice made three copies of the batch's array (42 MB for 8
@@ -520,26 +573,25 @@ def _combine(shares: tuple, size: int) -> jax.Array:
 class _LivePrograms:
     """Keeps the quartet kernels' compiled programs within the process's memory-mapping limit.
 
-    Each compiled program holds its machine code in memory mappings for as long as a jit cache keeps
-    it: ~700 per STO-3G program, ~16,000 per 6-31G* one, against the kernel's limit per process
+    Each compiled program holds its machine code in memory mappings for as long as it is kept: ~700
+    per STO-3G program, ~16,000 per 6-31G* one, against the kernel's limit per process
     (``vm.max_map_count``, 65,530 by default; past it LLVM aborts the process). So before a new
-    shape compiles, if the process already uses more than ``share`` of its limit, the kernels'
-    in-memory caches are emptied, which gives the mappings back (measured: three STO-3G programs,
-    3,166 mappings -> 1,187); the persistent compilation cache reloads a program that comes back.
+    shape runs, if the process already uses more than ``share`` of its limit, the kernels' in-memory
+    caches are emptied, which gives the mappings back; the persistent compilation cache reloads a
+    program that comes back.
     Where /proc does not tell, at most ``fallback`` shapes are kept.
     """
 
     def __init__(self, share: float = 0.5, fallback: int = 3):
         self.share, self.fallback = share, fallback
-        self.seen: set = set()  # shapes compiled since the caches were last emptied
+        self.seen: set = set()  # shapes run since the programs were last dropped
 
     def admit(self, key) -> None:
         if key in self.seen:
             return
         mappings = _memory_mappings()
         if (len(self.seen) >= self.fallback if mappings is None else mappings[0] > self.share * mappings[1]):
-            for kernel in (_quartets, _quartets_batch):
-                kernel.clear_cache()
+            _quartets_batch.clear()
             self.seen.clear()
         self.seen.add(key)
 
@@ -567,8 +619,8 @@ def _parts(plan: EriPlan, workers: int) -> tuple[EriPlan, ...]:
     and every molecule of similar size, runs one compiled program.
 
     The tiles of all classes, in order, are dealt out in turn (balanced to a tile per class); each
-    share's class is then padded to a bucketed common count with tiles that write NOWHERE (they
-    recompute the class's first tile). The one-centre constants are dealt out likewise.
+    share's class is then padded to a bucketed common count with tiles that write NOWHERE (the
+    kernel skips them). The one-centre constants are dealt out likewise.
     """
     shares: list[list[QuartetClass]] = [[] for _ in range(workers)]
     dealt = 0
@@ -582,7 +634,7 @@ def _parts(plan: EriPlan, workers: int) -> tuple[EriPlan, ...]:
             tiles = np.concatenate([q.tiles[mine], np.repeat(q.tiles[:1], extra, axis=0)])
             nowhere = np.full((extra,) + q.destination.shape[1:], NOWHERE, np.int32)
             shares[k].append(QuartetClass(q.bra, q.ket, tiles, np.concatenate([q.destination[mine], nowhere])))
-    count = bucket(-(-len(plan.one_centre_index) // workers), minimum=64)
+    count = bucket(-(-plan.one_centre_count // workers), minimum=64)
 
     def one_centre(values: np.ndarray, k: int, fill) -> np.ndarray:
         mine = values[k::workers]
@@ -597,47 +649,53 @@ def _static(plan: EriPlan):
     return (tuple((c.la, c.lb) for c in plan.pairs), tuple((q.bra, q.ket) for q in plan.quartets), plan.padded_size)
 
 
-@lru_cache(maxsize=8)
-def _pair_arrays(plan: EriPlan, dtype):
-    """The pair classes' exponent factors (``dtype``) and atoms, on the device once per (plan, dtype)."""
-    dtype = jnp.dtype(dtype)
-    sh = plan.shells
-    return tuple(
-        jax.tree.map(lambda x: jnp.asarray(x, dtype), _pair_factors(plan, c))
-        + (jnp.asarray(sh.atom[c.first], jnp.int32), jnp.asarray(sh.atom[c.second], jnp.int32))
-        for c in plan.pairs
-    )
+def _host_arrays(plan: EriPlan, what, dtype: str) -> tuple:
+    """One plan's kernel inputs as host arrays: ``"pairs"``, the pair classes' exponent factors
+    (``dtype``) and atoms; ``("quartets", k, workers)``, share k's tiles, whether each has anything
+    to compute, and s8 destinations of every quartet class, and its one-centre positions and values."""
+    if what == "pairs":
+        out = []
+        for c in plan.pairs:
+            factors, p, scale = _pair_factors(plan, c)
+            atoms = (plan.shells.atom[c.first].astype(np.int32), plan.shells.atom[c.second].astype(np.int32))
+            out.append((tuple(np.asarray(f, dtype) for f in factors), np.asarray(p, dtype), np.asarray(scale, dtype))
+                       + atoms)  # fmt: skip
+        return tuple(out)
+    _, k, workers = what
+    part = _parts(plan, workers)[k]
+    classes = tuple((q.tiles, (q.destination != NOWHERE).any((1, 2, 3, 4)), q.destination.reshape(-1))
+                    for q in part.quartets)  # fmt: skip
+    return classes, (part.one_centre_index, np.asarray(part.one_centre_value, dtype))
 
 
-@lru_cache(maxsize=8)
-def _one_centre_arrays(plan: EriPlan, dtype):
-    return jnp.asarray(plan.one_centre_index), jnp.asarray(plan.one_centre_value, jnp.dtype(dtype))
-
-
-@lru_cache(maxsize=2)  # the destinations of a 6-31G* plan alone are ~200 MB
-def _quartet_arrays(plan: EriPlan, workers: int):
-    """Per part of :func:`_parts`: the quartet classes' tiles and s8 destinations, on the device once."""
-    return tuple(tuple((jnp.asarray(q.tiles), jnp.asarray(q.destination.reshape(-1))) for q in part.quartets)
-                 for part in _parts(plan, workers))  # fmt: skip
+@lru_cache(maxsize=4)  # a batch's arrays: the destinations of a 6-31G* plan alone are ~200 MB
+def _stacked(plans: tuple[EriPlan, ...], what, dtype: str):
+    """:func:`_host_arrays` of each plan, stacked along a leading conformer axis, on the device once
+    per batch of plans (a batch of one molecule's conformers reuses them)."""
+    per_plan = {id(plan): _host_arrays(plan, what, dtype) for plan in plans}
+    members = [per_plan[id(plan)] for plan in plans]
+    return jax.tree.map(lambda *xs: jnp.asarray(np.stack(xs)), *members)
 
 
 def _pair_stage(pair_l, pair_arrays, shifts, dtype: str):
     """Per pair class: (Hermite matrices, p, P - A, first atom), from the atoms' differences ``shifts``,
     rounded to ``dtype`` inside the program (cast outside it, op by op, they were a dozen small
-    programs, too quick for the persistent cache, that every new process compiled again: 0.5 s)."""
+    programs that every new process compiled again)."""
     data = []
-    for (la, lb), (factors, p, scale, atom_a, atom_b) in zip(pair_l, pair_arrays):
+    for (la, lb), ((half, a_frac, b_frac, mu), p, scale, atom_a, atom_b) in zip(pair_l, pair_arrays):
+        factors = PairFactors(half, a_frac, b_frac, mu)
         e, pa = _pair_data(la, lb, factors, p, scale, shifts[atom_a, atom_b])
         data.append((e.astype(dtype), p.astype(dtype), pa.astype(dtype), atom_a))
     return tuple(data)
 
 
 def _quartet_stage(static, quartet_arrays, one_centre, data, shifts):
-    """The s8 array: the one-centre constants, then every quartet class's tiles."""
+    """The s8 array: the one-centre constants, then every quartet class's tiles (those with nothing
+    to compute, the padding of a size bucket's full tile grids, are skipped)."""
     pair_l, quartet_classes, size = static
     one_centre_index, one_centre_value = one_centre
     out = jnp.zeros(size, shifts.dtype).at[one_centre_index].set(one_centre_value.astype(shifts.dtype), mode="drop")
-    for (x, y), (tiles, destination) in zip(quartet_classes, quartet_arrays):
+    for (x, y), (tiles, active, destination) in zip(quartet_classes, quartet_arrays):
         orders = tuple(max(la) + max(lb) for la, lb in (pair_l[x], pair_l[y]))  # Hermite orders of bra, ket
         (e_bra, p_bra, pa_bra, atom_bra), (e_ket, p_ket, pa_ket, atom_ket) = data[x], data[y]
         # each tile's pairs gathered up front: the kernel then only reads its own slice
@@ -647,22 +705,28 @@ def _quartet_stage(static, quartet_arrays, one_centre, data, shifts):
         # the ket's signed Hermite matrices (Y x K2k H_k per pair): indexed per tile, not copied per tile
         signed = _ket_signed(orders[1], e_ket)
         signed = signed.reshape(-1, TILE, *signed.shape[1:])
+        shape = (TILE, e_bra.shape[2], TILE, e_ket.shape[2])
+
+        def tile(arguments, orders=orders, signed=signed, shape=shape):
+            work, bra_tile, ket_tile = arguments
+            return jax.lax.cond(work, lambda: _tile(*orders, bra_tile, ket_tile, signed),
+                                lambda: jnp.zeros(shape, shifts.dtype))  # fmt: skip
+
         # checkpointed: a gradient recomputes each tile instead of keeping every tile's Boys values
-        values = jax.lax.map(jax.checkpoint(lambda tile: _tile(*orders, *tile, signed)), (bra, ket))
+        values = jax.lax.map(jax.checkpoint(tile), (active, bra, ket))
         out = out.at[destination].set(values.reshape(-1), mode="drop", unique_indices=True)
     return out
 
 
-_pairs = jax.jit(_pair_stage, static_argnums=(0, 3))
-_pairs_batch = jax.jit(
-    lambda pair_l, arrays, shifts, dtype: jax.vmap(lambda s: _pair_stage(pair_l, arrays, s, dtype))(shifts),
+# Conformers vmapped: the pair stage is small and elementwise.
+_pairs_batch = compiled(
+    lambda pair_l, arrays, shifts, dtype: jax.vmap(lambda a, s: _pair_stage(pair_l, a, s, dtype))(arrays, shifts),
     static_argnums=(0, 3))
-_quartets = jax.jit(_quartet_stage, static_argnums=0)
 # Conformers one after another inside the program (lax.map), not vmapped into every tile: a tile's
 # arrays then stay cache-sized (measured, 8 conformers of a 53-AO molecule on 2 cores: vmap 306 ms
 # per conformer with 1 worker and 218 with 2; map 280 and 133).
-_quartets_batch = jax.jit(
-    lambda static, arrays, one_centre, data, shifts: jax.lax.map(
-        lambda conformer: _quartet_stage(static, arrays, one_centre, *conformer), (data, shifts)),
+_quartets_batch = compiled(
+    lambda static, quartet_arrays, one_centre, data, shifts: jax.lax.map(
+        lambda member: _quartet_stage(static, *member), (quartet_arrays, one_centre, data, shifts)),
     static_argnums=0)
 _LIVE_PROGRAMS = _LivePrograms()

@@ -41,7 +41,7 @@ cost 1e-4 relative on core-valence elements.
 from __future__ import annotations
 
 import math
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import NamedTuple
 
 import jax
@@ -51,6 +51,7 @@ import numpy as np
 from ..padding import bucket
 from .basis import PrimitiveBasis
 from .boys import boys_parts, boys_recursions
+from ..programs import compiled
 
 
 class PairFactors(NamedTuple):
@@ -105,23 +106,32 @@ def _stack(table, i_max: int, j_max: int, t_max: int):
                       for a in range(i_max + 1)], -3)  # fmt: skip
 
 
-def one_electron(basis: PrimitiveBasis, dtype=jnp.float32, coords: np.ndarray | None = None) -> dict[str, jax.Array]:
-    """{"overlap", "kinetic", "nuclear"}: (N, N) spherical AO matrices in ``dtype`` (jit-compiled per shape).
+def one_electron(basis, dtype=jnp.float32, coords: np.ndarray | None = None,
+                 capacity: PrimitiveBasis | None = None) -> dict[str, jax.Array]:  # fmt: skip
+    """{"overlap", "kinetic", "nuclear"}: (N, N) spherical AO matrices in ``dtype``, at ``basis``'s
+    own positions.
 
-    ``coords`` (B, natm, 3) Bohr, optional: conformers of ``basis``'s atoms, computed in one call;
-    each matrix is then (B, N, N).
+    With ``coords`` (B, natm, 3) Bohr, the matrices of B conformers, (B, N', N'), from one program:
+    ``basis`` is then one :class:`PrimitiveBasis` for all, or one per conformer (molecules of one
+    size bucket, positions beyond a molecule's atoms ignored), and N' counts the AOs of
+    ``capacity`` (the bucket's template basis, whose counts are the shapes: a molecule's matrices
+    are the leading blocks), or of the basis itself.
     """
-    coords = basis.coords if coords is None else np.asarray(coords, np.float64)
-    centres = coords[..., basis.atom, :]  # (..., P, 3)
+    if coords is None:
+        return {k: v[0] for k, v in one_electron(basis, dtype, basis.coords[None], capacity).items()}
+    coords = np.asarray(coords, np.float64)
+    bases = list(basis) if isinstance(basis, (list, tuple)) else [basis] * len(coords)
+    centres = [c[b.atom] for b, c in zip(bases, coords)]  # (P, 3) each
     # A - C for every primitive centre A and nucleus C, in float64 on the host (see _nuclear)
-    centre_shifts = centres[..., None, :, :] - coords[..., :, None, :]  # (..., natm, P, 3)
-    return _call(basis, jnp.asarray(centres, dtype), jnp.asarray(centre_shifts, dtype))
+    shifts = [centre[None, :, :] - c[: len(b.charges), None, :] for b, c, centre in zip(bases, coords, centres)]
+    return _call(bases, centres, shifts, dtype, capacity)
 
 
 def one_electron_at(basis: PrimitiveBasis, coords: jax.Array) -> dict[str, jax.Array]:
     """As :func:`one_electron`, with the atom positions ``coords`` (natm, 3) a JAX array, to differentiate."""
     centres = coords[jnp.asarray(basis.atom)]  # (P, 3)
-    return _call(basis, centres, centres[None, :, :] - coords[:, None, :])
+    out = _call([basis], [centres], [centres[None, :, :] - coords[:, None, :]], coords.dtype, None)
+    return {k: v[0] for k, v in out.items()}
 
 
 class _Pairs(NamedTuple):
@@ -133,15 +143,15 @@ class _Pairs(NamedTuple):
     site_pair_of_row: np.ndarray  # (M,): the site pair of each primitive pair
 
 
-def _pairs(atom: np.ndarray, exponents: np.ndarray) -> _Pairs:
+def _pairs(atom: np.ndarray, exponents: np.ndarray, count: int) -> _Pairs:
     """The nuclear attraction's Hermite integrals R depend on a primitive pair only through its
     exponents and centres, which the Cartesian components of a shell (and, in Pople bases, the s and
     p shells of an sp set) share: they are computed once per distinct pair of (atom, exponent).
-    The sites are bucketed in number (the extra ones repeat the first; computed, never read)."""
+    The sites are padded to ``count`` (the extra ones repeat the first; computed, never read)."""
     keys = np.stack([atom.astype(np.float64), exponents], 1)
     _, sites, site_of = np.unique(keys, axis=0, return_index=True, return_inverse=True)
     site_of = site_of.reshape(-1)
-    sites = np.concatenate([sites, np.repeat(sites[:1], bucket(len(sites), minimum=8) - len(sites))])
+    sites = np.concatenate([sites, np.repeat(sites[:1], count - len(sites))])
     rows = np.stack(np.triu_indices(len(exponents)))
     site_pairs = np.stack(np.triu_indices(len(sites)))
     lookup = np.zeros((len(sites), len(sites)), np.int64)
@@ -150,33 +160,63 @@ def _pairs(atom: np.ndarray, exponents: np.ndarray) -> _Pairs:
     return _Pairs(rows, sites, site_pairs, lookup[first, second])
 
 
-def _call(basis: PrimitiveBasis, centres, centre_shifts):
-    """The kernel on ``basis``'s arrays, in the precision of ``centres`` (P, 3) and ``centre_shifts`` (natm, P, 3),
-    or of conformers of them, (B, P, 3) and (B, natm, P, 3): one vmapped call.
+def _call(bases: list[PrimitiveBasis], centres: list, centre_shifts: list, dtype, capacity: PrimitiveBasis | None):
+    """The kernel on the conformers' basis arrays and their positions: ``centres`` (P, 3) and
+    ``centre_shifts`` (natm, P, 3) per conformer, host float64 or (the forces) JAX arrays.
 
-    Every size is rounded up to a bucket (:func:`~pyscf_ipu.padding.bucket`), so that molecules of
-    similar size share the compiled kernel: extra primitives repeat primitive 0 with no weight in
-    any AO (so they share its site too), extra nuclei have no charge, extra AOs are zero; the
-    matrices are cut back to (N, N).
+    Every size is padded to that of ``capacity`` (default: the largest basis), rounded up to a bucket
+    (:func:`~pyscf_ipu.padding.bucket`), so that molecules of one size bucket share the compiled
+    kernel: extra primitives repeat primitive 0 with no weight in any AO (so they share its site
+    too), extra nuclei have no charge, extra AOs are zero; the matrices are cut back to the
+    capacity's (N, N).
     """
-    nprim, natm = basis.exponents.shape[0], basis.charges.shape[0]
-    cartesian, n = basis.cart2sph.shape
-    extra = bucket(nprim, minimum=8) - nprim
-    source = np.concatenate([np.arange(nprim), np.zeros(extra, int)])  # (P',) the primitive each row copies
-    extra_cartesian, extra_aos, extra_atoms = (bucket(k, minimum=m) - k for k, m in ((cartesian, 8), (n, 8), (natm, 4)))
-    floats = (basis.exponents[source], np.pad(basis.contraction, ((0, extra), (0, extra_cartesian))),
-              np.pad(basis.cart2sph, ((0, extra_cartesian), (0, extra_aos))), np.pad(basis.charges, (0, extra_atoms)),
-              np.pad(basis.one_centre, ((0, 0), (0, extra_aos), (0, extra_aos))))  # fmt: skip
-    exponents, contraction, cart2sph, charges, one_centre = (jnp.asarray(a, centres.dtype) for a in floats)
-    batch = centres.ndim - 2  # 0 or 1 leading conformer axes
-    centres = centres[..., source, :]  # may be traced (forces): padded with JAX operations
-    centre_shifts = jnp.pad(centre_shifts[..., source, :], ((0, 0),) * batch + ((0, extra_atoms), (0, 0), (0, 0)))
-    pairs = _pairs(basis.atom[source], basis.exponents[source])
-    lmax = int(basis.powers.sum(axis=1).max())
-    kernel = _one_electron_conformers if batch else _one_electron
-    out = kernel(exponents, centres, jnp.asarray(basis.powers[source]), contraction, cart2sph, charges, centre_shifts,
-                 jnp.asarray(basis.atom[source]), one_centre, *(jnp.asarray(a) for a in pairs), lmax=lmax)  # fmt: skip
+    reference = capacity or max(bases, key=lambda b: b.exponents.shape[0])
+    nprim = bucket(max(reference.exponents.shape[0], *(b.exponents.shape[0] for b in bases)), minimum=8)
+    ncart = bucket(max(b.cart2sph.shape[0] for b in [reference, *bases]), minimum=8)
+    n = max(b.cart2sph.shape[1] for b in [reference, *bases])
+    naos = bucket(n, minimum=8)
+    natm = bucket(max(len(b.charges) for b in [reference, *bases]), minimum=4)
+    sites = bucket(max(_site_count(b) for b in [reference, *bases]), minimum=8)
+    lmax = int(max(b.powers.sum(axis=1).max() for b in [reference, *bases]))
+    members = [_member_arrays(b, nprim, ncart, naos, natm, sites) for b in bases]
+    floats = [np.stack([m[k] for m in members]) for k in ("exponents", "contraction", "cart2sph", "charges", "one_centre")]
+    integers = [np.stack([m[k] for m in members]) for k in ("powers", "atom", "sites", "site_pair_of_row")]
+    traced = any(isinstance(c, jax.core.Tracer) for c in centres)
+    stack = (lambda xs: jnp.stack(xs)) if traced else (lambda xs: np.stack(xs))  # noqa: E731
+    source = [m["source"] for m in members]
+    centres = stack([c[i] for c, i in zip(centres, source)])  # (B, P', 3)
+    centre_shifts = stack([jnp.pad(s[:, i], ((0, natm - s.shape[0]), (0, 0), (0, 0))) if traced
+                           else np.pad(s[:, i], ((0, natm - s.shape[0]), (0, 0), (0, 0)))
+                           for s, i in zip(centre_shifts, source)])  # fmt: skip
+    rows = np.stack(np.triu_indices(nprim))
+    site_pairs = np.stack(np.triu_indices(sites))
+    out = _one_electron_batch(*(jnp.asarray(a, dtype) for a in floats), jnp.asarray(centres, dtype),
+                              jnp.asarray(centre_shifts, dtype), *(jnp.asarray(a) for a in integers),
+                              jnp.asarray(rows), jnp.asarray(site_pairs), lmax)  # fmt: skip
     return {key: value[..., :n, :n] for key, value in out.items()}
+
+
+def _site_count(basis: PrimitiveBasis) -> int:
+    return len(np.unique(np.stack([basis.atom.astype(np.float64), basis.exponents], 1), axis=0))
+
+
+def _member_arrays(basis: PrimitiveBasis, nprim: int, ncart: int, naos: int, natm: int, sites: int) -> dict:
+    """One conformer's basis arrays padded to the batch's sizes (see :func:`_call`)."""
+    p, (c, n), a = basis.exponents.shape[0], basis.cart2sph.shape, len(basis.charges)
+    source = np.concatenate([np.arange(p), np.zeros(nprim - p, int)])  # (P',) the primitive each row copies
+    pairs = _pairs(basis.atom[source], basis.exponents[source], sites)
+    return {
+        "source": source,
+        "exponents": basis.exponents[source],
+        "contraction": np.pad(basis.contraction, ((0, nprim - p), (0, ncart - c))),
+        "cart2sph": np.pad(basis.cart2sph, ((0, ncart - c), (0, naos - n))),
+        "charges": np.pad(basis.charges, (0, natm - a)),
+        "one_centre": np.pad(basis.one_centre, ((0, 0), (0, naos - n), (0, naos - n))),
+        "powers": basis.powers[source],
+        "atom": basis.atom[source],
+        "sites": pairs.sites,
+        "site_pair_of_row": pairs.site_pair_of_row,
+    }
 
 
 def _select(table, i, j, t: int):
@@ -192,7 +232,6 @@ def _select(table, i, j, t: int):
     return out
 
 
-@partial(jax.jit, static_argnames="lmax")
 def _one_electron(exponents, centres, powers, contraction, cart2sph, charges, centre_shifts, atom, one_centre,
                   rows, sites, site_pairs, site_pair_of_row, *, lmax):  # fmt: skip
     dtype = exponents.dtype
@@ -237,11 +276,19 @@ def _one_electron(exponents, centres, powers, contraction, cart2sph, charges, ce
             "nuclear": spherical(nuclear) + one_centre[2]}  # fmt: skip
 
 
-@partial(jax.jit, static_argnames="lmax")
-def _one_electron_conformers(*arrays, lmax):
-    """:func:`_one_electron` over conformers: ``centres`` (B, P, 3) and ``centre_shifts`` (B, natm, P, 3)."""
-    axes = tuple(0 if k in (1, 6) else None for k in range(len(arrays)))  # centres, centre_shifts
-    return jax.vmap(partial(_one_electron, lmax=lmax), in_axes=axes)(*arrays)
+def _one_electron_members(exponents, contraction, cart2sph, charges, one_centre, centres, centre_shifts, powers, atom,
+                          sites, site_pair_of_row, rows, site_pairs, lmax):  # fmt: skip
+    """:func:`_one_electron` over conformers: every array (B, ...) but the shared ``rows`` and ``site_pairs``."""
+    def one(exponents, contraction, cart2sph, charges, one_centre, centres, centre_shifts, powers, atom, sites,
+            site_pair_of_row):  # fmt: skip
+        return _one_electron(exponents, centres, powers, contraction, cart2sph, charges, centre_shifts, atom,
+                             one_centre, rows, sites, site_pairs, site_pair_of_row, lmax=lmax)  # fmt: skip
+
+    return jax.vmap(one)(exponents, contraction, cart2sph, charges, one_centre, centres, centre_shifts, powers, atom,
+                         sites, site_pair_of_row)  # fmt: skip
+
+
+_one_electron_batch = compiled(_one_electron_members, static_argnums=13)
 
 
 @lru_cache(maxsize=None)

@@ -29,6 +29,7 @@ from jax.sharding import PartitionSpec as P
 from ..eri import degeneracy_weights, pair_index, row_matrix, s8_accumulate, s8_to_s4, symmetrise, tril_unpack
 from ..eri import unique_quartets, unpack_pairs
 from ..padding import stack_padded
+from ..programs import compiled
 from .plan import TilePlan
 
 IPU_AXIS = "ipu"
@@ -156,13 +157,13 @@ def _tiled_rows(s8, placement, nao: int, nao_padded: int) -> jax.Array:
     return _placed_rows(_unpacked(s8, nao * (nao + 1) // 2), placement, nao, nao_padded)
 
 
-@partial(jax.jit, static_argnums=1)
+@partial(compiled, static_argnums=1)
 def _unpacked(s8, npair: int) -> jax.Array:
     """([B,] npair, npair) s4 of one s8 array or of a batch."""
     return s8_to_s4(s8, npair) if s8.ndim == 1 else jax.vmap(s8_to_s4, in_axes=(0, None))(s8, npair)
 
 
-@partial(jax.jit, static_argnums=(1, 2, 3))
+@partial(compiled, static_argnums=(1, 2, 3))
 def _placed_rows(s4, placement, nao: int, nao_padded: int) -> jax.Array:
     """The row matrix of ``s4`` ([B,] npair, npair) cut into the tiles' row blocks (see :func:`_tiled_rows`)."""
     build = row_matrix if s4.ndim == 2 else jax.vmap(row_matrix, in_axes=(0, None, None))

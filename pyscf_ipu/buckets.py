@@ -1,0 +1,139 @@
+"""Size buckets: the coarse sizes that every compiled program's shapes come from.
+
+Atoms are counted by **kind**: elements whose shells in the basis have the same angular momenta,
+primitive counts and contractions (at STO-3G: hydrogen and helium are one kind, lithium to neon
+another). Which element of a kind an atom is changes only data (exponents, coefficients, charges,
+the grid's radii), never a shape. A :class:`SizeBucket` holds, for each kind, a capacity: the
+molecule's count of that kind rounded up (kinds of one AO per atom in steps of 2, others exactly),
+so the padded AO count is at most one above the molecule's. Every array of a molecule in the
+bucket is padded to the bucket's **template**: a placeholder molecule with ``capacity`` atoms of
+each kind. So any two molecules of a bucket run the same programs, and one batch may mix them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+
+import numpy as np
+
+from .molecule import Molecule
+
+KIND_SEARCH_ELEMENTS = 36  # elements H..Kr are searched for the members of a kind (their grids)
+LABEL_ELEMENTS = ("C", "H")  # a kind's name in labels: the first of these it holds, else its first element
+GRID_ALIGNMENT = 1024  # padded grid sizes are multiples of the XC quadrature's block
+
+
+@lru_cache(maxsize=None)
+def element_kind(basis: str, symbol: str) -> tuple:
+    """The shape signature of ``symbol``'s shells in ``basis``: (l, primitives, contractions) per shell."""
+    from .host import element_basis
+
+    return tuple((shell[0], len(shell) - 1, len(shell[1]) - 1) for shell in element_basis(basis, symbol))
+
+
+def _element_aos(kind: tuple) -> int:
+    return sum((2 * l + 1) * contractions for l, _, contractions in kind)
+
+
+@lru_cache(maxsize=None)
+def _kind_members(basis: str, kind: tuple) -> tuple[str, ...]:
+    """The elements H..Kr of ``basis`` whose shells have the signature ``kind``."""
+    from pyscf.data.elements import ELEMENTS
+
+    members = []
+    for z in range(1, KIND_SEARCH_ELEMENTS + 1):
+        try:
+            if element_kind(basis, ELEMENTS[z]) == kind:
+                members.append(ELEMENTS[z])
+        except Exception:  # the basis lacks this element
+            continue
+    return tuple(members)
+
+
+@lru_cache(maxsize=None)
+def atomic_grid_size(symbol: str, level: int) -> int:
+    """Points of PySCF's atomic grid of ``symbol`` at ``level`` (independent of the geometry and basis)."""
+    from pyscf import dft, gto
+
+    mol = gto.M(atom=[(symbol, (0.0, 0.0, 0.0))], basis="sto-3g", spin=gto.charge(symbol) % 2, verbose=0)
+    grids = dft.gen_grid.Grids(mol)
+    grids.level = level
+    table = grids.gen_atomic_grids(mol, grids.atom_grid, grids.radi_method, level, grids.prune)
+    return len(table[mol.atom_symbol(0)][1])
+
+
+@lru_cache(maxsize=None)
+def _kind_grid_size(basis: str, kind: tuple, level: int) -> int:
+    """The largest atomic grid of the kind's elements: a shared capacity, whichever element it is."""
+    return max(atomic_grid_size(symbol, level) for symbol in _kind_members(basis, kind))
+
+
+def capacity(count: int, aos_per_atom: int) -> int:
+    """A kind's count rounded up: in steps of 2 for kinds of one AO per atom, exactly otherwise."""
+    step = max(1, 2 // aos_per_atom)
+    return -(-count // step) * step
+
+
+@dataclass(frozen=True)
+class SizeBucket:
+    """The sizes programs are compiled for: the basis, the grid level and a capacity per atom kind."""
+
+    basis: str
+    grid_level: int
+    kinds: tuple[tuple[tuple, int], ...]  # (kind signature, capacity), sorted by signature
+
+    @classmethod
+    def of(cls, molecule: Molecule, basis: str, grid_level: int) -> SizeBucket:
+        return cls.of_symbols(molecule.symbols, basis, grid_level)
+
+    @classmethod
+    def of_symbols(cls, symbols, basis: str, grid_level: int) -> SizeBucket:
+        """The bucket of a molecule with these element symbols."""
+        counts = Counter(element_kind(basis, symbol) for symbol in symbols)
+        return cls(basis, grid_level, tuple(sorted((kind, capacity(n, _element_aos(kind))) for kind, n in counts.items())))
+
+    @cached_property
+    def template_elements(self) -> tuple[str, ...]:
+        """The template molecule's atoms: ``capacity`` of each kind's first element, kind after kind."""
+        return tuple(symbol for kind, cap in self.kinds for symbol in [_kind_members(self.basis, kind)[0]] * cap)
+
+    @property
+    def natm(self) -> int:
+        return sum(cap for _, cap in self.kinds)
+
+    @property
+    def nao(self) -> int:
+        """Np: the padded AO count (the template's AOs)."""
+        return sum(cap * _element_aos(kind) for kind, cap in self.kinds)
+
+    @property
+    def grid_points(self) -> int:
+        """Gp: the template's largest grid, rounded up to :data:`GRID_ALIGNMENT` (0 without a grid)."""
+        points = sum(cap * _kind_grid_size(self.basis, kind, self.grid_level) for kind, cap in self.kinds)
+        return -(-points // GRID_ALIGNMENT) * GRID_ALIGNMENT
+
+    @property
+    def sizes(self) -> tuple[int, int]:
+        """(Np, Gp), the SCF problem's padded shape."""
+        return self.nao, self.grid_points
+
+    def label(self) -> str:
+        """A short name: the capacities by kind's first element, e.g. ``sto-3g:C9H8``."""
+        def name(kind):
+            members = _kind_members(self.basis, kind)
+            return next((e for e in LABEL_ELEMENTS if e in members), members[0])
+
+        parts = "".join(f"{name(kind)}{cap}" for kind, cap in self.kinds)
+        return f"{self.basis}:{parts}"
+
+    def fits(self, molecule: Molecule) -> bool:
+        """True if ``molecule`` belongs to this bucket."""
+        return SizeBucket.of(molecule, self.basis, self.grid_level) == self
+
+
+def pad_atoms(coords: np.ndarray, natm: int) -> np.ndarray:
+    """([C,] n, 3) positions padded to ``natm`` atoms with dummies at the origin (no shells, no charge)."""
+    extra = [(0, 0)] * (np.ndim(coords) - 2) + [(0, natm - coords.shape[-2]), (0, 0)]
+    return np.pad(coords, extra)

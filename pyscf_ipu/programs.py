@@ -1,0 +1,164 @@
+"""Compiled programs that a new process loads instead of tracing: exported StableHLO on disk.
+
+:func:`compiled` wraps a function like ``jax.jit`` does. The first call with a new signature (its
+static arguments, and the shapes and dtypes of the others) traces the function and exports it
+(``jax.export``) to the program directory; a later process with the same signature reads the
+exported module and runs it without tracing the Python code again (tracing the SCF loop, the
+integral kernels and the finalisation took about a second per size bucket and process), and JAX's
+persistent compilation cache supplies its compiled code. The directory sits beside JAX's cache
+(:func:`pyscf_ipu.config.enable_compilation_cache`); where none is set, programs live in memory only.
+
+An exported module is valid only for the code that made it, so its key includes a fingerprint of
+this package's source, the versions of jax and jaxlib, the backend, the device count and the x64
+mode. A file that cannot be read back (truncated, or from an incompatible jax) is exported anew
+and replaced. Inside a transformation (``jax.grad`` of the forces) the function is traced as usual.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import re
+import tempfile
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+import jax
+import numpy as np
+
+PROGRAM_DIRECTORY_SUFFIX = "-programs"
+
+
+@lru_cache(maxsize=1)
+def source_fingerprint() -> str:
+    """A hash of every Python file of this package (sorted by path): a new version never loads an
+    old version's programs."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def program_directory() -> Path | None:
+    """Where serialised programs live: beside JAX's compilation cache directory, or None if unset."""
+    cache = jax.config.jax_compilation_cache_dir
+    return Path(str(cache).rstrip("/") + PROGRAM_DIRECTORY_SUFFIX) if cache else None
+
+
+def stable_repr(value) -> str:
+    """``repr(value)`` without the memory addresses of functions (the same in every process)."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+def _signature(leaves) -> tuple:
+    out = []
+    for leaf in leaves:
+        dtype = getattr(leaf, "dtype", None)
+        if dtype is None:
+            raise TypeError(f"compiled programs take arrays, got {type(leaf).__name__}")
+        out.append((tuple(np.shape(leaf)), np.dtype(dtype).name, bool(getattr(leaf, "weak_type", False))))
+    return tuple(out)
+
+
+class CompiledFunction:
+    """A function traced once per signature, its exported programs shared by every process (see module doc)."""
+
+    def __init__(self, fun, static_argnums: int | tuple[int, ...] = (), name: str | None = None):
+        self.fun = fun
+        self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+        self.name = name or f"{fun.__module__}.{fun.__qualname__}"
+        self._jitted = jax.jit(fun, static_argnums=self.static_argnums)
+        self._programs: dict = {}
+        self._lock = threading.Lock()
+        self.traced = 0  # signatures this process traced and exported (not loaded)
+        self.loaded = 0  # signatures this process read from disk
+
+    def __call__(self, *args):
+        static = tuple(args[i] for i in self.static_argnums)
+        dynamic = [a for i, a in enumerate(args) if i not in self.static_argnums]
+        leaves, tree = jax.tree.flatten(dynamic)
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):  # inside a transformation: trace through
+            return self._jitted(*args)
+        key = (stable_repr(static), str(tree), _signature(leaves), bool(jax.config.jax_enable_x64))
+        program = self._programs.get(key)
+        if program is None:
+            with self._lock:
+                program = self._programs.get(key)
+                if program is None:
+                    program = self._programs[key] = self._load_or_export(key, static, tree, leaves)
+        run, out_tree = program
+        return out_tree.unflatten(run(*leaves))
+
+    def clear(self) -> None:
+        """Drop this process's compiled programs (the files stay): gives their memory back."""
+        with self._lock:
+            self._programs.clear()
+
+    @property
+    def signatures(self) -> int:
+        """Distinct signatures (programs) this process has run."""
+        return len(self._programs)
+
+    def _file(self, key) -> Path | None:
+        directory = program_directory()
+        if directory is None:
+            return None
+        text = "\n".join([self.name, repr(key), source_fingerprint(), jax.__version__, jax.lib.__version__,
+                          jax.default_backend(), str(jax.device_count())])  # fmt: skip
+        digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+        return directory / f"{self.name.rsplit('.', 1)[-1].strip('_<>')}-{digest}.program"
+
+    def _load_or_export(self, key, static, tree, leaves):
+        """(a jitted function of the flat arguments, the output's tree), from disk or exported now."""
+        from jax import export
+
+        path = self._file(key)
+        if path is not None and path.exists():
+            try:
+                blob, out_tree = pickle.loads(path.read_bytes())
+                exported = export.deserialize(bytearray(blob))
+                self.loaded += 1
+                return jax.jit(exported.call), out_tree
+            except Exception:  # truncated, or written by an incompatible jax: export anew, below
+                pass
+        out_trees = []
+
+        def flat(*flat_leaves):
+            arguments, dynamic = list(tree.unflatten(flat_leaves)), iter(range(10**6))
+            full = [static[self.static_argnums.index(i)] if i in self.static_argnums else arguments[next(dynamic)]
+                    for i in range(len(arguments) + len(static))]  # fmt: skip
+            out, out_tree = jax.tree.flatten(self.fun(*full))
+            out_trees.append(out_tree)
+            return out
+
+        exported = export.export(jax.jit(flat))(*leaves)
+        self.traced += 1
+        if path is not None:
+            _write_atomically(path, pickle.dumps((exported.serialize(), out_trees[0])))
+        return jax.jit(exported.call), out_trees[0]
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename (readers never see a part);
+    a failure to write (full disk, read-only cache) leaves the program in memory only."""
+    temporary = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as out:
+            temporary = out.name
+            out.write(data)
+        os.replace(temporary, path)
+    except OSError:
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)
+
+
+def compiled(fun=None, *, static_argnums: int | tuple[int, ...] = (), name: str | None = None):
+    """Decorator: ``fun`` as a :class:`CompiledFunction` (``@compiled`` or ``@compiled(static_argnums=...)``)."""
+    if fun is None:
+        return lambda f: CompiledFunction(f, static_argnums, name)
+    return CompiledFunction(fun, static_argnums, name)

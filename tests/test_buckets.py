@@ -1,0 +1,82 @@
+"""Size buckets: molecules of one bucket share every program, may share a batch, and get the labels
+they get alone; stored programs load in a new process without tracing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from pyscf_ipu.buckets import SizeBucket
+from pyscf_ipu.config import RKSConfig
+from pyscf_ipu.host import prepare_conformers
+from pyscf_ipu.molecule import from_atom_string
+from pyscf_ipu.rks import submit_batch
+
+# Water and ammonia: one heavy atom each, and 2 or 3 hydrogens (both capacity 4 at STO-3G: H in steps of 2
+# would give 2 and 4, so a third molecule with 4 H, methane, shares ammonia's bucket).
+AMMONIA = "N 0 0 0.12; H 0 0.94 -0.27; H 0.81 -0.47 -0.27; H -0.81 -0.47 -0.27"
+METHANE = "C 0 0 0; H 0.63 0.63 0.63; H -0.63 -0.63 0.63; H -0.63 0.63 -0.63; H 0.63 -0.63 -0.63"
+
+
+def test_buckets_count_atoms_by_kind_not_element():
+    ammonia, methane = from_atom_string(AMMONIA), from_atom_string(METHANE)
+    water = from_atom_string("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59")
+    assert SizeBucket.of(ammonia, "sto-3g", 0) == SizeBucket.of(methane, "sto-3g", 0)  # N and C: one kind
+    bucket = SizeBucket.of(methane, "sto-3g", 0)
+    assert bucket.nao == 5 + 4 and bucket.natm == 5 and bucket.grid_points % 1024 == 0
+    assert SizeBucket.of(water, "sto-3g", 0).nao == 5 + 2
+    assert SizeBucket.of(methane, "6-31g", 0) != bucket
+
+
+def test_molecules_of_one_bucket_share_a_batch_and_every_program():
+    """A batch mixing ammonia and methane conformers runs the programs of a batch of methane alone,
+    and each conformer's labels equal those of a batch of its own molecule (float32 round-off)."""
+    from pyscf_ipu.integrals.eri import _quartets_batch
+    from pyscf_ipu.scf import scf_loop_batch
+
+    config = RKSConfig(integrals="device")
+    ammonia, methane = from_atom_string(AMMONIA), from_atom_string(METHANE)
+    alone = [submit_batch(prepare_conformers([m, m], config), config).results()[0] for m in (ammonia, methane)]
+    programs = (_quartets_batch.signatures, scf_loop_batch.signatures)
+    mixed = submit_batch(prepare_conformers([ammonia, methane], config), config).results()
+    assert (_quartets_batch.signatures, scf_loop_batch.signatures) == programs  # nothing new compiled
+    for single, member in zip(alone, mixed):
+        assert member.nao == single.nao
+        # float32 loops over differently padded batches: equal to well inside the 2 meV label tolerance
+        assert abs(member.energy - single.energy) < 1e-6 and abs(member.gap - single.gap) < 1e-6
+
+
+def test_a_batch_refuses_molecules_of_two_buckets():
+    config = RKSConfig(integrals="device")
+    water = from_atom_string("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59")
+    with pytest.raises(ValueError, match="one size bucket"):
+        prepare_conformers([water, from_atom_string(METHANE)], config)
+
+
+def test_a_new_process_loads_stored_programs_without_tracing(tmp_path):
+    """The second process finds every program on disk: it traces none (``traced`` stays 0), and its
+    labels equal the first's exactly (the same compiled code)."""
+    script = textwrap.dedent(f"""
+        import json
+        from pyscf_ipu.config import RKSConfig, enable_compilation_cache
+        from pyscf_ipu.host import prepare_conformers
+        from pyscf_ipu.molecule import from_atom_string
+        from pyscf_ipu.rks import submit_batch
+        from pyscf_ipu.scf import scf_loop_batch
+        from pyscf_ipu.integrals.eri import _quartets_batch
+        enable_compilation_cache({str(tmp_path / "jax")!r})
+        config = RKSConfig(integrals="device")
+        m = from_atom_string({METHANE!r})
+        r = submit_batch(prepare_conformers([m, m], config), config).results()[0]
+        print(json.dumps([r.energy, scf_loop_batch.traced + _quartets_batch.traced,
+                          scf_loop_batch.loaded + _quartets_batch.loaded]))
+    """)
+    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True) for _ in range(2)]
+    (energy, traced, loaded), (energy2, traced2, loaded2) = (eval(r.stdout.strip().splitlines()[-1]) for r in runs)
+    assert (traced, loaded) == (2, 0) and (traced2, loaded2) == (0, 2)
+    assert energy2 == energy and np.isfinite(energy)
+    assert len(list((tmp_path / "jax-programs").glob("*.program"))) >= 2
