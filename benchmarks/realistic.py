@@ -6,7 +6,7 @@ a plain PySCF loop over the very same conformers.
 Each round runs, in this order:
 
 - **cold**: ``qm1b generate`` over the first ``--molecules`` molecules of the built-in sample with
-  its default settings (B3LYP/STO-3G, grid level 0, float32, device integrals), in a new process
+  its default settings (B3LYP/STO-3G, grid level 0, float32; ``--integrals`` overrides), in a new process
   with an empty compilation cache and program directory;
 - **restarted**: the same command again in a new process, with the cache the cold run filled;
 - **PySCF**: ``dft.RKS(mol, xc)`` with ``grids.level = 0`` and its default convergence, float64,
@@ -43,8 +43,7 @@ import warnings  # noqa: E402
 from collections import Counter  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import numpy as np  # noqa: E402
-from common import median_range  # noqa: E402
+from common import median_range, print_label_differences  # noqa: E402
 from throughput import LABELS, pyscf_labels  # noqa: E402
 
 from pyscf_ipu.config import RKSConfig  # noqa: E402
@@ -56,10 +55,12 @@ from qm1b.store import open_dataset  # noqa: E402
 SUMMARY = re.compile(r"^([0-9.]+)s, [0-9,]+ conformers per hour", re.M)
 
 
-def generate(out: Path, cache: Path, molecules: int, conformers: int, resume: bool = False) -> tuple[float, float]:
+def generate(out: Path, cache: Path, molecules: int, conformers: int, integrals: str | None,
+             resume: bool = False) -> tuple[float, float]:  # fmt: skip
     """(whole-process seconds, the generator's own seconds) of one ``qm1b generate`` process."""
     command = [sys.executable, "-m", "qm1b.cli", "generate", "--out", str(out), "--limit", str(molecules),
                "--conformers", str(conformers), "--no-progress"] + (["--resume"] if resume else [])  # fmt: skip
+    command += ["--integrals", integrals] if integrals else []
     env = {**os.environ, "PYSCF_IPU_CACHE": str(cache)}
     t = time.perf_counter()
     done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
@@ -78,10 +79,11 @@ def main() -> None:
     parser.add_argument("--conformers", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--growth", default="25,50,100", help="molecule counts for the program counts ('' skips)")
+    parser.add_argument("--integrals", choices=("host", "device"), help="our side's integrals (default: the generator's)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", UserWarning)
     work = Path(tempfile.mkdtemp(prefix="qm1b-realistic-"))
-    dft = RKSConfig(**GENERATOR_DFT_DEFAULTS)
+    dft = RKSConfig(**{**GENERATOR_DFT_DEFAULTS, **({"integrals": args.integrals} if args.integrals else {})})
     chosen = builtin_sample()[: args.molecules]
     gen = GenerateConfig()
     conformers = [c for m in chosen for c in embed_conformers(m.smiles, args.conformers, gen.seed, m.molecule_id)]
@@ -99,7 +101,7 @@ def main() -> None:
         for window in ("cold", "restarted"):
             out = work / f"{window}-{r}"
             load = os.getloadavg()[0]
-            wall, own = generate(out, cache, args.molecules, args.conformers)
+            wall, own = generate(out, cache, args.molecules, args.conformers, args.integrals)
             rates.setdefault(f"{window} (process)", []).append(3600 * count / wall)
             rates.setdefault(f"{window} (imports subtracted)", []).append(3600 * count / own)
             print(f"  round {r}: {window:9s} {wall:6.1f} s process, {own:6.1f} s generator  (load {load:.1f})", flush=True)
@@ -117,13 +119,7 @@ def main() -> None:
         print(f"{name:34s} {median_range(values, ',.0f', 9):>26s} {ratio:8.2f}")
 
     with open_dataset(last) as ds:
-        cols = ds.arrays().columns
-    order = np.lexsort((cols["conformer_id"], cols["molecule_id"]))  # the order of `conformers`
-    print(f"\nlabels, ours - PySCF (meV) over {count} conformers; converged: ours {int(cols['converged'].sum())}, "
-          f"PySCF {sum(r['converged'] for r in reference)}")  # fmt: skip
-    for q in LABELS:
-        diff = 1000 * (cols[q][order] - np.array([r[q] for r in reference]))
-        print(f"  {q:6s} max |d| {np.max(np.abs(diff)):7.3f}   mean d {np.mean(diff):+7.3f}")
+        print_label_differences(ds.arrays().columns, reference, LABELS)
     print(f"\nprograms after the {args.molecules}-molecule runs: {sum(programs(work / 'cache-0').values())} "
           f"({dict(programs(work / 'cache-0'))})")  # fmt: skip
 
@@ -133,7 +129,7 @@ def main() -> None:
         print("\nprogram growth (one conformer per molecule, resumed into one directory):")
         print(f"  {'molecules':>9s} {'buckets':>8s} {'stages':>7s} {'programs':>9s} {'bound':>6s}")
         for n in (int(x) for x in args.growth.split(",")):
-            generate(out, cache, n, 1, resume=out.exists())
+            generate(out, cache, n, 1, args.integrals, resume=out.exists())
             spanned = len({smiles_bucket(m.smiles, dft.basis, dft.grid_level) for m in sample[:n]})
             stages = programs(cache)
             print(f"  {n:9d} {spanned:8d} {len(stages):7d} {sum(stages.values()):9d} {spanned * len(stages):6d}",

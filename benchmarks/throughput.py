@@ -42,7 +42,7 @@ import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from common import median_range  # noqa: E402
+from common import median_range, print_label_differences  # noqa: E402
 from pyscf import dft  # noqa: E402
 
 import jax  # noqa: E402
@@ -181,14 +181,7 @@ def main() -> None:
           f"[{min(ratios):.2f}-{max(ratios):.2f}]; load average {min(loads):.1f}-{max(loads):.1f}")  # fmt: skip
 
     with open_dataset(work / f"warm{args.windows - 1}") as ds:
-        arrays = ds.arrays()
-    cols = arrays.columns
-    order = np.lexsort((cols["conformer_id"], cols["molecule_id"]))  # the order of `conformers`
-    print(f"\nlabels, ours - PySCF (meV) over {count} conformers; ours converged {int(cols['converged'].sum())}"
-          f"/{count} (QM1B criterion), PySCF {sum(r['converged'] for r in reference)}/{count}:")  # fmt: skip
-    for q in LABELS:
-        diff = 1000 * (cols[q][order] - np.array([r[q] for r in reference]))
-        print(f"  {q:6s} max |d| {np.max(np.abs(diff)):7.3f}   mean d {np.mean(diff):+7.3f}")
+        print_label_differences(ds.arrays().columns, reference, LABELS)
 
     total = sum(summary.timings.values())
     print(f"\nour time split, last warm window ({total:.1f} s of {3600 * count / ours[-1]:.1f} s wall):")

@@ -16,7 +16,6 @@ matrix of pairs p = ij (i >= j), npair = N(N+1)/2. From it we derive
 
 from __future__ import annotations
 
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +23,12 @@ import numpy as np
 
 MAX_NAO = 2**15 - 1  # AO indices are stored as int16
 ROW_BLOCK_VALUES = 2**24  # working-set size (values) of one step of row_matrix
+
+
+def s8_aos(length: int) -> int:
+    """The AO count N of an s8 array of ``length`` = P(P+1)/2 entries, P = N(N+1)/2."""
+    npair = int(round((np.sqrt(8.0 * length + 1.0) - 1.0) / 2.0))
+    return int(round((np.sqrt(8.0 * npair + 1.0) - 1.0) / 2.0))
 
 
 def tril_unpack(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

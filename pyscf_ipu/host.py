@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import jax
@@ -26,6 +26,7 @@ from pyscf.scf import addons, atom_hf
 
 from .buckets import SizeBucket, pad_atoms
 from .config import RKSConfig, precision_scope
+from .eri import s8_aos
 from .integrals.ao_values import AOTables, ao_tables
 from .molecule import Molecule, MoleculeError
 from .programs import compiled
@@ -65,8 +66,7 @@ class HostProblem:
     def eri_nao(self) -> int:
         """The AOs of ``eri_s8``: the molecule's (libcint), or its bucket's (the device integrals write
         the bucket's s8 array, of which the molecule's is the leading part; the rest is zero)."""
-        npair = int(round((np.sqrt(8.0 * self.eri_s8.shape[0] + 1.0) - 1.0) / 2.0))
-        return int(round((np.sqrt(8.0 * npair + 1.0) - 1.0) / 2.0))
+        return s8_aos(self.eri_s8.shape[0])
 
     @property
     def grid_points(self) -> int:
@@ -371,7 +371,7 @@ def _prepare_one(molecule: Molecule, mol: gto.Mole, overlap: np.ndarray, hcore: 
     t = time.perf_counter()
     nao = mol.nao_nr()
     if config.eri_threshold > 0 or nonzero is None:  # screening zeroes more: count what is left
-        n = nao if eri.shape[0] == (nao * (nao + 1) // 2) * (nao * (nao + 1) // 2 + 1) // 2 else bucket.nao
+        n = s8_aos(eri.shape[0])  # the molecule's AOs (libcint) or its bucket's (device)
         eri = schwarz_screen(eri, n * (n + 1) // 2, config.eri_threshold)
         nonzero = int(np.count_nonzero(eri))
     timings["eri"] += time.perf_counter() - t

@@ -128,10 +128,10 @@ class CompiledFunction:
         out_trees = []
 
         def flat(*flat_leaves):
-            arguments, dynamic = list(tree.unflatten(flat_leaves)), iter(range(10**6))
-            full = [static[self.static_argnums.index(i)] if i in self.static_argnums else arguments[next(dynamic)]
-                    for i in range(len(arguments) + len(static))]  # fmt: skip
-            out, out_tree = jax.tree.flatten(self.fun(*full))
+            arguments = list(tree.unflatten(flat_leaves))
+            for position, value in sorted(zip(self.static_argnums, static)):
+                arguments.insert(position, value)
+            out, out_tree = jax.tree.flatten(self.fun(*arguments))
             out_trees.append(out_tree)
             return out
 

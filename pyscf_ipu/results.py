@@ -143,7 +143,7 @@ def _final_density(functional: Functional, ao, weights, density, overlap, backen
 _final_density_batch = compiled(
     lambda functional, backend, *arrays: jax.lax.map(
         lambda member: _final_density(functional, *member[:4], backend, *member[4:]), arrays),
-    static_argnums=(0, 1))
+    static_argnums=(0, 1), name="final_density")
 
 
 def final_density(functional: Functional, ao, weights, density, overlap: np.ndarray, backend=None,

@@ -19,7 +19,6 @@ import platform
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 import numpy as np
 
@@ -39,10 +38,10 @@ from .schema import SCALAR_COLUMNS, Failure, RecordBatch
 from .store import ShardWriter
 
 EXECUTORS = ("local", "ray")
-# The generator's own DFT defaults where they differ from a single point's: the JAX integrals, whose
-# programs molecules of one size bucket share (a single `pyscf-ipu run` keeps libcint's, which need
-# no compiling).
-GENERATOR_DFT_DEFAULTS = {"integrals": "device"}
+# The generator's own DFT defaults where they differ from a single point's (none at present: the
+# JAX integrals become the default once they beat libcint's on benchmarks/realistic.py cold and
+# restarted, measured side by side).
+GENERATOR_DFT_DEFAULTS: dict = {}
 
 
 @dataclass(frozen=True)
@@ -259,7 +258,7 @@ def run_shard(gen: GenerateConfig, dft: RKSConfig) -> Summary:
             summary.failures += len(failures)
             bar.update(len(batch.members))
 
-        for batch in _batches(inputs, gen, dft, done, writer, summary, bar, timings):
+        for batch in _batches(inputs, buckets, gen, done, writer, summary, bar, timings):
             # a short batch is filled up with copies of its last conformer: every batch of a size
             # bucket then runs the same programs (their results are dropped)
             padded = batch.molecules + batch.molecules[-1:] * (gen.batch_size - len(batch.members))
@@ -282,10 +281,11 @@ def run_shard(gen: GenerateConfig, dft: RKSConfig) -> Summary:
     return summary
 
 
-def _batches(inputs, gen, dft, done, writer, summary, bar, timings) -> Iterator[_Batch]:
-    """Conformer batches still to do, in the inputs' order (grouped by size bucket): a batch takes
-    ``batch_size`` conformers of one bucket, from one molecule or several; failures of whole
-    molecules are committed."""
+def _batches(inputs, buckets, gen, done, writer, summary, bar, timings) -> Iterator[_Batch]:
+    """Conformer batches still to do, in the inputs' order (grouped by their size ``buckets``, by
+    molecule id): a batch takes ``batch_size`` conformers of one bucket, from one molecule or
+    several; a molecule without a bucket (an element the basis lacks) goes alone, to fail as a
+    whole; failures of whole molecules are committed."""
     pending: list[tuple[MoleculeInput, int, Molecule]] = []
     pending_bucket = None
     for entry in inputs:
@@ -308,7 +308,7 @@ def _batches(inputs, gen, dft, done, writer, summary, bar, timings) -> Iterator[
         bar.update(gen.conformers - len(todo))
         if not todo:
             continue
-        bucket = _molecule_bucket(todo[0][2], dft)
+        bucket = buckets[entry.molecule_id]
         if pending and (bucket is None or bucket != pending_bucket):
             yield _Batch(pending)
             pending = []
@@ -319,14 +319,6 @@ def _batches(inputs, gen, dft, done, writer, summary, bar, timings) -> Iterator[
             pending = pending[gen.batch_size :]
     if pending:
         yield _Batch(pending)
-
-
-def _molecule_bucket(molecule: Molecule, dft: RKSConfig) -> SizeBucket | None:
-    """The conformer's size bucket; None if the basis lacks an element (its batch then fails alone)."""
-    try:
-        return SizeBucket.of(molecule, dft.basis, dft.grid_level)
-    except Exception:
-        return None
 
 
 def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:

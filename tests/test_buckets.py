@@ -3,6 +3,7 @@ they get alone; stored programs load in a new process without tracing."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -76,7 +77,7 @@ def test_a_new_process_loads_stored_programs_without_tracing(tmp_path):
                           scf_loop_batch.loaded + _quartets_batch.loaded]))
     """)
     runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True) for _ in range(2)]
-    (energy, traced, loaded), (energy2, traced2, loaded2) = (eval(r.stdout.strip().splitlines()[-1]) for r in runs)
+    (energy, traced, loaded), (energy2, traced2, loaded2) = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
     assert (traced, loaded) == (2, 0) and (traced2, loaded2) == (0, 2)
     assert energy2 == energy and np.isfinite(energy)
     assert len(list((tmp_path / "jax-programs").glob("*.program"))) >= 2

@@ -125,7 +125,7 @@ def _constants(tables: AOTables, ncart: int, nprim: int, naos: int, transformed:
 
 @jax.jit
 def ao_kernel(exponents, coefficients, derivative_coefficients, powers, cart2sph, offsets, shifts, owners, count):
-    r"""(4, G, N) values and x/y/z gradients (see :func:`_constants`, :func:`ao_values_batch`, :func:`_points`).
+    r"""(4, G, N) values and x/y/z gradients (see :func:`_constants` and :func:`ao_values_batch`).
 
     Per Cartesian AO :math:`\phi = x^i y^j z^l R(r^2)` with the contracted radial part
     :math:`R = \sum_k c_k e^{-a_k r^2}` and :math:`R' = \sum_k (-2 a_k c_k) e^{-a_k r^2}`:
@@ -170,7 +170,7 @@ def ao_kernel(exponents, coefficients, derivative_coefficients, powers, cart2sph
     return out if cart2sph is None else out @ cart2sph
 
 
-_ao_kernel_batch = compiled(jax.vmap(ao_kernel, in_axes=(0, 0, 0, 0, 0, 0, 0, 0, 0)))  # fmt: skip
+_ao_kernel_batch = compiled(jax.vmap(ao_kernel), name="ao_values")
 
 
 def ao_values_at(basis: PrimitiveBasis, points, coords: jax.Array) -> jax.Array:

@@ -559,7 +559,7 @@ def eri_s8(plans, coords, dtype=jnp.float32, workers: int | None = None) -> jax.
     return out[0] if single else out
 
 
-@partial(compiled, static_argnums=1)
+@partial(compiled, static_argnums=1, name="eri_combine")
 def _combine(shares: tuple, size: int) -> jax.Array:
     """The shares' s8 arrays added (each wrote zeros outside its own quartets) and cut to ``size``, in
     one pass: Python's ``sum`` and the slice made three copies of the batch's array (42 MB for 8
@@ -721,12 +721,12 @@ def _quartet_stage(static, quartet_arrays, one_centre, data, shifts):
 # Conformers vmapped: the pair stage is small and elementwise.
 _pairs_batch = compiled(
     lambda pair_l, arrays, shifts, dtype: jax.vmap(lambda a, s: _pair_stage(pair_l, a, s, dtype))(arrays, shifts),
-    static_argnums=(0, 3))
+    static_argnums=(0, 3), name="eri_pairs")
 # Conformers one after another inside the program (lax.map), not vmapped into every tile: a tile's
 # arrays then stay cache-sized (measured, 8 conformers of a 53-AO molecule on 2 cores: vmap 306 ms
 # per conformer with 1 worker and 218 with 2; map 280 and 133).
 _quartets_batch = compiled(
     lambda static, quartet_arrays, one_centre, data, shifts: jax.lax.map(
         lambda member: _quartet_stage(static, *member), (quartet_arrays, one_centre, data, shifts)),
-    static_argnums=0)
+    static_argnums=0, name="eri_quartets")
 _LIVE_PROGRAMS = _LivePrograms()

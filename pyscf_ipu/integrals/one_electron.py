@@ -176,18 +176,17 @@ def _call(bases: list[PrimitiveBasis], centres: list, centre_shifts: list, dtype
     n = max(b.cart2sph.shape[1] for b in [reference, *bases])
     naos = bucket(n, minimum=8)
     natm = bucket(max(len(b.charges) for b in [reference, *bases]), minimum=4)
-    sites = bucket(max(_site_count(b) for b in [reference, *bases]), minimum=8)
+    sites = bucket(max(_site_count(b) for b in {id(b): b for b in [reference, *bases]}.values()), minimum=8)
     lmax = int(max(b.powers.sum(axis=1).max() for b in [reference, *bases]))
-    members = [_member_arrays(b, nprim, ncart, naos, natm, sites) for b in bases]
+    distinct = {id(b): _member_arrays(b, nprim, ncart, naos, natm, sites) for b in bases}  # a batch's conformers
+    members = [distinct[id(b)] for b in bases]  # share their molecule's arrays
     floats = [np.stack([m[k] for m in members]) for k in ("exponents", "contraction", "cart2sph", "charges", "one_centre")]
     integers = [np.stack([m[k] for m in members]) for k in ("powers", "atom", "sites", "site_pair_of_row")]
-    traced = any(isinstance(c, jax.core.Tracer) for c in centres)
-    stack = (lambda xs: jnp.stack(xs)) if traced else (lambda xs: np.stack(xs))  # noqa: E731
+    xp = jnp if any(isinstance(c, jax.core.Tracer) for c in centres) else np  # the forces trace the positions
     source = [m["source"] for m in members]
-    centres = stack([c[i] for c, i in zip(centres, source)])  # (B, P', 3)
-    centre_shifts = stack([jnp.pad(s[:, i], ((0, natm - s.shape[0]), (0, 0), (0, 0))) if traced
-                           else np.pad(s[:, i], ((0, natm - s.shape[0]), (0, 0), (0, 0)))
-                           for s, i in zip(centre_shifts, source)])  # fmt: skip
+    centres = xp.stack([c[i] for c, i in zip(centres, source)])  # (B, P', 3)
+    centre_shifts = xp.stack([xp.pad(s[:, i], ((0, natm - s.shape[0]), (0, 0), (0, 0)))
+                              for s, i in zip(centre_shifts, source)])  # (B, natm', P', 3)  # fmt: skip
     rows = np.stack(np.triu_indices(nprim))
     site_pairs = np.stack(np.triu_indices(sites))
     out = _one_electron_batch(*(jnp.asarray(a, dtype) for a in floats), jnp.asarray(centres, dtype),
