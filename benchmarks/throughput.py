@@ -54,7 +54,7 @@ from pyscf_ipu.rks import batch_finalisation  # noqa: E402
 from pyscf_ipu.scf import LoopSettings, scf_loop_batch  # noqa: E402
 from pyscf_ipu.units import HARTREE_TO_EV  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
-from qm1b.generate import GenerateConfig, run_shard  # noqa: E402
+from qm1b.generate import GENERATOR_DFT_DEFAULTS, GenerateConfig, run_shard  # noqa: E402
 from qm1b.inputs import builtin_sample, heavy_atom_count  # noqa: E402
 from qm1b.store import open_dataset  # noqa: E402
 
@@ -131,8 +131,8 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=3, help="timed windows per side, after the cold one")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--split-repeats", type=int, default=3, help="passes of the stage split (0: none)")
-    parser.add_argument("--integrals", choices=("host", "device"), default="host",
-                        help="our side's integrals: libcint on the host, or the JAX kernels (RKSConfig.integrals)")
+    parser.add_argument("--integrals", choices=("host", "device"), default=GENERATOR_DFT_DEFAULTS.get("integrals", "host"),
+                        help="our side's integrals: libcint on the host, or the JAX kernels (default: the generator's)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", UserWarning)
     work = Path(tempfile.mkdtemp(prefix="qm1b-throughput-"))

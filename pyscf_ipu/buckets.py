@@ -4,8 +4,10 @@ Atoms are counted by **kind**: elements whose shells in the basis have the same 
 primitive counts and contractions (at STO-3G: hydrogen and helium are one kind, lithium to neon
 another). Which element of a kind an atom is changes only data (exponents, coefficients, charges,
 the grid's radii), never a shape. A :class:`SizeBucket` holds, for each kind, a capacity: the
-molecule's count of that kind rounded up (kinds of one AO per atom in steps of 2, others exactly),
-so the padded AO count is at most one above the molecule's. Every array of a molecule in the
+molecule's count of that kind rounded up (kinds of fewer than 4 AOs per atom in steps of 4 AOs' worth
+of atoms, others exactly), so the padded AO count is at most three above the molecule's: coarse
+enough that a run over a few dozen molecules compiles a few buckets, fine enough that the padding
+costs little (the choice is in ``docs/decisions/size-buckets.md``). Every array of a molecule in the
 bucket is padded to the bucket's **template**: a placeholder molecule with ``capacity`` atoms of
 each kind. So any two molecules of a bucket run the same programs, and one batch may mix them.
 """
@@ -71,8 +73,9 @@ def _kind_grid_size(basis: str, kind: tuple, level: int) -> int:
 
 
 def capacity(count: int, aos_per_atom: int) -> int:
-    """A kind's count rounded up: in steps of 2 for kinds of one AO per atom, exactly otherwise."""
-    step = max(1, 2 // aos_per_atom)
+    """A kind's count rounded up to a multiple of 4 AOs' worth of its atoms (STO-3G hydrogen: 4 atoms,
+    6-31G hydrogen: 2); kinds of 4 or more AOs per atom exactly."""
+    step = max(1, 4 // aos_per_atom)
     return -(-count // step) * step
 
 

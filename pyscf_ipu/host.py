@@ -205,7 +205,7 @@ def device_one_electron(mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple[
     capacity = primitive_template(bucket.basis, bucket.template_elements)
     with precision_scope("float64"):
         ints = one_electron(bases, np.dtype("float64"), _conformer_coords(mols, bucket), capacity)
-        overlap, hcore = np.asarray(ints["overlap"]), np.asarray(ints["kinetic"] + ints["nuclear"])
+        overlap, hcore = np.asarray(ints["overlap"]), np.asarray(ints["kinetic"]) + np.asarray(ints["nuclear"])
     return [(overlap[k, : mol.nao, : mol.nao], hcore[k, : mol.nao, : mol.nao]) for k, mol in enumerate(mols)]
 
 
@@ -290,7 +290,7 @@ def device_grids(mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple[np.ndar
     grids = [_atom_grids(tuple(mol.elements), bucket) for mol in mols]
     stacked = jax.tree.map(lambda *xs: np.stack(xs), *[g for g, _ in grids])
     with jax.enable_x64(True):
-        points, weights = grid_points_and_weights_batch(stacked, jnp.asarray(_conformer_coords(mols, bucket)))
+        points, weights = grid_points_and_weights_batch(stacked, jax.device_put(_conformer_coords(mols, bucket)))
         points, weights = np.asarray(points), np.asarray(weights)
     return [(points[k, :count], weights[k, :count], g.owner[:count]) for k, (g, count) in enumerate(grids)]
 

@@ -1,12 +1,13 @@
 """The generator: SMILES -> RDKit conformers -> batched float32 DFT -> HDF5 shard, resumable.
 
-Work flows molecule by molecule, conformers in batches of ``batch_size``: conformers of a molecule
-share every shape, so a batch runs as one vmapped, jit-compiled SCF loop. Molecules are ordered by
-their AO count, so consecutive batches reuse compiled code (and the persistent compilation cache
-spares a restarted run the compiling). While the device works on batch k, the host prepares batch
-k+1 (PySCF integrals and grid; with device integrals, only the host-side steps of it overlap: XLA's
-CPU client runs the programs of one thread in order, so the integrals' programs wait for batch k's
-loop); batch k is then finalised and committed to the shard as one atomic part (see
+Molecules are ordered by size bucket (:mod:`pyscf_ipu.buckets`) and their conformers go in batches
+of ``batch_size``, filled from one molecule or several of a bucket: a bucket's molecules share every
+shape, so a batch runs as one vmapped program per stage, and the stored programs and persistent
+compilation cache spare a restarted run the tracing and compiling. The integrals come from the JAX
+kernels by default (``--integrals host``: libcint's). While the device works on batch k, the host
+prepares batch k+1 (only its host-side steps overlap with device integrals: XLA's CPU client runs
+the programs of one thread in order, so the integrals' programs wait for batch k's loop); batch k
+is then finalised and committed to the shard as one atomic part (see
 :mod:`qm1b.store`). A killed run resumes with ``--resume``: committed conformers and
 recorded failures are skipped, so at most the batch in flight is recomputed.
 """
@@ -38,10 +39,10 @@ from .schema import SCALAR_COLUMNS, Failure, RecordBatch
 from .store import ShardWriter
 
 EXECUTORS = ("local", "ray")
-# The generator's own DFT defaults where they differ from a single point's (none at present: the
-# JAX integrals become the default once they beat libcint's on benchmarks/realistic.py cold and
-# restarted, measured side by side).
-GENERATOR_DFT_DEFAULTS: dict = {}
+# The generator's own DFT defaults where they differ from a single point's: the JAX integrals, which
+# label a stream of conformers faster than libcint's, cold and restarted (benchmarks/realistic.py);
+# a single point keeps libcint's, the reference (``--integrals host`` here too).
+GENERATOR_DFT_DEFAULTS: dict = {"integrals": "device"}
 
 
 @dataclass(frozen=True)

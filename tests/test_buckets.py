@@ -17,10 +17,12 @@ from pyscf_ipu.host import prepare_conformers
 from pyscf_ipu.molecule import from_atom_string
 from pyscf_ipu.rks import submit_batch
 
-# Water and ammonia: one heavy atom each, and 2 or 3 hydrogens (both capacity 4 at STO-3G: H in steps of 2
-# would give 2 and 4, so a third molecule with 4 H, methane, shares ammonia's bucket).
+# Ammonia and methane: one heavy atom each, and 3 or 4 hydrogens (STO-3G hydrogen's capacity goes in
+# steps of 4, so both have capacity 4 and share a bucket).
 AMMONIA = "N 0 0 0.12; H 0 0.94 -0.27; H 0.81 -0.47 -0.27; H -0.81 -0.47 -0.27"
 METHANE = "C 0 0 0; H 0.63 0.63 0.63; H -0.63 -0.63 0.63; H -0.63 0.63 -0.63; H 0.63 -0.63 -0.63"
+ETHANE = ("C 0 0 0.76; C 0 0 -0.76; H 1.02 0 1.16; H -0.51 0.88 1.16; H -0.51 -0.88 1.16; H -1.02 0 -1.16; "
+          "H 0.51 -0.88 -1.16; H 0.51 0.88 -1.16")
 
 
 def test_buckets_count_atoms_by_kind_not_element():
@@ -29,7 +31,8 @@ def test_buckets_count_atoms_by_kind_not_element():
     assert SizeBucket.of(ammonia, "sto-3g", 0) == SizeBucket.of(methane, "sto-3g", 0)  # N and C: one kind
     bucket = SizeBucket.of(methane, "sto-3g", 0)
     assert bucket.nao == 5 + 4 and bucket.natm == 5 and bucket.grid_points % 1024 == 0
-    assert SizeBucket.of(water, "sto-3g", 0).nao == 5 + 2
+    assert SizeBucket.of(water, "sto-3g", 0).nao == 5 + 4  # 2 H padded to the capacity 4
+    assert SizeBucket.of(from_atom_string(ETHANE), "sto-3g", 0).nao == 2 * 5 + 8  # 6 H: capacity 8
     assert SizeBucket.of(methane, "6-31g", 0) != bucket
 
 
@@ -53,9 +56,8 @@ def test_molecules_of_one_bucket_share_a_batch_and_every_program():
 
 def test_a_batch_refuses_molecules_of_two_buckets():
     config = RKSConfig(integrals="device")
-    water = from_atom_string("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59")
     with pytest.raises(ValueError, match="one size bucket"):
-        prepare_conformers([water, from_atom_string(METHANE)], config)
+        prepare_conformers([from_atom_string(METHANE), from_atom_string(ETHANE)], config)
 
 
 def test_a_new_process_loads_stored_programs_without_tracing(tmp_path):

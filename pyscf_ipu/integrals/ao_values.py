@@ -98,12 +98,13 @@ def ao_values_batch(tables: list[AOTables], atom_coords: np.ndarray, offsets: li
     for k, o in enumerate(offsets):
         padded[k, : len(o)] = o
     stacked = [np.stack(parts) for parts in zip(*constants)]
-    floats = [jnp.asarray(a, dtype) for a in stacked[:3]] + [jnp.asarray(stacked[3])]
-    floats += [jnp.asarray(stacked[4], dtype) if transformed else None]
+    dtype = np.dtype(dtype)
+    floats = [a.astype(dtype) for a in stacked[:3]] + [stacked[3]] + [stacked[4].astype(dtype) if transformed else None]
     owner = np.stack([np.pad(np.asarray(o, np.int32), (0, points - len(o))) for o in owners])
     count = np.array([len(o) for o in owners], np.int32)
-    return _ao_kernel_batch(*floats, jnp.asarray(padded, dtype), jnp.asarray(shifts, dtype), jnp.asarray(owner),
-                            jnp.asarray(count))  # fmt: skip
+    # one transfer of host arrays (jnp.asarray runs a small program per array)
+    arrays = jax.device_put((*floats, padded.astype(dtype), shifts.astype(dtype), owner, count))
+    return _ao_kernel_batch(*arrays)
 
 
 def _constants(tables: AOTables, ncart: int, nprim: int, naos: int, transformed: bool) -> tuple:

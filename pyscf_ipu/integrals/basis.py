@@ -103,12 +103,15 @@ def one_centre_one_electron(mol: gto.Mole) -> np.ndarray:
     compute everything else and add these.
     """
     out = np.zeros((3, mol.nao_nr(), mol.nao_nr()))
+    blocks: dict[str, np.ndarray] = {}  # by atom symbol: atoms of one symbol have one basis and charge
     for atom, (s0, s1, a0, a1) in enumerate(mol.aoslice_by_atom()):
         if s1 == s0:
             continue
-        block = (s0, s1, s0, s1)
-        out[0, a0:a1, a0:a1] = mol.intor("int1e_ovlp", shls_slice=block)
-        out[1, a0:a1, a0:a1] = mol.intor("int1e_kin", shls_slice=block)
-        with mol.with_rinv_origin(mol.atom_coord(atom)):
-            out[2, a0:a1, a0:a1] = -mol.atom_charge(atom) * mol.intor("int1e_rinv", shls_slice=block)
+        symbol = mol.atom_symbol(atom)
+        if symbol not in blocks:
+            block = (s0, s1, s0, s1)
+            with mol.with_rinv_origin(mol.atom_coord(atom)):
+                blocks[symbol] = np.stack([mol.intor("int1e_ovlp", shls_slice=block), mol.intor("int1e_kin", shls_slice=block),
+                                           -mol.atom_charge(atom) * mol.intor("int1e_rinv", shls_slice=block)])  # fmt: skip
+        out[:, a0:a1, a0:a1] = blocks[symbol]
     return out

@@ -335,10 +335,14 @@ def _one_centre(mol: gto.Mole) -> tuple[np.ndarray, np.ndarray]:
     and the device path could not meet 1e-6 on them after summing hundreds of primitive terms.
     """
     index, value = [], []
-    for shell_start, shell_stop, ao_start, ao_stop in mol.aoslice_by_atom():
+    blocks: dict[str, np.ndarray] = {}  # by atom symbol: atoms of one symbol have one basis
+    for atom, (shell_start, shell_stop, ao_start, ao_stop) in enumerate(mol.aoslice_by_atom()):
         if shell_stop == shell_start:
             continue
-        block = mol.intor("int2e", shls_slice=(shell_start, shell_stop) * 4)  # (n, n, n, n)
+        symbol = mol.atom_symbol(atom)
+        if symbol not in blocks:
+            blocks[symbol] = mol.intor("int2e", shls_slice=(shell_start, shell_stop) * 4)  # (n, n, n, n)
+        block = blocks[symbol]
         aos = np.arange(ao_start, ao_stop)
         mu, nu = np.tril_indices(len(aos))
         ij = _packed(aos[mu], aos[nu])
@@ -534,9 +538,9 @@ def eri_s8(plans, coords, dtype=jnp.float32, workers: int | None = None) -> jax.
             raise ValueError(f"workers = {workers}: need at least 1")
         coords = np.pad(np.asarray(coords, np.float64), extra_atoms)
         difference = coords[..., :, None, :] - coords[..., None, :, :]  # (C, natm, natm, 3)
-        shifts = jnp.asarray(difference, dtype)
+        shifts = jax.device_put(difference.astype(dtype))
         with jax.enable_x64(True):
-            data = _pairs_batch(_static(first)[0], pair_arrays, jnp.asarray(difference), dtype.name)
+            data = _pairs_batch(_static(first)[0], pair_arrays, jax.device_put(difference), dtype.name)
     shares = [_stacked(tuple(plans), ("quartets", k, workers), dtype.name) for k in range(workers)]
     static = _static(_parts(first, workers)[0])
 
@@ -674,7 +678,7 @@ def _stacked(plans: tuple[EriPlan, ...], what, dtype: str):
     per batch of plans (a batch of one molecule's conformers reuses them)."""
     per_plan = {id(plan): _host_arrays(plan, what, dtype) for plan in plans}
     members = [per_plan[id(plan)] for plan in plans]
-    return jax.tree.map(lambda *xs: jnp.asarray(np.stack(xs)), *members)
+    return jax.device_put(jax.tree.map(lambda *xs: np.stack(xs), *members))  # one transfer, no per-array program
 
 
 def _pair_stage(pair_l, pair_arrays, shifts, dtype: str):

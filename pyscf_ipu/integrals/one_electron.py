@@ -189,10 +189,10 @@ def _call(bases: list[PrimitiveBasis], centres: list, centre_shifts: list, dtype
                               for s, i in zip(centre_shifts, source)])  # (B, natm', P', 3)  # fmt: skip
     rows = np.stack(np.triu_indices(nprim))
     site_pairs = np.stack(np.triu_indices(sites))
-    out = _one_electron_batch(*(jnp.asarray(a, dtype) for a in floats), jnp.asarray(centres, dtype),
-                              jnp.asarray(centre_shifts, dtype), *(jnp.asarray(a) for a in integers),
-                              jnp.asarray(rows), jnp.asarray(site_pairs), lmax)  # fmt: skip
-    return {key: value[..., :n, :n] for key, value in out.items()}
+    cast = (lambda a: a.astype(dtype)) if xp is jnp else (lambda a: jax.device_put(np.asarray(a, dtype)))
+    out = _one_electron_batch(*(cast(a) for a in floats), cast(centres), cast(centre_shifts),
+                              *jax.device_put((*integers, rows, site_pairs)), lmax, n)  # fmt: skip
+    return out
 
 
 def _site_count(basis: PrimitiveBasis) -> int:
@@ -276,18 +276,20 @@ def _one_electron(exponents, centres, powers, contraction, cart2sph, charges, ce
 
 
 def _one_electron_members(exponents, contraction, cart2sph, charges, one_centre, centres, centre_shifts, powers, atom,
-                          sites, site_pair_of_row, rows, site_pairs, lmax):  # fmt: skip
-    """:func:`_one_electron` over conformers: every array (B, ...) but the shared ``rows`` and ``site_pairs``."""
+                          sites, site_pair_of_row, rows, site_pairs, lmax, naos):  # fmt: skip
+    """:func:`_one_electron` over conformers: every array (B, ...) but the shared ``rows`` and ``site_pairs``;
+    the matrices cut to ``naos`` AOs (in the program: a slice outside it is a program of its own)."""
     def one(exponents, contraction, cart2sph, charges, one_centre, centres, centre_shifts, powers, atom, sites,
             site_pair_of_row):  # fmt: skip
         return _one_electron(exponents, centres, powers, contraction, cart2sph, charges, centre_shifts, atom,
                              one_centre, rows, sites, site_pairs, site_pair_of_row, lmax=lmax)  # fmt: skip
 
-    return jax.vmap(one)(exponents, contraction, cart2sph, charges, one_centre, centres, centre_shifts, powers, atom,
-                         sites, site_pair_of_row)  # fmt: skip
+    out = jax.vmap(one)(exponents, contraction, cart2sph, charges, one_centre, centres, centre_shifts, powers, atom,
+                        sites, site_pair_of_row)  # fmt: skip
+    return {key: value[..., :naos, :naos] for key, value in out.items()}
 
 
-_one_electron_batch = compiled(_one_electron_members, static_argnums=13)
+_one_electron_batch = compiled(_one_electron_members, static_argnums=(13, 14))
 
 
 @lru_cache(maxsize=None)

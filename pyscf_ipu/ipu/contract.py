@@ -137,7 +137,7 @@ def rows_layout_batch(shape_plans: list[TilePlan], eris: list[np.ndarray], nao: 
         return None
     stacked = stack_padded(eris, dtype)  # libcint's float64 cast on the host: half the bytes to send
     rows = _tiled_rows(stacked, placement, nao, first.workload.nao)
-    return {k: jnp.asarray(v) for k, v in _rows_arrays(first, rows).items()}
+    return jax.device_put(_rows_arrays(first, rows))
 
 
 def _tiled_rows(s8, placement, nao: int, nao_padded: int) -> jax.Array:
@@ -185,10 +185,10 @@ def place(data: dict, num_ipus: int) -> dict:
     """Put the per-IPU arrays on their devices when there are enough; else leave them uncommitted."""
     devices = jax.devices()
     if num_ipus == 1 or len(devices) < num_ipus:
-        return jax.tree.map(jnp.asarray, data)
+        return jax.device_put(data)
     sharding = NamedSharding(Mesh(devices[:num_ipus], (IPU_AXIS,)), P(IPU_AXIS))
     per_ipu = {"rows", "values", "index"}
-    return {k: jax.device_put(v, sharding) if k in per_ipu else jnp.asarray(v) for k, v in data.items()}
+    return {k: jax.device_put(v, sharding if k in per_ipu else None) for k, v in data.items()}
 
 
 def _rows_compute(rows, dm_pairs):
