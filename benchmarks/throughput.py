@@ -98,7 +98,7 @@ def stage_split(batches: list[list], config: RKSConfig, batch_size: int, repeats
             hosts = timed("host preparation", lambda: prepare_conformers(molecules, config))
             for key in parts:
                 parts[key] += sum(host.timings.get(key, 0.0) for host in hosts)
-            sizes = tuple(int(s) for s in np.max([padded_sizes(h) for h in hosts], axis=0))
+            sizes = padded_sizes(hosts[0])
             members = batch_members(hosts, batch_size)
             with precision_scope(config.precision):
                 problems = timed("AO values, J-K layout", lambda: build_batch(members, settings.backend, dtype, sizes))

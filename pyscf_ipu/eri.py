@@ -16,7 +16,6 @@ matrix of pairs p = ij (i >= j), npair = N(N+1)/2. From it we derive
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -39,7 +39,6 @@ from pyscf.dft import radi
 from .programs import compiled
 
 
-
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class AtomGrids:

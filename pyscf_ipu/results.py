@@ -160,7 +160,7 @@ def final_density(functional: Functional, ao, weights, density, overlap: np.ndar
         raise ValueError("final_density needs both the J-K backend and its arrays, or neither")
     extra = () if jk is None else (jk,)
     with jax.enable_x64(True):  # the float64 arrays stay float64 inside
-        overlap = overlap.astype(jnp.float64) if isinstance(overlap, jax.Array) else jax.device_put(np.asarray(overlap, np.float64))
+        overlap = jax.device_put(np.asarray(overlap, np.float64))  # a transfer, not a conversion program
         if np.ndim(overlap) == 3:
             return _final_density_batch(functional, backend, ao, weights, density, overlap, *extra)
         return _final_density(functional, ao, weights, density, overlap, backend, *extra)

@@ -189,27 +189,28 @@ def _records(
                 kept_gradients.append(gradients[k])
     if not rows:
         return None, failures
+    entries, cids, molecules, kept = zip(*rows)
     columns = {
-        "smile": [e.smiles for e, _, _, _ in rows],
-        "atoms": [m.formula for _, _, m, _ in rows],
-        "energy": [r.energy * HARTREE_TO_EV for _, _, _, r in rows],
-        "homo": [r.homo * HARTREE_TO_EV for _, _, _, r in rows],
-        "lumo": [r.lumo * HARTREE_TO_EV for _, _, _, r in rows],
-        "y": [r.gap_ev for _, _, _, r in rows],
-        "N": [r.nao for _, _, _, r in rows],
-        "std": [r.energy_std_ev for _, _, _, r in rows],
-        "converged": [r.converged for _, _, _, r in rows],
-        "iterations": [r.iterations for _, _, _, r in rows],
+        "smile": [e.smiles for e in entries],
+        "atoms": [m.formula for m in molecules],
+        "energy": [r.energy * HARTREE_TO_EV for r in kept],
+        "homo": [r.homo * HARTREE_TO_EV for r in kept],
+        "lumo": [r.lumo * HARTREE_TO_EV for r in kept],
+        "y": [r.gap_ev for r in kept],
+        "N": [r.nao for r in kept],
+        "std": [r.energy_std_ev for r in kept],
+        "converged": [r.converged for r in kept],
+        "iterations": [r.iterations for r in kept],
         "seconds": [seconds / len(rows)] * len(rows),
-        "molecule_id": [e.molecule_id for e, _, _, _ in rows],
-        "conformer_id": [cid for _, cid, _, _ in rows],
+        "molecule_id": [e.molecule_id for e in entries],
+        "conformer_id": list(cids),
     }
     records = RecordBatch(
         columns={k: np.asarray(v, dtype=SCALAR_COLUMNS[k]) if k not in ("smile", "atoms") else np.asarray(v, object)
                  for k, v in columns.items()},  # fmt: skip
-        natoms=np.array([m.natom for _, _, m, _ in rows]),
-        z=np.concatenate([m.atomic_numbers for _, _, m, _ in rows]).astype(np.int8),
-        pos=np.concatenate([m.positions for _, _, m, _ in rows]).astype(np.float32),
+        natoms=np.array([m.natom for m in molecules]),
+        z=np.concatenate([m.atomic_numbers for m in molecules]).astype(np.int8),
+        pos=np.concatenate([m.positions for m in molecules]).astype(np.float32),
         forces=None if gradients is None else (-HARTREE_TO_EV * np.concatenate(kept_gradients)).astype(np.float32),
     )
     return records, failures

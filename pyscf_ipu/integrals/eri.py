@@ -289,10 +289,11 @@ def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None) -> EriPlan:
                 quartets.append(quartet)
     index, value = _one_centre(mol)
     if capacity is None:
-        return EriPlan(shells, tuple(pairs), tuple(quartets), nao, size, mol.natm, index, value,
-                       bucket(mol.natm, minimum=4), padded_s8_size(size), len(index))  # fmt: skip
-    return EriPlan(shells, tuple(pairs), tuple(quartets), nao, size, mol.natm, index, value,
-                   capacity.natm, padded_s8_size(size), capacity.one_centre)  # fmt: skip
+        padded_natm, one_centre = bucket(mol.natm, minimum=4), len(index)
+    else:
+        padded_natm, one_centre = capacity.natm, capacity.one_centre
+    return EriPlan(shells, tuple(pairs), tuple(quartets), nao, size, mol.natm, index, value, padded_natm,
+                   padded_s8_size(size), one_centre)  # fmt: skip
 
 
 def _quartet_class(shells: Shells, pairs, x: int, y: int, every_tile: bool = False) -> QuartetClass | None:
@@ -541,8 +542,8 @@ def eri_s8(plans, coords, dtype=jnp.float32, workers: int | None = None) -> jax.
         shifts = jax.device_put(difference.astype(dtype))
         with jax.enable_x64(True):
             data = _pairs_batch(_static(first)[0], pair_arrays, jax.device_put(difference), dtype.name)
-    shares = [_stacked(tuple(plans), ("quartets", k, workers), dtype.name) for k in range(workers)]
-    static = _static(_parts(first, workers)[0])
+    shares = _stacked(tuple(plans), ("quartets", workers), dtype.name)  # (share k's arrays, ...)
+    static = _static(first)  # the shares' too: each keeps every quartet class, in order
 
     def run(k: int) -> jax.Array:
         return _quartets_batch(static, *shares[k], data, shifts)
@@ -655,8 +656,9 @@ def _static(plan: EriPlan):
 
 def _host_arrays(plan: EriPlan, what, dtype: str) -> tuple:
     """One plan's kernel inputs as host arrays: ``"pairs"``, the pair classes' exponent factors
-    (``dtype``) and atoms; ``("quartets", k, workers)``, share k's tiles, whether each has anything
-    to compute, and s8 destinations of every quartet class, and its one-centre positions and values."""
+    (``dtype``) and atoms; ``("quartets", workers)``, per share of :func:`_parts`, the tiles, whether
+    each has anything to compute, and s8 destinations of every quartet class, and the share's
+    one-centre positions and values."""
     if what == "pairs":
         out = []
         for c in plan.pairs:
@@ -665,11 +667,11 @@ def _host_arrays(plan: EriPlan, what, dtype: str) -> tuple:
             out.append((tuple(np.asarray(f, dtype) for f in factors), np.asarray(p, dtype), np.asarray(scale, dtype))
                        + atoms)  # fmt: skip
         return tuple(out)
-    _, k, workers = what
-    part = _parts(plan, workers)[k]
-    classes = tuple((q.tiles, (q.destination != NOWHERE).any((1, 2, 3, 4)), q.destination.reshape(-1))
-                    for q in part.quartets)  # fmt: skip
-    return classes, (part.one_centre_index, np.asarray(part.one_centre_value, dtype))
+    _, workers = what
+    return tuple((tuple((q.tiles, (q.destination != NOWHERE).any((1, 2, 3, 4)), q.destination.reshape(-1))
+                        for q in part.quartets),
+                  (part.one_centre_index, np.asarray(part.one_centre_value, dtype)))
+                 for part in _parts(plan, workers))  # fmt: skip
 
 
 @lru_cache(maxsize=4)  # a batch's arrays: the destinations of a 6-31G* plan alone are ~200 MB

@@ -190,9 +190,8 @@ def _call(bases: list[PrimitiveBasis], centres: list, centre_shifts: list, dtype
     rows = np.stack(np.triu_indices(nprim))
     site_pairs = np.stack(np.triu_indices(sites))
     cast = (lambda a: a.astype(dtype)) if xp is jnp else (lambda a: jax.device_put(np.asarray(a, dtype)))
-    out = _one_electron_batch(*(cast(a) for a in floats), cast(centres), cast(centre_shifts),
-                              *jax.device_put((*integers, rows, site_pairs)), lmax, n)  # fmt: skip
-    return out
+    return _one_electron_batch(*(cast(a) for a in floats), cast(centres), cast(centre_shifts),
+                               *jax.device_put((*integers, rows, site_pairs)), lmax, n)  # fmt: skip
 
 
 def _site_count(basis: PrimitiveBasis) -> int:
