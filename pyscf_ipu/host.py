@@ -16,6 +16,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -303,6 +304,91 @@ def _placeholder_mole(basis: str, elements: tuple[str, ...]) -> gto.Mole:
     return gto.M(atom=atoms, unit="Bohr", basis=shells, spin=electrons % 2, verbose=0)
 
 
+class IntegralSource(Protocol):
+    """Where a batch's integrals and grid come from: one object per source, chosen by name
+    (``RKSConfig.integrals``, :func:`integral_source`). Every method takes the conformers of one
+    size bucket as PySCF ``Mole`` objects."""
+
+    name: str
+
+    def one_electron(self, mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(overlap, core Hamiltonian) of each conformer, float64 at the molecule's size."""
+
+    def eris(self, mols: list[gto.Mole], bucket: SizeBucket,
+             config: RKSConfig) -> tuple[list[np.ndarray], list[int | None]]:  # fmt: skip
+        """The s8 ERIs of each conformer and their non-zero counts (None where not counted)."""
+
+    def grids(self, mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple | None]:
+        """Each conformer's (points, weights, owners), whose AO values the device then evaluates;
+        None: PySCF builds the grid and evaluates the AO values on the host."""
+
+    def final_jk(self, backend, jk: dict) -> tuple:
+        """The float64 finalisation's J and K on the device: (the loop's J-K backend, its arrays),
+        or () for libcint's contraction of the host's float64 s8 ERIs."""
+
+    def eri_plan(self, basis: str, elements: tuple[str, ...]):
+        """The ERI plan that spreads the integrals over tiles (for the IPU profile), or None."""
+
+
+@dataclass(frozen=True)
+class LibcintIntegrals:
+    """libcint through PySCF, in float64 on the host: the reference. A float32 loop holds these
+    integrals rounded, so the finalisation contracts the host's float64 ERIs instead."""
+
+    name: str = "host"
+
+    def one_electron(self, mols, bucket):
+        return [(mol.intor("int1e_ovlp"), mol.intor("int1e_kin") + mol.intor("int1e_nuc")) for mol in mols]
+
+    def eris(self, mols, bucket, config):
+        return [eri_s8(mol, config.eri_expcutoff) for mol in mols], [None] * len(mols)
+
+    def grids(self, mols, bucket):
+        return [None] * len(mols)
+
+    def final_jk(self, backend, jk):
+        return ()
+
+    def eri_plan(self, basis, elements):
+        return None
+
+
+@dataclass(frozen=True)
+class JaxIntegrals:
+    """The JAX kernels of :mod:`pyscf_ipu.integrals`, one program per stage for a whole batch: the
+    one-electron integrals in float64, the ERIs in the SCF's precision, the grid and (later) the AO
+    values. The loop's J-K arrays then hold the very integrals the host would use, so the device
+    contracts them for the finalisation too (in float64)."""
+
+    name: str = "device"
+
+    def one_electron(self, mols, bucket):
+        return device_one_electron(mols, bucket)
+
+    def eris(self, mols, bucket, config):
+        return device_eri_s8(mols, bucket, config.precision)
+
+    def grids(self, mols, bucket):
+        return device_grids(mols, bucket)
+
+    def final_jk(self, backend, jk):
+        return backend, jk
+
+    def eri_plan(self, basis, elements):
+        return eri_plan(basis, tuple(elements))
+
+
+INTEGRAL_SOURCES: dict[str, IntegralSource] = {source.name: source for source in (LibcintIntegrals(), JaxIntegrals())}
+
+
+def integral_source(name: str) -> IntegralSource:
+    """The integral source registered under ``name`` (``RKSConfig.integrals``)."""
+    try:
+        return INTEGRAL_SOURCES[name]
+    except KeyError:
+        raise ValueError(f"unknown integral source {name!r}: choose one of {', '.join(INTEGRAL_SOURCES)}") from None
+
+
 def orthogonaliser(overlap: np.ndarray) -> np.ndarray:
     """Canonical orthogonalisation X = U s^-1/2 over eigenvalues s of S above the lindep threshold."""
     s, u = np.linalg.eigh(overlap)
@@ -324,44 +410,43 @@ def prepare(molecule: Molecule, config: RKSConfig, needs_grid: bool = True) -> H
 def prepare_conformers(molecules: list[Molecule], config: RKSConfig, needs_grid: bool = True) -> list[HostProblem]:
     """:func:`prepare` for a batch: conformers of molecules of one size bucket (:class:`SizeBucket`).
 
-    With device integrals, the one-electron integrals, the ERIs and the grids of all of them are
-    computed in one call each (one program per batch and bucket); the timings share that time out
-    equally.
+    The one-electron integrals, the ERIs and the grids come from the run's :class:`IntegralSource`,
+    each in one call for the whole batch (the JAX source runs one program per batch and bucket); the
+    timings share that time out equally.
     """
     mols = [build_mole(molecule, config.basis) for molecule in molecules]  # checks the elements and basis
     bucket = SizeBucket.of(molecules[0], config.basis, config.grid_level)
     if any(not bucket.fits(molecule) for molecule in molecules[1:]):
         raise ValueError("a batch needs molecules of one size bucket")
+    # the guess first: it needs no integrals, so in the generator it runs while the device still
+    # works on the previous batch (the JAX source's calls below wait for that)
     t = time.perf_counter()
-    if config.integrals == "device":
-        one_electron = device_one_electron(mols, bucket)
-    else:
-        one_electron = [(mol.intor("int1e_ovlp"), mol.intor("int1e_kin") + mol.intor("int1e_nuc")) for mol in mols]
+    guesses = [minao_guess(mol) for mol in mols]
+    guess_seconds = (time.perf_counter() - t) / len(mols)
+
+    source = integral_source(config.integrals)
+    t = time.perf_counter()
+    one_electron = source.one_electron(mols, bucket)
     one_electron_seconds = (time.perf_counter() - t) / len(mols)
 
     t = time.perf_counter()
-    if config.integrals == "device":
-        eris, counts = device_eri_s8(mols, bucket, config.precision)
-    else:
-        eris, counts = [eri_s8(mol, config.eri_expcutoff) for mol in mols], [None] * len(mols)
+    eris, counts = source.eris(mols, bucket, config)
     eri_seconds = (time.perf_counter() - t) / len(mols)
 
     t = time.perf_counter()
-    grids = [None] * len(mols)
-    if config.integrals == "device" and needs_grid:
-        grids = device_grids(mols, bucket)
+    grids = source.grids(mols, bucket) if needs_grid else [None] * len(mols)
     grid_seconds = (time.perf_counter() - t) / len(mols)
-    return [_prepare_one(molecule, mol, *ints, eri, count, grid, config, needs_grid, bucket,
-                         {"one_electron": one_electron_seconds, "eri": eri_seconds, "grid": grid_seconds})
-            for molecule, mol, ints, eri, count, grid
-            in zip(molecules, mols, one_electron, eris, counts, grids)]  # fmt: skip
+    timings = {"one_electron": one_electron_seconds, "eri": eri_seconds, "grid": grid_seconds, "guess": guess_seconds}
+    return [_prepare_one(molecule, mol, *ints, eri, count, grid, guess, config, needs_grid, bucket, dict(timings))
+            for molecule, mol, ints, eri, count, grid, guess
+            in zip(molecules, mols, one_electron, eris, counts, grids, guesses)]  # fmt: skip
 
 
 def _prepare_one(molecule: Molecule, mol: gto.Mole, overlap: np.ndarray, hcore: np.ndarray, eri: np.ndarray,
-                 nonzero: int | None, grid: tuple | None, config: RKSConfig, needs_grid: bool, bucket: SizeBucket,
-                 timings: dict[str, float]) -> HostProblem:  # fmt: skip
-    """The rest of one conformer's preparation, from its integrals: orthogonaliser, screening, guess,
-    grid. ``nonzero`` counts the non-zero entries of ``eri`` where they are known (None: counted
+                 nonzero: int | None, grid: tuple | None, dm0: np.ndarray, config: RKSConfig, needs_grid: bool,
+                 bucket: SizeBucket, timings: dict[str, float]) -> HostProblem:  # fmt: skip
+    """The rest of one conformer's preparation, from its integrals and its initial density ``dm0``:
+    orthogonaliser, screening, grid. ``nonzero`` counts the non-zero entries of ``eri`` where they are known (None: counted
     here). ``grid`` (points, weights, owners) from :func:`device_grids` leaves the AO values to the
     device (``ao`` None); without it, PySCF builds the grid and evaluates the AO values here."""
     t = time.perf_counter()
@@ -375,10 +460,6 @@ def _prepare_one(molecule: Molecule, mol: gto.Mole, overlap: np.ndarray, hcore: 
         eri = schwarz_screen(eri, n * (n + 1) // 2, config.eri_threshold)
         nonzero = int(np.count_nonzero(eri))
     timings["eri"] += time.perf_counter() - t
-
-    t = time.perf_counter()
-    dm0 = minao_guess(mol)
-    timings["guess"] = time.perf_counter() - t
 
     t = time.perf_counter()
     tables = None

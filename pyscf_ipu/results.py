@@ -34,7 +34,7 @@ from pyscf import scf as pyscf_scf
 
 from .config import RKSConfig
 from .host import HostProblem
-from .numint import xc_energy_and_potential
+from .numint import weighted_points, xc_energy_and_potential
 from .scf import SCFTrace
 from .units import HARTREE_TO_EV
 from .xc.functionals import Functional, get_functional
@@ -134,7 +134,8 @@ class FinalDensity:
 def _final_density(functional: Functional, ao, weights, density, overlap, backend=None, jk=None) -> FinalDensity:
     dm = purify(density.astype(overlap.dtype), overlap)
     vj, vk = backend.contract(jk, dm) if backend is not None else (None, None)  # float32 ERIs, float64 sums
-    exc, vxc, electrons = xc_energy_and_potential(functional, ao, weights, dm)  # no grid work for Hartree-Fock
+    # no grid work for Hartree-Fock, and none past the last weighted point
+    exc, vxc, electrons = xc_energy_and_potential(functional, ao, weights, dm, weighted_points(weights))
     return FinalDensity(dm, exc, vxc, electrons, vj, vk)
 
 

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from .config import RKSConfig, precision_scope
-from .host import HostProblem, prepare, prepare_conformers
+from .host import HostProblem, integral_source, prepare, prepare_conformers
 from .molecule import Molecule
 from .problem import batch_members, build_batch, build_problem, final_inputs, padded_sizes
 from .results import FinalDensity, SCFResult, final_density, finalise
@@ -53,18 +53,18 @@ def run_rks(
         timings["scf_loop"] = time.perf_counter() - t
     t = time.perf_counter()
     overlap, weights = final_inputs(host, sizes)
-    jk = _device_jk(config, settings, problem)
+    source = integral_source(config.integrals)
+    jk = source.final_jk(settings.backend, problem.jk)  # J and K on the device, or ()
     final = final_density(settings.functional, problem.ao, weights, trace.density, overlap, *jk)
     result = finalise(host, trace, final, config, problem.shapes)
     timings["finalise"] = time.perf_counter() - t
     profile = settings.backend.profile(host.eri_s8, host.nao, problem.shapes[0], dtype, result.iterations,
                                        host.eri_kept)  # fmt: skip
-    if profile is not None and config.integrals == "device":  # the ERIs' own tile plan on the same IPUs
-        from .host import eri_plan
+    plan = None if profile is None else source.eri_plan(config.basis, tuple(host.mol.elements))
+    if plan is not None:  # the device ERIs' own tile plan on the same IPUs
         from .ipu.eri_tiles import plan_eri_tiles
 
-        tiles = plan_eri_tiles(eri_plan(config.basis, tuple(host.mol.elements)), settings.backend.model)
-        profile = {**profile, "eri_tiles": tiles.report()}
+        profile = {**profile, "eri_tiles": plan_eri_tiles(plan, settings.backend.model).report()}
     return dataclasses.replace(result, timings=timings, seconds=time.perf_counter() - start, jk_profile=profile)
 
 
@@ -137,18 +137,8 @@ def batch_finalisation(config: RKSConfig, settings: LoopSettings, members: list[
     """Dispatch the float64 finalisation of a batch's loop ``trace`` (asynchronous; see
     :func:`~pyscf_ipu.results.final_density`): ``members`` and ``problems`` as the loop had them."""
     overlap, weights = (np.stack(a) for a in zip(*(final_inputs(h, sizes) for h in members)))
-    jk = _device_jk(config, settings, problems)
+    jk = integral_source(config.integrals).final_jk(settings.backend, problems.jk)  # J and K on the device, or ()
     return final_density(settings.functional, problems.ao, weights, trace.density, overlap, *jk)
-
-
-def _device_jk(config: RKSConfig, settings: LoopSettings, problem) -> tuple:
-    """(backend, arrays) for the finalisation's J and K on the device, or () for the host's.
-
-    With device integrals the loop's J-K arrays hold the very integrals the host would use, so the
-    device contracts them (in float64) and the host never needs them; host integrals keep libcint's
-    float64 s8 contraction, since a float32 loop holds them rounded.
-    """
-    return (settings.backend, problem.jk) if config.integrals == "device" else ()
 
 
 def run_rks_batch(molecules: list[Molecule], config: RKSConfig = RKSConfig(), **kwargs) -> list[SCFResult]:

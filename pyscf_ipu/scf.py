@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from .config import RKSConfig
 from .jk import JKBackend, get_jk_backend
-from .numint import xc_energy_and_potential
+from .numint import weighted_points, xc_energy_and_potential
 from .problem import SCFProblem
 from .units import HARTREE_TO_EV
 from .xc.functionals import Functional, get_functional
@@ -77,12 +77,13 @@ class SCFTrace:
     converged: jax.Array  # ()  QM1B's criterion, see :func:`converged`
 
 
-def fock_and_energy(problem: SCFProblem, settings: LoopSettings, dm):
-    """Step 1: (F, E) for the density ``dm``."""
+def fock_and_energy(problem: SCFProblem, settings: LoopSettings, dm, grid_points=None):
+    """Step 1: (F, E) for the density ``dm``; the grid's points from ``grid_points`` on have zero
+    weight (see :func:`~pyscf_ipu.numint.xc_energy_and_potential`)."""
     functional = settings.functional
     ax = functional.hf_exchange
     vj, vk = settings.backend.contract(problem.jk, dm)
-    exc, vxc, _ = xc_energy_and_potential(functional, problem.ao, problem.weights, dm)
+    exc, vxc, _ = xc_energy_and_potential(functional, problem.ao, problem.weights, dm, grid_points)
     fock = problem.hcore + vj - (0.5 * ax) * vk + vxc
     energy = (
         jnp.sum(dm * problem.hcore)
@@ -160,8 +161,14 @@ def converged(changes, iterations, settings: LoopSettings):
 
 
 @partial(jax.jit, static_argnames="settings")
-def scf_loop(problem: SCFProblem, settings: LoopSettings) -> SCFTrace:
-    """Run the SCF iterations for ``problem``; jit-compiled once per (settings, padded shapes, dtype)."""
+def scf_loop(problem: SCFProblem, settings: LoopSettings, grid_points=None) -> SCFTrace:
+    """Run the SCF iterations for ``problem``; jit-compiled once per (settings, padded shapes, dtype).
+
+    ``grid_points``: the grid's points from it on have zero weight (default: found from the
+    weights); :func:`scf_loop_batch` passes its batch's largest.
+    """
+    if grid_points is None:
+        grid_points = weighted_points(problem.weights)
     dm0 = problem.density_guess
     n = dm0.shape[0]
     dtype = dm0.dtype
@@ -170,7 +177,7 @@ def scf_loop(problem: SCFProblem, settings: LoopSettings) -> SCFTrace:
 
     def step(carry):
         it, dm, dm_prev, fock_prev, _, energies, changes, commutators, focks, errors, _ = carry
-        fock, energy = fock_and_energy(problem, settings, dm)
+        fock, energy = fock_and_energy(problem, settings, dm, grid_points)
         # E_k - E_{k-1} by the trapezoid rule: exact for the quadratic (one-electron, Coulomb,
         # exchange) part of E[D], third order in the step for E_xc. Unlike the difference of two
         # float32 totals of ~1e3 Hartree, it keeps the meV-scale convergence visible.
@@ -240,4 +247,5 @@ def scf_loop_batch(problems: SCFProblem, settings: LoopSettings) -> SCFTrace:
     (6%), the two cores being nearly saturated already. Not adopted: a hang of a weeks-long run on
     the next jaxlib's scheduling is too high a price for 6%.
     """
-    return jax.vmap(lambda problem: scf_loop(problem, settings))(problems)
+    grid_points = jnp.max(weighted_points(problems.weights))  # one, unbatched: see xc_energy_and_potential
+    return jax.vmap(lambda problem: scf_loop(problem, settings, grid_points))(problems)

@@ -114,6 +114,18 @@ def test_device_integrals_switch(precision, atol):
         RKSConfig(integrals="gpu")
 
 
+def test_integral_sources_are_the_config_choices():
+    """Each choice of ``RKSConfig.integrals`` names one registered source, and no other name does."""
+    from pyscf_ipu.config import INTEGRALS
+    from pyscf_ipu.host import INTEGRAL_SOURCES, JaxIntegrals, LibcintIntegrals, integral_source
+
+    assert set(INTEGRAL_SOURCES) == set(INTEGRALS)
+    assert all(integral_source(name).name == name for name in INTEGRALS)
+    assert isinstance(integral_source("host"), LibcintIntegrals) and isinstance(integral_source("device"), JaxIntegrals)
+    with pytest.raises(ValueError, match="unknown integral source 'gpu': choose one of host, device"):
+        integral_source("gpu")
+
+
 def test_conformers_prepared_together_match_libcint_one_by_one():
     """prepare_conformers: one device call for the integrals of three conformers (padded to a batch
     of four), each conformer's overlap and core Hamiltonian (float64 on the device) within 1e-10 and

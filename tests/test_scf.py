@@ -6,6 +6,7 @@ Tolerances (SCIENCE.md):
 """
 
 import dataclasses
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -77,6 +78,30 @@ def test_padding_changes_nothing():
     assert padded.homo == pytest.approx(tight.homo, abs=1e-10)
     assert padded.lumo == pytest.approx(tight.lumo, abs=1e-10)
     assert padded.iterations == tight.iterations
+
+
+def test_xc_loop_stops_at_the_last_weighted_point():
+    """A size bucket pads the grid with zero-weight points at its end; the XC loop skips the blocks
+    past the last weighted point. Those blocks add exact zeros, so stopping there changes nothing,
+    bit for bit (float64), while stopping one block earlier would change the energy."""
+    from pyscf_ipu.numint import weighted_points, xc_energy_and_potential
+    from pyscf_ipu.padding import pad_to
+
+    host = prepare(from_name("water"), RKSConfig(precision="float64"))
+    points = 1024 * -(-host.grid_points // 1024) + 2048  # two whole blocks of padding, at least
+    ao, weights = pad_to(host.ao, (4, points, host.nao)), pad_to(host.grid_weights, (points,))
+    functional = LoopSettings.from_config(RKSConfig()).functional
+    with jax.enable_x64(True):
+        extent = weighted_points(jnp.asarray(weights))
+        # the molecule's own last points may weigh nothing too (Becke's partition): then it stops before them
+        assert weights[int(extent) - 1] != 0 and not weights[int(extent) :].any()
+        assert host.grid_points - 1024 < int(extent) <= host.grid_points
+        full = xc_energy_and_potential(functional, ao, weights, host.density_guess)
+        stopped = jax.jit(partial(xc_energy_and_potential, functional))(ao, weights, host.density_guess, extent)
+        short = xc_energy_and_potential(functional, ao, weights, host.density_guess, extent - 1024)
+    for a, b in zip(full, stopped):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert abs(float(short[0] - full[0])) > 1e-6
 
 
 def test_padded_orbitals_sit_at_the_virtual_shift():
