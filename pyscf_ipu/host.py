@@ -446,9 +446,10 @@ def _prepare_one(molecule: Molecule, mol: gto.Mole, overlap: np.ndarray, hcore: 
                  nonzero: int | None, grid: tuple | None, dm0: np.ndarray, config: RKSConfig, needs_grid: bool,
                  bucket: SizeBucket, timings: dict[str, float]) -> HostProblem:  # fmt: skip
     """The rest of one conformer's preparation, from its integrals and its initial density ``dm0``:
-    orthogonaliser, screening, grid. ``nonzero`` counts the non-zero entries of ``eri`` where they are known (None: counted
-    here). ``grid`` (points, weights, owners) from :func:`device_grids` leaves the AO values to the
-    device (``ao`` None); without it, PySCF builds the grid and evaluates the AO values here."""
+    orthogonaliser, screening, grid. ``nonzero`` counts the non-zero entries of ``eri`` where they
+    are known (None: counted here). ``grid`` (points, weights, owners) from :func:`device_grids`
+    leaves the AO values to the device (``ao`` None); without it, PySCF builds the grid and
+    evaluates the AO values here."""
     t = time.perf_counter()
     x = orthogonaliser(overlap)
     timings["one_electron"] += time.perf_counter() - t
