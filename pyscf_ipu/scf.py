@@ -77,7 +77,7 @@ class SCFTrace:
     converged: jax.Array  # ()  QM1B's criterion, see :func:`converged`
 
 
-def fock_and_energy(problem: SCFProblem, settings: LoopSettings, dm, grid_points=None):
+def fock_and_energy(problem: SCFProblem, settings: LoopSettings, dm, grid_points):
     """Step 1: (F, E) for the density ``dm``; the grid's points from ``grid_points`` on have zero
     weight (see :func:`~pyscf_ipu.numint.xc_energy_and_potential`)."""
     functional = settings.functional
