@@ -21,7 +21,7 @@ from typing import Protocol
 import jax
 import jax.numpy as jnp
 import numpy as np
-from pyscf import dft, gto, scf
+from pyscf import dft, gto, lib, scf
 from pyscf.lib.exceptions import BasisNotFoundError
 from pyscf.scf import addons, atom_hf
 
@@ -419,9 +419,12 @@ def prepare_conformers(molecules: list[Molecule], config: RKSConfig, needs_grid:
     if any(not bucket.fits(molecule) for molecule in molecules[1:]):
         raise ValueError("a batch needs molecules of one size bucket")
     # the guess first: it needs no integrals, so in the generator it runs while the device still
-    # works on the previous batch (the JAX source's calls below wait for that)
+    # works on the previous batch (the JAX source's calls below wait for that). On one OpenMP thread:
+    # its many small PySCF calls, each a parallel region, would otherwise wait for a second thread
+    # that the device's loop keeps busy.
     t = time.perf_counter()
-    guesses = [minao_guess(mol) for mol in mols]
+    with lib.with_omp_threads(1):
+        guesses = [minao_guess(mol) for mol in mols]
     guess_seconds = (time.perf_counter() - t) / len(mols)
 
     source = integral_source(config.integrals)
