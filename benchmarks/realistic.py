@@ -6,7 +6,7 @@ a plain PySCF loop over the very same conformers.
 Each round runs, in this order:
 
 - **cold**: ``qm1b generate`` over the first ``--molecules`` molecules of the built-in sample with
-  its default settings (B3LYP/STO-3G, grid level 0, float32; ``--integrals`` overrides), in a new process
+  its default settings (B3LYP with VWN5/STO-3G, grid level 0, float32; ``--integrals`` overrides), in a new process
   with an empty compilation cache and program directory;
 - **restarted**: the same command again in a new process, with the cache the cold run filled;
 - **PySCF**: ``dft.RKS(mol, xc)`` with ``grids.level = 0`` and its default convergence, float64,

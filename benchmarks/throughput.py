@@ -5,13 +5,14 @@
 
 Both sides label the same RDKit conformers (the first ``--molecules`` 9-heavy-atom molecules of the
 built-in sample, ``--conformers`` each, embedded with the generator's own seeds) with RKS
-B3LYP/STO-3G at grid level 0:
+B3LYP (with VWN5, QM1B's)/STO-3G at grid level 0:
 
 - **ours**: :func:`qm1b.generate.run_shard`, the whole generator (conformer embedding, host
   preparation, batched float32 SCF with the default ``ipu`` J-K backend, float64 finalisation and
   the HDF5 writes), into a fresh output directory each window;
-- **PySCF**: for each conformer ``dft.RKS(mol, xc="b3lyp")`` with ``grids.level = 0`` and PySCF's
-  default convergence (conv_tol 1e-9), float64; the conformers are embedded before the clock starts.
+- **PySCF**: for each conformer ``dft.RKS(mol, xc)`` with the generator's functional,
+  ``grids.level = 0`` and PySCF's default convergence (conv_tol 1e-9), float64; the conformers are
+  embedded before the clock starts.
 
 Threads: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=2 for both sides (our host preparation and
 finalisation use PySCF too), set before numpy is imported; XLA uses its default CPU thread pool.
@@ -141,8 +142,8 @@ def main() -> None:
     chosen = [m for m in builtin_sample() if heavy_atom_count(m.smiles) == 9][: args.molecules]
     smiles_file = work / "molecules.smi"
     smiles_file.write_text("".join(f"{m.smiles} {m.name}\n" for m in chosen))
-    # b3lyp/sto-3g, grid level 0, float32, ipu J-K, at most 20 iterations
-    dft_config = RKSConfig(integrals=args.integrals)
+    # b3lyp5/sto-3g, grid level 0, float32, ipu J-K, at most 20 iterations
+    dft_config = RKSConfig(**{**GENERATOR_DFT_DEFAULTS, "integrals": args.integrals})
 
     def generator_config(window: str) -> GenerateConfig:
         return GenerateConfig(smiles=str(smiles_file), out=str(work / window), conformers=args.conformers,
@@ -154,7 +155,7 @@ def main() -> None:
     conformers = [c for molecule in per_molecule for c in molecule]
     count = len(conformers)
     print(f"{len(chosen)} molecules x {args.conformers} conformers = {count} conformers "
-          f"({', '.join(m.smiles for m in chosen)}); B3LYP/STO-3G, grid level 0; our integrals: {args.integrals}")  # fmt: skip
+          f"({', '.join(m.smiles for m in chosen)}); {dft_config.xc}/STO-3G, grid level 0; our integrals: {args.integrals}")  # fmt: skip
     print(f"threads: OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']} "
           f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}; XLA default\n")  # fmt: skip
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 import warnings
@@ -25,6 +26,15 @@ from .molecule import NAMED_MOLECULES, Molecule, MoleculeError, parse_molecule
 from .units import HARTREE_TO_EV, HARTREE_TO_MEV
 
 EXIT_BAD_INPUT = 2
+EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
+
+
+def closed_pipe() -> int:
+    """The exit code after stdout's reader went away (``... | head``): stdout then points at
+    /dev/null, so that the interpreter's last flush cannot fail a second time."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_CLOSED_PIPE
 
 
 class Parser(argparse.ArgumentParser):
@@ -168,13 +178,15 @@ def run_command(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         if args.command == "run":
             return run_command(args)
     except (MoleculeError, ConfigError, TileMemoryError) as err:
         print(f"pyscf-ipu: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        return closed_pipe()
     parser.error(f"unknown command {args.command!r}")
     return EXIT_BAD_INPUT
 

@@ -8,7 +8,10 @@
     qm1b plot DIR [--png FILE]
 
 Bad input (unreadable SMILES file, an existing output without --resume, other settings on resume,
-a directory with no dataset) prints one line naming the problem and exits with code 2.
+a directory with no dataset, a truncated or corrupt shard file) prints one line naming the problem
+and exits with code 2. An output directory that cannot be written (full disk, read-only, permissions)
+prints one line naming it and the cause and exits with code 3: what was committed stays, and
+``--resume`` completes the run. A closed pipe (``qm1b info DIR | head``) ends quietly with 141.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import json
 import sys
 import warnings
 
-from pyscf_ipu.cli import EXIT_BAD_INPUT
-from pyscf_ipu.cli import Parser
+from pyscf_ipu.cli import EXIT_BAD_INPUT, Parser, closed_pipe
 from pyscf_ipu.config import ConfigError, RKSConfig, add_config_arguments, config_from_arguments
+
+
+EXIT_STORAGE = 3  # the output directory cannot be written
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,12 +128,20 @@ def main(argv: list[str] | None = None) -> int:
 
     from .inputs import InputError
 
-    args = build_parser().parse_args(argv)
+    from .store import StorageError
+
     handlers = {"generate": _generate, "info": _info, "export": _export, "validate": _validate, "plot": _plot}
     try:
+        args = build_parser().parse_args(argv)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             return handlers[args.command](args)
+    except BrokenPipeError:
+        return closed_pipe()
+    except StorageError as err:
+        print(f"qm1b {args.command}: error: {err}; what was committed is kept: run again with --resume "
+              "once that is fixed", file=sys.stderr)  # fmt: skip
+        return EXIT_STORAGE
     except (InputError, ConfigError, MoleculeError, FileExistsError, FileNotFoundError, ValueError) as err:
         print(f"qm1b {args.command}: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

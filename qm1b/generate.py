@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import platform
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,15 +35,18 @@ from pyscf_ipu.units import HARTREE_TO_EV
 from pyscf_ipu.xc.functionals import get_functional
 
 from .conformers import ConformerError, embed_conformers
+from .cores import claim_cores, task_environment
 from .inputs import MoleculeInput, builtin_sample, parse_range, parse_shard, read_smiles, select
 from .schema import SCALAR_COLUMNS, Failure, RecordBatch
-from .store import ShardWriter
+from .store import ShardWriter, shard_count
 
 EXECUTORS = ("local", "ray")
-# The generator's own DFT defaults where they differ from a single point's: the JAX integrals, which
-# label a stream of conformers faster than libcint's, cold and restarted (benchmarks/realistic.py);
-# a single point keeps libcint's, the reference (``--integrals host`` here too).
-GENERATOR_DFT_DEFAULTS: dict = {"integrals": "device"}
+# The generator's own DFT defaults where they differ from a single point's:
+# - QM1B's functional, B3LYP with the VWN5 correlation term (PySCF 2.2's "b3lyp"; since PySCF 2.3
+#   "b3lyp" means the VWN-RPA variant, which single points keep as PySCF's default);
+# - the JAX integrals, which label a stream of conformers faster than libcint's, cold and restarted
+#   (benchmarks/realistic.py); a single point keeps libcint's, the reference (``--integrals host``).
+GENERATOR_DFT_DEFAULTS: dict = {"integrals": "device", "xc": "b3lyp5"}
 
 
 @dataclass(frozen=True)
@@ -63,16 +67,21 @@ class GenerateConfig:
     drop_unconverged: bool = option(False, "drop conformers that did not converge (recorded as failures)")
     forces: bool = option(False, "add a forces column (eV/Bohr, -dE/dR by jax.grad through the device integrals; "
                                  "seconds per conformer)")  # fmt: skip
-    executor: str = option("local", "run in this process, or shards as Ray tasks", choices=EXECUTORS)
-    ray_address: str | None = option(None, "Ray cluster address (default: start a local Ray)", metavar="ADDR")
-    ray_shards: int = option(2, "number of shards (Ray tasks) with --executor ray")
+    executor: str = option("local", "run in this process, or as many small Ray tasks that free workers pull",
+                           choices=EXECUTORS)  # fmt: skip
+    ray_address: str | None = option(None, "Ray cluster to join (default: start a local Ray with this "
+                                     "machine's cores)", metavar="ADDR")  # fmt: skip
+    task_molecules: int = option(4, "molecules per Ray task (--executor ray); each task writes its own shard")
+    task_threads: int = option(1, "threads (XLA and OpenMP) and Ray CPUs per task (--executor ray)")
     progress: bool = option(True, "show a progress bar")
 
     def __post_init__(self) -> None:
-        for name in ("conformers", "batch_size", "ray_shards"):
+        for name in ("conformers", "batch_size", "task_molecules", "task_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         parse_shard(self.shard)
+        if self.executor == "ray" and parse_shard(self.shard) != (0, 1):
+            raise ValueError("--shard and --executor ray do not combine: Ray splits the work itself")
         if self.heavy_atoms is not None:
             parse_range(self.heavy_atoms)
 
@@ -88,6 +97,7 @@ class Summary:
     skipped: int = 0  # already done (resume)
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    tasks: int = 0  # Ray tasks summed up here (0: one shard in one process)
 
     @property
     def conformers_per_hour(self) -> float:
@@ -97,7 +107,7 @@ class Summary:
         rate = self.converged / self.conformers if self.conformers else 0.0
         split = ", ".join(f"{k} {v:.1f}s" for k, v in sorted(self.timings.items(), key=lambda kv: -kv[1]))
         return [
-            f"{self.out} (shard {self.shard}): {self.conformers} conformers of {self.molecules} molecules written, "
+            f"{self.out} ({f'{self.tasks} Ray tasks' if self.tasks else f'shard {self.shard}'}): {self.conformers} conformers of {self.molecules} molecules written, "
             f"{rate:.1%} converged; {self.failures} failures; {self.skipped} already done",
             f"{self.seconds:.1f}s, {self.conformers_per_hour:,.0f} conformers per hour; time: {split}",
         ]
@@ -217,20 +227,29 @@ def _records(
 
 
 def run_shard(gen: GenerateConfig, dft: RKSConfig) -> Summary:
-    """Generate one shard in this process (the ``local`` executor, and each Ray task)."""
+    """Generate one shard (``--shard i/n``) in this process: the ``local`` executor."""
+    shard, num_shards = parse_shard(gen.shard)
+    return label_molecules(gen, dft, load_inputs(gen), shard, num_shards, gen.resume)
+
+
+def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[MoleculeInput], shard: int, num_shards: int,
+                    resume: bool) -> Summary:  # fmt: skip
+    """Label ``inputs`` into shard ``shard`` of ``num_shards`` of ``gen.out``, continuing what it holds
+    if ``resume``: a local run, and each Ray task."""
     from tqdm import tqdm
 
     start = time.perf_counter()
     enable_compilation_cache(default_cache_dir() / "jax")
     disable_numpy_huge_pages()
-    inputs = load_inputs(gen)
     buckets = {m.molecule_id: smiles_bucket(m.smiles, dft.basis, dft.grid_level) for m in inputs}
     inputs = sorted(inputs, key=lambda m: (_bucket_order(buckets[m.molecule_id]), m.molecule_id))
-    shard, num_shards = parse_shard(gen.shard)
-    summary = Summary(out=gen.out, shard=gen.shard, molecules=len(inputs))
+    summary = Summary(out=gen.out, shard=f"{shard}/{num_shards}", molecules=len(inputs))
     timings = summary.timings
     with ShardWriter(gen.out, shard, num_shards, settings=label_settings(gen, dft), versions=package_versions(),
-                     resume=gen.resume) as writer:  # fmt: skip
+                     resume=resume) as writer:  # fmt: skip
+        for path, aside in writer.set_aside:
+            print(f"qm1b: {path} could not be read; set aside as {aside.name}, its rows are computed again",
+                  file=sys.stderr)
         done = writer.done()
         bar = tqdm(total=len(inputs) * gen.conformers, unit="conf", disable=not gen.progress, smoothing=0.1)
         inflight: tuple[_Batch, BatchRun] | None = None
@@ -323,16 +342,57 @@ def _batches(inputs, buckets, gen, done, writer, summary, bar, timings) -> Itera
         yield _Batch(pending)
 
 
-def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
-    """Shards 0..n-1 as Ray tasks, each writing its own shard file; GPUs requested when present."""
-    import ray
+def ray_tasks(gen: GenerateConfig, molecules: int) -> int:
+    """How many tasks a Ray run splits its molecules into: as many as ``gen.out`` already holds shards
+    of (a resumed run keeps its split, so no molecule changes task), else one per ``task_molecules``."""
+    if gen.resume and (existing := shard_count(gen.out)):
+        return existing
+    return max(1, -(-molecules // gen.task_molecules))
 
+
+def _ray_task(gen: GenerateConfig, dft: RKSConfig, inputs: list[MoleculeInput], shard: int, num_shards: int) -> Summary:
+    """One Ray task: claim ``gen.task_threads`` cores of the node for this worker (before JAX starts
+    its threads), then label ``inputs`` into their shard, continuing what an earlier attempt committed."""
+    claim_cores(gen.task_threads)
+    return label_molecules(gen, dft, inputs, shard, num_shards, resume=True)
+
+
+def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
+    """The molecules as many small Ray tasks, which free workers pull: task k labels the molecules with
+    ``molecule_id % n == k`` into shard k of n. A task whose worker died is run again by Ray and
+    continues its shard from what it had committed. One progress bar and one summary for the run."""
+    import ray
+    from tqdm import tqdm
+
+    start = time.perf_counter()
+    inputs = load_inputs(gen)
+    if not gen.resume and shard_count(gen.out):
+        raise FileExistsError(f"{gen.out} already holds a dataset: pass --resume to continue it, or choose another --out")
+    n = ray_tasks(gen, len(inputs))
+    chunks = [[m for m in inputs if m.molecule_id % n == k] for k in range(n)]
     ray.init(address=gen.ray_address, ignore_reinit_error=True, log_to_driver=False)
     gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
-    task = ray.remote(num_gpus=gpus)(run_shard)
-    n = gen.ray_shards
-    shards = [dataclasses.replace(gen, shard=f"{i}/{n}", executor="local", progress=False) for i in range(n)]
-    return ray.get([task.remote(s, dft) for s in shards])
+    task = ray.remote(_ray_task).options(num_cpus=gen.task_threads, num_gpus=gpus, max_retries=3,
+                                         runtime_env={"env_vars": task_environment(gen.task_threads)})
+    quiet = dataclasses.replace(gen, progress=False)
+    # the output was checked above, so every task resumes its shard: a retried task continues it
+    pending = {task.remote(quiet, dft, chunk, k, n): len(chunk) for k, chunk in enumerate(chunks) if chunk}
+    summaries = []
+    with tqdm(total=len(inputs) * gen.conformers, unit="conf", disable=not gen.progress, smoothing=0.1) as bar:
+        while pending:
+            (ready,), _ = ray.wait(list(pending), num_returns=1)
+            try:
+                summaries.append(ray.get(ready))
+            except ray.exceptions.RayTaskError as err:  # the task's own error (a full disk, ...), not Ray's wrapping
+                raise err.cause from None
+            bar.update(pending.pop(ready) * gen.conformers)
+    total = Summary(out=gen.out, shard=gen.shard, seconds=time.perf_counter() - start, tasks=n)
+    for s in summaries:
+        for name in ("molecules", "conformers", "converged", "failures", "skipped"):
+            setattr(total, name, getattr(total, name) + getattr(s, name))
+        for k, v in s.timings.items():
+            total.timings[k] = total.timings.get(k, 0.0) + v
+    return [total]
 
 
 def generate(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
@@ -342,4 +402,4 @@ def generate(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
     return [run_shard(gen, dft)]
 
 
-__all__ = ["GenerateConfig", "Summary", "generate", "run_ray", "run_shard", "smiles_bucket"]
+__all__ = ["GenerateConfig", "Summary", "generate", "label_molecules", "run_ray", "run_shard", "smiles_bucket"]

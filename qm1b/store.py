@@ -48,6 +48,7 @@ import os
 import re
 import warnings
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -78,6 +79,88 @@ FAILURE_COLUMNS: dict[str, np.dtype] = {
 RECORD_CHUNK = 16384  # records per HDF5 chunk (at most)
 ATOM_CHUNK = 65536  # atoms per HDF5 chunk (at most)
 READ_BLOCK = 65536  # records read at a time when streaming
+CORRUPT_SUFFIX = ".corrupt"  # an unreadable file, set aside by a resuming writer
+
+
+class StorageError(OSError):
+    """The output directory cannot be written (full disk, read-only, permissions): what is committed
+    stays, and ``--resume`` completes the run once the cause is gone."""
+
+
+class CorruptFileError(ValueError):
+    """A shard or part file that cannot be read (truncated by a copy, damaged by a disk)."""
+
+    def __init__(self, path: Path, cause: BaseException):
+        self.path = path
+        super().__init__(f"{path} is truncated or corrupt ({_cause(cause)}); "
+                         "qm1b generate --resume sets it aside and computes its rows again")
+
+
+def _cause(err: BaseException) -> str:
+    """The operating system's words for ``err``: h5py reports a failed write as a RuntimeError or
+    OSError whose text holds the errno; others carry it as ``errno``."""
+    number = getattr(err, "errno", None)
+    if not number and (found := re.search(r"errno = (\d+)", str(err))):
+        number = int(found[1])
+    return os.strerror(number) if number else str(err).splitlines()[0] if str(err) else type(err).__name__
+
+
+@contextmanager
+def _writing(directory: Path):
+    """Turn a failed write into one :class:`StorageError` that names ``directory`` and the cause."""
+    try:
+        yield
+    except (StorageError, FileExistsError):  # FileExistsError: --out is a file, a usage error
+        raise
+    except (OSError, RuntimeError) as err:
+        if isinstance(err, RuntimeError) and "errno" not in str(err):  # not an I/O failure
+            raise
+        raise StorageError(f"cannot write to {directory}: {_cause(err)}") from err
+
+
+@contextmanager
+def _reading(path: Path):
+    """Turn a failed read of ``path`` (an HDF5 file) into a :class:`CorruptFileError` naming it."""
+    try:
+        yield
+    except (ShardChangedError, FileNotFoundError, CorruptFileError):
+        raise
+    except (OSError, RuntimeError, KeyError, ValueError) as err:
+        raise CorruptFileError(path, err) from err
+
+
+def _read(f: h5py.File, read: Callable[[h5py.File], object]):
+    """``read(f)``, a failure raised as a :class:`CorruptFileError` naming the file."""
+    with _reading(Path(f.filename)):
+        return read(f)
+
+
+def _verify(path: Path) -> None:
+    """Read every dataset and attribute of one shard or part file; :class:`CorruptFileError` if any fails."""
+    with _reading(path), h5py.File(path, "r") as f:
+        _attrs(f)
+        for group in ("records", "failures"):
+            for name in f[group]:
+                f[group][name][...]
+
+
+def set_aside_corrupt(shard: Path) -> list[tuple[Path, Path]]:
+    """Rename every unreadable file of ``shard`` (its shard file, its parts) to NAME.corrupt, so that
+    their rows count as not done and are computed again; returns (old, new) paths (caller holds the lock)."""
+    moved = []
+    for path in ([shard] if shard.exists() else []) + [p for _, p in _list_parts(shard)]:
+        try:
+            _verify(path)
+        except CorruptFileError:
+            target = path.with_name(path.name + CORRUPT_SUFFIX)
+            k = 1
+            while target.exists():
+                target, k = path.with_name(f"{path.name}{CORRUPT_SUFFIX}{k}"), k + 1
+            os.replace(path, target)
+            moved.append((path, target))
+    if moved:
+        _fsync(shard.parent, directory=True)
+    return moved
 GZIP_LEVEL = 4
 LIBVER = ("v108", "latest")  # v1.8+ object headers: attributes (merged_parts) may exceed 64 KiB
 
@@ -123,6 +206,12 @@ def _discover_shards(directory: Path) -> list[Path]:
     if len(totals) > 1:
         raise ValueError(f"{directory} mixes shards of different --num-shards: {totals}")
     return [found[key] for key in sorted(found)]
+
+
+def shard_count(directory: Path | str) -> int:
+    """n of the shard-i-of-n files (or parts folders) in ``directory``; 0 if it holds none."""
+    directory = Path(directory)
+    return _num_shards(_discover_shards(directory)[0]) if directory.is_dir() and _discover_shards(directory) else 0
 
 
 def _num_shards(shard: Path) -> int:
@@ -393,7 +482,7 @@ def _scan_keys(paths: list[Path]) -> tuple[set[tuple[int, int]], int, int]:
     keys: set[tuple[int, int]] = set()
     n_records = n_failures = 0
     for path in paths:
-        with h5py.File(path, "r") as f:
+        with _reading(path), h5py.File(path, "r") as f:
             for group in ("records", "failures"):
                 mol = f[group]["molecule_id"][:].tolist()
                 conf = f[group]["conformer_id"][:].tolist()
@@ -407,7 +496,8 @@ def _scan_keys(paths: list[Path]) -> tuple[set[tuple[int, int]], int, int]:
 
 
 class _ShardLock:
-    """Exclusive flock on DIR/.shard-....h5.lock: one writer (or compaction) per shard.
+    """Exclusive flock on DIR/.shard-....h5.lock: one writer (or compaction) per shard. The file holds
+    the holder's process id.
 
     The kernel releases it when the holder dies, so a SIGKILLed run never blocks --resume.
     """
@@ -428,6 +518,8 @@ class _ShardLock:
                     f"{self.shard.name} is being written by another process (lock {self.path})"
                 ) from None
             if self._is_current(fd):
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())  # who holds it, for people and tests
                 return fd
             os.close(fd)  # the previous holder removed the file after we opened it: retry
 
@@ -483,11 +575,13 @@ class ShardWriter:
         if not 0 <= shard < num_shards:
             raise ValueError(f"shard {shard} is not in [0, {num_shards})")
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
         self.path = shard_path(self.directory, shard, num_shards)
         self.settings = _normalize(settings)
         self.versions = _normalize(versions)
-        self._lock = _ShardLock(self.path)
+        self.set_aside: list[tuple[Path, Path]] = []  # unreadable files renamed by --resume: redone
+        with _writing(self.directory):
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._lock = _ShardLock(self.path)
         self._closed = False
         try:
             self._open(resume)
@@ -496,8 +590,12 @@ class ShardWriter:
             raise
 
     def _open(self, resume: bool) -> None:
-        _remove_tmp_files(self.path)
-        state = _shard_state(self.path)
+        with _writing(self.directory):
+            _remove_tmp_files(self.path)
+            if resume:
+                self.set_aside = set_aside_corrupt(self.path)
+        with _reading(self.path):
+            state = _shard_state(self.path)
         _delete_stale_parts(state)
         self._done, self._n_records, self._n_failures = _scan_keys(state.files)
         if state.files:
@@ -547,7 +645,8 @@ class ShardWriter:
         keys = records.keys() + [f.key for f in failures]
         self._check_new(keys)
         if keys:
-            self._write_part(records, failures)
+            with _writing(self.directory):
+                self._write_part(records, failures)
             self._done.update(keys)
             self._n_records += len(records)
             self._n_failures += len(failures)
@@ -558,7 +657,8 @@ class ShardWriter:
             return
         self._closed = True
         try:
-            _merge_shard(self.path, _file_attrs(self.settings, self.versions))
+            with _writing(self.directory):
+                _merge_shard(self.path, _file_attrs(self.settings, self.versions))
         finally:
             self._lock.release()
 
@@ -643,8 +743,10 @@ class _ShardView:
     @classmethod
     def open(cls, shard: Path) -> _ShardView:
         parts = _list_parts(shard)  # before the shard file: a concurrent merge is seen whole or not at all
-        main = h5py.File(shard, "r") if shard.exists() else None
-        merged = _merged_parts(main)
+        main = None
+        with _reading(shard):
+            main = h5py.File(shard, "r") if shard.exists() else None
+            merged = _merged_parts(main)
         return cls(shard, main, [p for k, p in parts if k not in merged])
 
     @property
@@ -653,13 +755,15 @@ class _ShardView:
 
     def attrs(self) -> dict:
         if self.main is not None:
-            return _attrs(self.main)
-        with self._open_part(self.parts[0]) as f:
+            with _reading(self.shard):
+                return _attrs(self.main)
+        with self._open_part(self.parts[0]) as f, _reading(self.parts[0]):
             return _attrs(f)
 
     def _open_part(self, path: Path) -> h5py.File:
         try:
-            return h5py.File(path, "r")
+            with _reading(path):
+                return h5py.File(path, "r")
         except FileNotFoundError:
             message = f"{self.shard.name} was compacted while being read: open the dataset again"
             raise ShardChangedError(message) from None
@@ -708,7 +812,7 @@ class Dataset:
             )
         self.num_shards = _num_shards(shards[0])
         self.attrs = self._read_attrs()
-        self._sizes = np.sum([_sizes(f) for f in self._files()], axis=0)  # records, atoms, failures
+        self._sizes = np.sum([_read(f, _sizes) for f in self._files()], axis=0)  # records, atoms, failures
 
     def _files(self) -> Iterator[h5py.File]:
         for view in self._views:
@@ -751,7 +855,8 @@ class Dataset:
     def iter_batches(self, block: int = READ_BLOCK) -> Iterator[RecordBatch]:
         """The records, at most block at a time (batches never span files)."""
         for f in self._files():
-            yield from _iter_blocks(f, block)
+            with _reading(Path(f.filename)):
+                yield from _iter_blocks(f, block)
 
     def arrays(self) -> RecordBatch:
         """Every record, concatenated."""
@@ -761,11 +866,11 @@ class Dataset:
         """One per-record column (a SCALAR_COLUMNS name or 'natoms'), (n,), without reading atoms."""
         if name not in SCALAR_COLUMNS and name != "natoms":
             raise KeyError(f"{name!r} is not a per-record column")
-        parts = [_read_column(f["records"][name]) for f in self._files()]
+        parts = [_read(f, lambda f: _read_column(f["records"][name])) for f in self._files()]
         return np.concatenate(parts)
 
     def failures(self) -> list[Failure]:
-        return [x for f in self._files() for x in _read_failures(f)]
+        return [x for f in self._files() for x in _read(f, _read_failures)]
 
     def records(self) -> Iterator[dict]:
         """One dict per record: the scalars (Python values), z (natoms,), pos (natoms, 3) and, if
@@ -844,18 +949,22 @@ def _to_arrow(batch: RecordBatch, schema, pa):
 
 
 def export_parquet(directory: Path | str, path: Path | str) -> Path:
-    """Write one Parquet file with exactly the QM1B columns, in order (atomically)."""
+    """Write one Parquet file with exactly the QM1B columns, in order (atomically); the schema's
+    metadata holds the dataset's settings and versions as JSON (``qm1b.settings``, ``qm1b.versions``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = Path(path)
     tmp = _tmp(path)
-    schema = _parquet_schema(pa)
     try:
-        with open_dataset(directory) as ds, pq.ParquetWriter(tmp, schema, compression="zstd") as out:
-            for batch in ds.iter_batches():
-                if len(batch):
-                    out.write_table(_to_arrow(batch, schema, pa))
+        with open_dataset(directory) as ds:
+            # the labels' settings (functional, basis, grid, ...) and versions travel with the columns
+            schema = _parquet_schema(pa).with_metadata(
+                {f"qm1b.{key}": json.dumps(ds.attrs[key], sort_keys=True) for key in ("settings", "versions")})
+            with pq.ParquetWriter(tmp, schema, compression="zstd") as out:
+                for batch in ds.iter_batches():
+                    if len(batch):
+                        out.write_table(_to_arrow(batch, schema, pa))
         _publish(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -7,6 +7,8 @@ dataset holds exactly the committed batches, with the values make_batch produces
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import signal
@@ -21,8 +23,10 @@ import pytest
 
 from qm1b.schema import QM1B_COLUMNS, SCALAR_COLUMNS, Failure, RecordBatch
 from qm1b.store import (
+    CorruptFileError,
     ShardChangedError,
     ShardWriter,
+    StorageError,
     compact,
     export_parquet,
     info,
@@ -521,3 +525,100 @@ def test_info(tmp_path):
     compact(tmp_path)
     assert {**stats, "unmerged_parts": 0} == info(tmp_path)
     json.dumps(stats)  # serializable as it is
+
+
+# ------------------------------------------------------------------- failures of the disk and files
+
+
+@contextlib.contextmanager
+def small_disk(directory: Path, size: str = "300k", options: str = ""):
+    """A tmpfs of ``size`` mounted on ``directory`` (a real full disk); skips where mounting is not allowed."""
+    directory.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}{options}", "tmpfs", str(directory)],
+                             capture_output=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=True)
+
+
+# h5py's objects of the file that failed to flush raise once more when freed; Python reports that as
+# "unraisable" (a test warning here), after the StorageError that the caller sees
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_full_disk_is_one_storage_error_and_resume_completes(tmp_path):
+    """On a 300 KB tmpfs the commits run out of space: one StorageError naming the directory and the
+    cause, every committed part intact and no temporary file left; --resume on a larger disk (the
+    directory copied) completes the shard as if nothing had happened."""
+    import shutil
+
+    with small_disk(tmp_path / "disk") as disk:
+        out = disk / "out"
+        writer = ShardWriter(out, settings=SETTINGS, versions=VERSIONS)
+        committed = 0
+        with pytest.raises(StorageError) as caught:
+            for k in range(100):
+                writer.commit(*make_batch(k, n=256))
+                committed += 1
+        writer.abandon()
+        assert str(caught.value) == f"cannot write to {out}: {os.strerror(errno.ENOSPC)}"
+        assert 0 < committed < 100
+        assert not list(out.rglob("*.tmp"))
+        assert_dataset(out, range(committed), n=256)  # what was committed is readable as it was
+        shutil.copytree(out, tmp_path / "big")
+    writer = write(tmp_path / "big", range(committed, 100), n=256, close=False, resume=True)
+    compact(tmp_path / "big")
+    assert_dataset(tmp_path / "big", range(100), n=256)
+
+
+def test_read_only_directory_is_one_storage_error(tmp_path):
+    with small_disk(tmp_path / "ro", options=",ro") as disk:
+        with pytest.raises(StorageError, match=f"cannot write to {disk / 'out'}: {os.strerror(errno.EROFS)}"):
+            ShardWriter(disk / "out", settings=SETTINGS, versions=VERSIONS)
+
+
+def test_write_errors_without_a_small_disk(tmp_path, monkeypatch):
+    """The same StorageError where no tmpfs can be mounted: an ENOSPC from the file system, simulated."""
+    import qm1b.store as store
+
+    writer = write(tmp_path, range(2), close=False)
+    writer = ShardWriter(tmp_path, settings=SETTINGS, versions=VERSIONS, resume=True)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(store, "_write_atomically", full)
+    with pytest.raises(StorageError, match=f"cannot write to {tmp_path}: No space left on device"):
+        writer.commit(*make_batch(2))
+    writer.abandon()
+    assert_dataset(tmp_path, range(2))
+
+
+def truncate(path: Path) -> None:
+    """Cut ``path`` to half its size, as an interrupted copy leaves it."""
+    os.truncate(path, path.stat().st_size // 2)
+
+
+@pytest.mark.parametrize("damaged", ["part", "shard file"])
+def test_corrupt_file_is_named_by_readers_and_redone_by_resume(tmp_path, damaged):
+    """A truncated part (or merged shard file): open_dataset, info and export name it; a resuming
+    writer sets it aside as NAME.corrupt and no longer counts its rows as done, so they are computed
+    and committed again; the dataset is then whole."""
+    write(tmp_path, range(2))  # merged into the shard file
+    write(tmp_path, range(2, 4), close=False, resume=True)  # parts 2 and 3 on top of it
+    bad = part_path(shard_path(tmp_path, 0, 1), 3) if damaged == "part" else shard_path(tmp_path, 0, 1)
+    truncate(bad)
+    for read in (open_dataset, info, lambda d: export_parquet(d, tmp_path / "x.parquet")):
+        with pytest.raises(CorruptFileError, match=f"{bad} is truncated or corrupt"):
+            read(tmp_path)
+    writer = ShardWriter(tmp_path, settings=SETTINGS, versions=VERSIONS, resume=True)
+    assert [(old, new.name) for old, new in writer.set_aside] == [(bad, bad.name + ".corrupt")]
+    redo = [3] if damaged == "part" else [0, 1]
+    lost = set().union(*(keys_of(*make_batch(k)) for k in redo))
+    assert not lost & writer.done() and writer.done()  # its rows are to do again, the others are not
+    for k in redo:
+        writer.commit(*make_batch(k))
+    writer.close()
+    with open_dataset(tmp_path) as ds:
+        assert_batches_equal(sort_by_key(ds.arrays()), sort_by_key(expected(range(4))[0]))
