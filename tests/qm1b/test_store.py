@@ -578,18 +578,20 @@ def test_read_only_directory_is_one_storage_error(tmp_path):
             ShardWriter(disk / "out", settings=SETTINGS, versions=VERSIONS)
 
 
-def test_write_errors_without_a_small_disk(tmp_path, monkeypatch):
-    """The same StorageError where no tmpfs can be mounted: an ENOSPC from the file system, simulated."""
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES], ids=["full disk", "permission"])
+def test_write_errors_without_a_small_disk(tmp_path, monkeypatch, code):
+    """The same StorageError where no tmpfs can be mounted (a full disk, simulated), and for a
+    permission error (which root, running this suite in CI, never meets)."""
     import qm1b.store as store
 
     writer = write(tmp_path, range(2), close=False)
     writer = ShardWriter(tmp_path, settings=SETTINGS, versions=VERSIONS, resume=True)
 
-    def full(*args, **kwargs):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    def refuse(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(store, "_write_atomically", full)
-    with pytest.raises(StorageError, match=f"cannot write to {tmp_path}: No space left on device"):
+    monkeypatch.setattr(store, "_write_atomically", refuse)
+    with pytest.raises(StorageError, match=f"cannot write to {tmp_path}: {os.strerror(code)}"):
         writer.commit(*make_batch(2))
     writer.abandon()
     assert_dataset(tmp_path, range(2))
