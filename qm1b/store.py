@@ -24,6 +24,11 @@ for writing**; every file is written whole under a temporary name and then publi
    ``DIR/.shard-....h5.lock``.  The kernel drops it when the process dies, so a killed run never
    blocks ``--resume``, while a second live writer of the same shard is refused.
 
+Every file is built in memory (HDF5's core driver) and written to its ``.tmp`` name by Python:
+a disk that fills up fails that write cleanly (:class:`StorageError`), where HDF5 writing itself
+would keep the broken file open to the end of the process. A merge therefore holds its shard file in
+memory once.
+
 Readers list a shard's parts *before* opening its shard file and keep that file open: a merge
 running concurrently then either is already visible (its parts are skipped) or not at all.  If
 such a merge deletes a part the reader listed before the reader gets to it, reading raises
@@ -237,13 +242,22 @@ def _publish(tmp: Path, final: Path) -> None:
 
 
 def _write_atomically(final: Path, attrs: dict, fill: Callable[[h5py.File], None], sizes, forces: bool) -> None:
-    """Write a whole HDF5 file to final + '.tmp' with fill(file), then publish it."""
+    """Build a whole HDF5 file with fill(file) in memory, write it to final + '.tmp', then publish it.
+
+    HDF5 never writes to the disk itself: when a write fails (a full disk), HDF5 keeps the
+    half-written file open, reports the failure again whenever one of its objects is freed, and
+    crashed the process at exit; a failed ``write`` of the finished image fails cleanly instead.
+    """
+    with h5py.File(f"{final}.image", "w", driver="core", backing_store=False, libver=LIBVER) as f:
+        _create_layout(f, *sizes, forces=forces)
+        f.attrs.update(attrs)
+        fill(f)
+        f.flush()
+        image = f.id.get_file_image()
     tmp = _tmp(final)
     try:
-        with h5py.File(tmp, "w", libver=LIBVER) as f:
-            _create_layout(f, *sizes, forces=forces)
-            f.attrs.update(attrs)
-            fill(f)
+        with open(tmp, "wb") as out:
+            out.write(image)
         _publish(tmp, final)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -146,7 +146,6 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "qm1b.cli", *args], env=env, timeout=900, capture_output=True, text=True)
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_full_disk_exits_3_with_one_line_and_resume_completes(tmp_path):
     """qm1b generate on a 300 KB disk: one line naming the directory and the cause, exit code 3, the
     committed batches intact; --resume (on a larger disk) completes the run."""
