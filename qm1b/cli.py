@@ -10,8 +10,8 @@
 Bad input (unreadable SMILES file, an existing output without --resume, other settings on resume,
 a directory with no dataset, a truncated or corrupt shard file) prints one line naming the problem
 and exits with code 2. An output directory that cannot be written (full disk, read-only, permissions)
-prints one line naming it and the cause and exits with code 3: what was committed stays, and
-``--resume`` completes the run. A closed pipe (``qm1b info DIR | head``) ends quietly with 141.
+prints one line naming it and the cause and exits with code 3; for ``generate``, what was committed
+stays, and ``--resume`` completes the run. A closed pipe (``qm1b info DIR | head``) ends quietly with 141.
 """
 
 from __future__ import annotations
@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return closed_pipe()
     except StorageError as err:
-        print(f"qm1b {args.command}: error: {err}; what was committed is kept: run again with --resume "
-              "once that is fixed", file=sys.stderr)  # fmt: skip
+        resume = "; what was committed is kept: run again with --resume once that is fixed"
+        print(f"qm1b {args.command}: error: {err}{resume if args.command == 'generate' else ''}", file=sys.stderr)
         return EXIT_STORAGE
     except (InputError, ConfigError, MoleculeError, FileExistsError, FileNotFoundError, ValueError) as err:
         print(f"qm1b {args.command}: error: {err}", file=sys.stderr)

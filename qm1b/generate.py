@@ -79,8 +79,7 @@ class GenerateConfig:
         for name in ("conformers", "batch_size", "task_molecules", "task_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
-        parse_shard(self.shard)
-        if self.executor == "ray" and parse_shard(self.shard) != (0, 1):
+        if parse_shard(self.shard) != (0, 1) and self.executor == "ray":
             raise ValueError("--shard and --executor ray do not combine: Ray splits the work itself")
         if self.heavy_atoms is not None:
             parse_range(self.heavy_atoms)
@@ -100,6 +99,10 @@ class Summary:
     tasks: int = 0  # Ray tasks summed up here (0: one shard in one process)
 
     @property
+    def where(self) -> str:
+        return f"{self.tasks} Ray tasks" if self.tasks else f"shard {self.shard}"
+
+    @property
     def conformers_per_hour(self) -> float:
         return 3600.0 * self.conformers / self.seconds if self.seconds else 0.0
 
@@ -107,7 +110,7 @@ class Summary:
         rate = self.converged / self.conformers if self.conformers else 0.0
         split = ", ".join(f"{k} {v:.1f}s" for k, v in sorted(self.timings.items(), key=lambda kv: -kv[1]))
         return [
-            f"{self.out} ({f'{self.tasks} Ray tasks' if self.tasks else f'shard {self.shard}'}): {self.conformers} conformers of {self.molecules} molecules written, "
+            f"{self.out} ({self.where}): {self.conformers} conformers of {self.molecules} molecules written, "
             f"{rate:.1%} converged; {self.failures} failures; {self.skipped} already done",
             f"{self.seconds:.1f}s, {self.conformers_per_hour:,.0f} conformers per hour; time: {split}",
         ]
@@ -386,7 +389,7 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
             except ray.exceptions.RayTaskError as err:  # the task's own error (a full disk, ...), not Ray's wrapping
                 raise err.cause from None
             bar.update(pending.pop(ready) * gen.conformers)
-    total = Summary(out=gen.out, shard=gen.shard, seconds=time.perf_counter() - start, tasks=n)
+    total = Summary(out=gen.out, shard=gen.shard, seconds=time.perf_counter() - start, tasks=len(summaries))
     for s in summaries:
         for name in ("molecules", "conformers", "converged", "failures", "skipped"):
             setattr(total, name, getattr(total, name) + getattr(s, name))

@@ -85,11 +85,13 @@ RECORD_CHUNK = 16384  # records per HDF5 chunk (at most)
 ATOM_CHUNK = 65536  # atoms per HDF5 chunk (at most)
 READ_BLOCK = 65536  # records read at a time when streaming
 CORRUPT_SUFFIX = ".corrupt"  # an unreadable file, set aside by a resuming writer
+GZIP_LEVEL = 4
+LIBVER = ("v108", "latest")  # v1.8+ object headers: attributes (merged_parts) may exceed 64 KiB
 
 
 class StorageError(OSError):
-    """The output directory cannot be written (full disk, read-only, permissions): what is committed
-    stays, and ``--resume`` completes the run once the cause is gone."""
+    """A directory that cannot be written (full disk, read-only, permissions); nothing already
+    published is touched, so a generator's ``--resume`` completes its run once the cause is gone."""
 
 
 class CorruptFileError(ValueError):
@@ -102,12 +104,14 @@ class CorruptFileError(ValueError):
 
 
 def _cause(err: BaseException) -> str:
-    """The operating system's words for ``err``: h5py reports a failed write as a RuntimeError or
-    OSError whose text holds the errno; others carry it as ``errno``."""
+    """The operating system's words for ``err`` where it carries an errno (h5py puts it in its text),
+    else the first line of its message."""
     number = getattr(err, "errno", None)
     if not number and (found := re.search(r"errno = (\d+)", str(err))):
         number = int(found[1])
-    return os.strerror(number) if number else str(err).splitlines()[0] if str(err) else type(err).__name__
+    if number:
+        return os.strerror(number)
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
 @contextmanager
@@ -117,9 +121,7 @@ def _writing(directory: Path):
         yield
     except (StorageError, FileExistsError):  # FileExistsError: --out is a file, a usage error
         raise
-    except (OSError, RuntimeError) as err:
-        if isinstance(err, RuntimeError) and "errno" not in str(err):  # not an I/O failure
-            raise
+    except OSError as err:  # HDF5 only builds files in memory (_write_atomically): writes are Python's
         raise StorageError(f"cannot write to {directory}: {_cause(err)}") from err
 
 
@@ -166,8 +168,7 @@ def set_aside_corrupt(shard: Path) -> list[tuple[Path, Path]]:
     if moved:
         _fsync(shard.parent, directory=True)
     return moved
-GZIP_LEVEL = 4
-LIBVER = ("v108", "latest")  # v1.8+ object headers: attributes (merged_parts) may exceed 64 KiB
+
 
 
 # ----------------------------------------------------------------------------------------- paths
@@ -215,8 +216,8 @@ def _discover_shards(directory: Path) -> list[Path]:
 
 def shard_count(directory: Path | str) -> int:
     """n of the shard-i-of-n files (or parts folders) in ``directory``; 0 if it holds none."""
-    directory = Path(directory)
-    return _num_shards(_discover_shards(directory)[0]) if directory.is_dir() and _discover_shards(directory) else 0
+    shards = _discover_shards(Path(directory)) if Path(directory).is_dir() else []
+    return _num_shards(shards[0]) if shards else 0
 
 
 def _num_shards(shard: Path) -> int:
@@ -241,6 +242,15 @@ def _publish(tmp: Path, final: Path) -> None:
     _fsync(final.parent, directory=True)
 
 
+def _discard(tmp: Path) -> None:
+    """Remove an unfinished temporary file where the file system lets us (a read-only one does not):
+    the error that brought us here is the one to report."""
+    try:
+        tmp.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
 def _write_atomically(final: Path, attrs: dict, fill: Callable[[h5py.File], None], sizes, forces: bool) -> None:
     """Build a whole HDF5 file with fill(file) in memory, write it to final + '.tmp', then publish it.
 
@@ -260,7 +270,7 @@ def _write_atomically(final: Path, attrs: dict, fill: Callable[[h5py.File], None
             out.write(image)
         _publish(tmp, final)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _discard(tmp)
         raise
 
 
@@ -757,7 +767,6 @@ class _ShardView:
     @classmethod
     def open(cls, shard: Path) -> _ShardView:
         parts = _list_parts(shard)  # before the shard file: a concurrent merge is seen whole or not at all
-        main = None
         with _reading(shard):
             main = h5py.File(shard, "r") if shard.exists() else None
             merged = _merged_parts(main)
@@ -975,13 +984,14 @@ def export_parquet(directory: Path | str, path: Path | str) -> Path:
             # the labels' settings (functional, basis, grid, ...) and versions travel with the columns
             schema = _parquet_schema(pa).with_metadata(
                 {f"qm1b.{key}": json.dumps(ds.attrs[key], sort_keys=True) for key in ("settings", "versions")})
-            with pq.ParquetWriter(tmp, schema, compression="zstd") as out:
+            with _writing(path.parent), pq.ParquetWriter(tmp, schema, compression="zstd") as out:
                 for batch in ds.iter_batches():
                     if len(batch):
                         out.write_table(_to_arrow(batch, schema, pa))
-        _publish(tmp, path)
+        with _writing(path.parent):
+            _publish(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _discard(tmp)
         raise
     return path
 

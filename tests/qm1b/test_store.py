@@ -564,7 +564,7 @@ def test_full_disk_is_one_storage_error_and_resume_completes(tmp_path):
         assert not list(out.rglob("*.tmp"))
         assert_dataset(out, range(committed), n=256)  # what was committed is readable as it was
         shutil.copytree(out, tmp_path / "big")
-    writer = write(tmp_path / "big", range(committed, 100), n=256, close=False, resume=True)
+    write(tmp_path / "big", range(committed, 100), n=256, close=False, resume=True)
     compact(tmp_path / "big")
     assert_dataset(tmp_path / "big", range(100), n=256)
 
@@ -593,9 +593,13 @@ except StorageError:
 
 
 def test_read_only_directory_is_one_storage_error(tmp_path):
+    """A writer, and a Parquet export, into a read-only file system: one StorageError naming the place."""
+    write(tmp_path / "data", range(1))
     with small_disk(tmp_path / "ro", options=",ro") as disk:
         with pytest.raises(StorageError, match=f"cannot write to {disk / 'out'}: {os.strerror(errno.EROFS)}"):
             ShardWriter(disk / "out", settings=SETTINGS, versions=VERSIONS)
+        with pytest.raises(StorageError, match=f"cannot write to {disk}: {os.strerror(errno.EROFS)}"):
+            export_parquet(tmp_path / "data", disk / "d.parquet")
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES], ids=["full disk", "permission"])
@@ -604,7 +608,7 @@ def test_write_errors_without_a_small_disk(tmp_path, monkeypatch, code):
     permission error (which root, running this suite in CI, never meets)."""
     import qm1b.store as store
 
-    writer = write(tmp_path, range(2), close=False)
+    write(tmp_path, range(2), close=False)
     writer = ShardWriter(tmp_path, settings=SETTINGS, versions=VERSIONS, resume=True)
 
     def refuse(*args, **kwargs):
