@@ -32,7 +32,8 @@ import numpy as np  # noqa: E402
 from common import median_range  # noqa: E402
 
 from pyscf_ipu.host import build_mole  # noqa: E402
-from pyscf_ipu.integrals.eri import default_workers, eri_s8, plan_eri  # noqa: E402
+from pyscf_ipu.integrals.eri import default_workers, eri_s8
+from pyscf_ipu.integrals.eri_plan import plan_eri  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
 from qm1b.generate import GenerateConfig  # noqa: E402
 from qm1b.inputs import builtin_sample, heavy_atom_count  # noqa: E402

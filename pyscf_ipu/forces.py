@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .eri import degeneracy_weights, tril_unpack
+from .packed import degeneracy_weights, tril_unpack
 from .grid import atom_grids, grid_points_and_weights
 from .host import HostProblem, eri_plan
 from .integrals.ao_values import ao_values_at

@@ -27,7 +27,7 @@ from pyscf.scf import addons, atom_hf
 
 from .buckets import SizeBucket, pad_atoms
 from .config import RKSConfig, precision_scope
-from .eri import s8_aos
+from .packed import s8_aos
 from .integrals.ao_values import AOTables, ao_tables
 from .molecule import Molecule, MoleculeError
 from .programs import compiled
@@ -242,7 +242,7 @@ def _conformer_coords(mols: list[gto.Mole], bucket: SizeBucket) -> np.ndarray:
 def eri_plan(basis: str, elements: tuple[str, ...], bucket: SizeBucket | None = None):
     """The ERI plan of ``basis`` on these atoms in this order, in the shapes of ``bucket`` (default:
     its own bucketed counts); it does not depend on the geometry."""
-    from .integrals.eri import plan_eri
+    from .integrals.eri_plan import plan_eri
 
     return plan_eri(_placeholder_mole(basis, elements), None if bucket is None else eri_capacity(bucket))
 
@@ -250,7 +250,7 @@ def eri_plan(basis: str, elements: tuple[str, ...], bucket: SizeBucket | None = 
 @lru_cache(maxsize=16)
 def eri_capacity(bucket: SizeBucket):
     """The ERI shapes of ``bucket`` (:func:`~.integrals.eri.eri_capacity` of its template molecule)."""
-    from .integrals.eri import eri_capacity as capacity
+    from .integrals.eri_plan import eri_capacity as capacity
 
     return capacity(_placeholder_mole(bucket.basis, bucket.template_elements))
 

@@ -38,7 +38,7 @@ import numpy as np
 from pyscf import ao2mo
 
 from .config import RKSConfig, precision_scope
-from .eri import degeneracy_weights, s8_accumulate, symmetrise, unique_quartets
+from .packed import degeneracy_weights, s8_accumulate, symmetrise, unique_quartets
 from .ipu import IPUJK, ipu_model
 from .padding import bucket, pad_to, stack_members
 

@@ -4,7 +4,7 @@
 static arguments, and the shapes and dtypes of the others) traces the function and exports it
 (``jax.export``) to the program directory; a later process with the same signature reads the
 exported module and runs it without tracing the Python code again (tracing the SCF loop, the
-integral kernels and the finalisation took about a second per size bucket and process), and JAX's
+integral kernels and the finalisation is the slow part of a new process's start), and JAX's
 persistent compilation cache supplies its compiled code. The directory sits beside JAX's cache
 (:func:`pyscf_ipu.config.enable_compilation_cache`); where none is set, programs live in memory only.
 
@@ -22,6 +22,7 @@ import pickle
 import re
 import tempfile
 import threading
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -64,11 +65,45 @@ def _signature(leaves) -> tuple:
     return tuple(out)
 
 
-class CompiledFunction:
-    """A function traced once per signature, its exported programs shared by every process (see module doc)."""
+@dataclass(frozen=True)
+class MappingBudget:
+    """When a :class:`CompiledFunction` lets go of its compiled programs to stay within the process's
+    memory-mapping limit.
 
-    def __init__(self, fun, static_argnums: int | tuple[int, ...] = (), name: str | None = None):
+    Each compiled program holds its machine code in memory mappings for as long as it is kept,
+    against the kernel's limit per process (``vm.max_map_count``; past it LLVM aborts the process).
+    Before a function compiles or loads a new program while the process uses more than ``share`` of
+    that limit, it drops its own earlier programs; the program directory and JAX's persistent cache
+    bring one back cheaply if it returns. Where /proc does not tell, at most ``fallback`` are kept.
+    """
+
+    share: float = 0.5
+    fallback: int = 3
+
+    def exhausted(self, programs: int) -> bool:
+        """Whether a function holding ``programs`` programs should drop them before adding one."""
+        mappings = memory_mappings()
+        return programs >= self.fallback if mappings is None else mappings[0] > self.share * mappings[1]
+
+
+def memory_mappings() -> tuple[int, int] | None:
+    """(memory mappings this process uses, the kernel's limit), or None where /proc does not say."""
+    try:
+        with open("/proc/self/maps") as maps, open("/proc/sys/vm/max_map_count") as limit:
+            return sum(1 for _ in maps), int(limit.read())
+    except (OSError, ValueError):
+        return None
+
+
+class CompiledFunction:
+    """A function traced once per signature, its exported programs shared by every process (see
+    module doc). With a ``budget``, it drops its in-memory programs when the process runs short of
+    memory mappings; without, it keeps them for the process's life."""
+
+    def __init__(self, fun, static_argnums: int | tuple[int, ...] = (), name: str | None = None,
+                 budget: MappingBudget | None = None):  # fmt: skip
         self.fun = fun
+        self.budget = budget
         self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         self.name = name or f"{fun.__module__}.{fun.__qualname__}"
         self._jitted = jax.jit(fun, static_argnums=self.static_argnums)
@@ -89,6 +124,8 @@ class CompiledFunction:
             with self._lock:
                 program = self._programs.get(key)
                 if program is None:
+                    if self.budget is not None and self._programs and self.budget.exhausted(len(self._programs)):
+                        self._programs.clear()
                     program = self._programs[key] = self._load_or_export(key, static, tree, leaves)
         run, out_tree = program
         return out_tree.unflatten(run(*leaves))
@@ -157,8 +194,9 @@ def _write_atomically(path: Path, data: bytes) -> None:
             Path(temporary).unlink(missing_ok=True)
 
 
-def compiled(fun=None, *, static_argnums: int | tuple[int, ...] = (), name: str | None = None):
+def compiled(fun=None, *, static_argnums: int | tuple[int, ...] = (), name: str | None = None,
+             budget: MappingBudget | None = None):  # fmt: skip
     """Decorator: ``fun`` as a :class:`CompiledFunction` (``@compiled`` or ``@compiled(static_argnums=...)``)."""
     if fun is None:
-        return lambda f: CompiledFunction(f, static_argnums, name)
-    return CompiledFunction(fun, static_argnums, name)
+        return lambda f: CompiledFunction(f, static_argnums, name, budget)
+    return CompiledFunction(fun, static_argnums, name, budget)

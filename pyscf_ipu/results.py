@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import scipy.linalg
 from pyscf import scf as pyscf_scf

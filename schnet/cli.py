@@ -9,7 +9,6 @@ without a checkpoint) prints one line naming the problem and exits with code 2.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 

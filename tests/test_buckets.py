@@ -39,15 +39,15 @@ def test_buckets_count_atoms_by_kind_not_element():
 def test_molecules_of_one_bucket_share_a_batch_and_every_program():
     """A batch mixing ammonia and methane conformers runs the programs of a batch of methane alone,
     and each conformer's labels equal those of a batch of its own molecule (float32 round-off)."""
-    from pyscf_ipu.integrals.eri import _quartets_batch
+    from pyscf_ipu.integrals.eri_kernels import quartet_program
     from pyscf_ipu.scf import scf_loop_batch
 
     config = RKSConfig(integrals="device")
     ammonia, methane = from_atom_string(AMMONIA), from_atom_string(METHANE)
     alone = [submit_batch(prepare_conformers([m, m], config), config).results()[0] for m in (ammonia, methane)]
-    programs = (_quartets_batch.signatures, scf_loop_batch.signatures)
+    programs = (quartet_program.signatures, scf_loop_batch.signatures)
     mixed = submit_batch(prepare_conformers([ammonia, methane], config), config).results()
-    assert (_quartets_batch.signatures, scf_loop_batch.signatures) == programs  # nothing new compiled
+    assert (quartet_program.signatures, scf_loop_batch.signatures) == programs  # nothing new compiled
     for single, member in zip(alone, mixed):
         assert member.nao == single.nao
         # float32 loops over differently padded batches: equal to well inside the 2 meV label tolerance
@@ -70,13 +70,13 @@ def test_a_new_process_loads_stored_programs_without_tracing(tmp_path):
         from pyscf_ipu.molecule import from_atom_string
         from pyscf_ipu.rks import submit_batch
         from pyscf_ipu.scf import scf_loop_batch
-        from pyscf_ipu.integrals.eri import _quartets_batch
+        from pyscf_ipu.integrals.eri_kernels import quartet_program
         enable_compilation_cache({str(tmp_path / "jax")!r})
         config = RKSConfig(integrals="device")
         m = from_atom_string({METHANE!r})
         r = submit_batch(prepare_conformers([m, m], config), config).results()[0]
-        print(json.dumps([r.energy, scf_loop_batch.traced + _quartets_batch.traced,
-                          scf_loop_batch.loaded + _quartets_batch.loaded]))
+        print(json.dumps([r.energy, scf_loop_batch.traced + quartet_program.traced,
+                          scf_loop_batch.loaded + quartet_program.loaded]))
     """)
     runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True) for _ in range(2)]
     (energy, traced, loaded), (energy2, traced2, loaded2) = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)

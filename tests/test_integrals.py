@@ -17,7 +17,8 @@ from scipy.special import hyp1f1
 from pyscf_ipu.host import build_mole
 from pyscf_ipu.integrals.basis import cartesian_powers, primitive_basis
 from pyscf_ipu.integrals.boys import MAX_ORDER, boys, boys_family
-from pyscf_ipu.integrals.eri import eri_s8, plan_eri
+from pyscf_ipu.integrals.eri import eri_s8
+from pyscf_ipu.integrals.eri_plan import plan_eri
 from pyscf_ipu.integrals.one_electron import one_electron
 from pyscf_ipu.molecule import from_name
 from pyscf_ipu.qm9 import qm9_molecules
@@ -161,7 +162,7 @@ def test_functions_sharing_exponents_form_one_eri_shell():
     """The ERI kernels take the functions of one atom with the same exponents as one shell (Pople's
     sp shells, a general contraction's functions), so a quartet's primitive work serves them all;
     every AO still belongs to exactly one shell component."""
-    from pyscf_ipu.integrals.eri import shells_of, spherical_count
+    from pyscf_ipu.integrals.eri_plan import shells_of, spherical_count
 
     water = build_mole(MOLECULES["water"](), "6-31g")
     shells = shells_of(water)
@@ -184,7 +185,8 @@ def test_functions_sharing_exponents_form_one_eri_shell():
 def test_eri_workers_share_the_tiles_exactly():
     """Dealt out to worker threads, every tile of every class is computed once, and the result is
     the single program's to the bit (each share writes only its own quartets)."""
-    from pyscf_ipu.integrals.eri import NOWHERE, _parts
+    from pyscf_ipu.integrals.eri import _parts
+    from pyscf_ipu.integrals.eri_plan import NOWHERE
 
     mol = build_mole(MOLECULES["qm9-21989"](), "sto-3g")
     plan = plan_eri(mol)
@@ -208,7 +210,8 @@ def test_molecules_of_similar_size_share_the_compiled_integral_programs():
     """ERI plans are padded to bucketed shapes (pair rows, tiles per class, atoms, the s8 size), and
     the one-electron kernel's sizes likewise, so two different molecules in one bucket run the same
     compiled programs, each still equal to libcint."""
-    from pyscf_ipu.integrals.eri import _quartets_batch, _static
+    from pyscf_ipu.integrals.eri import _static
+    from pyscf_ipu.integrals.eri_kernels import quartet_program
     from pyscf_ipu.integrals.one_electron import _one_electron_batch
 
     first, second = (build_mole(record.molecule, "sto-3g") for record in qm9_molecules([2, 3]))  # NH3, H2O
@@ -223,7 +226,7 @@ def test_molecules_of_similar_size_share_the_compiled_integral_programs():
             ints = one_electron(primitive_basis(mol), jnp.float64)
         assert ints["overlap"].shape == (mol.nao, mol.nao)
         np.testing.assert_allclose(np.asarray(ints["nuclear"]), mol.intor("int1e_nuc"), rtol=0, atol=1e-10)
-        compiled.append((_quartets_batch.signatures, _one_electron_batch.signatures))
+        compiled.append((quartet_program.signatures, _one_electron_batch.signatures))
     assert compiled[1] == compiled[0]  # the second molecule compiled nothing new
 
 
@@ -231,18 +234,20 @@ def test_compiled_eri_programs_are_released_before_the_memory_mapping_limit(monk
     """A new ERI shape, with the process past its share of ``vm.max_map_count``, first empties the
     quartet kernels' caches (which gives their memory mappings back): here a share of 0, so only the
     newest program stays compiled, and the values stay right."""
-    from pyscf_ipu.integrals import eri
+    from pyscf_ipu.integrals.eri import _static
+    from pyscf_ipu.integrals.eri_kernels import quartet_program
+    from pyscf_ipu.programs import MappingBudget, memory_mappings
 
-    used, limit = eri._memory_mappings()  # Linux: read from /proc
+    used, limit = memory_mappings()  # Linux: read from /proc
     assert 0 < used < limit
-    monkeypatch.setattr(eri, "_LIVE_PROGRAMS", eri._LivePrograms(share=0.0))
+    monkeypatch.setattr(quartet_program, "budget", MappingBudget(share=0.0))
     mols = [build_mole(MOLECULES[name](), "sto-3g") for name in ("water", "benzene")]
     plans = [plan_eri(mol) for mol in mols]
-    assert eri._static(plans[0]) != eri._static(plans[1])  # two programs
+    assert _static(plans[0]) != _static(plans[1])  # two programs
     for mol, plan in zip(mols, plans):
         ours = np.asarray(eri_s8(plan, mol.atom_coords(), jnp.float32, workers=1), np.float64)
         assert np.abs(ours - mol.intor("int2e", aosym="s8")).max() <= 1e-6
-        assert eri._quartets_batch.signatures == 1  # the other program was released
+        assert quartet_program.signatures == 1  # the other program was released
 
 
 def test_eri_input_is_checked():

@@ -264,7 +264,7 @@ def test_layout_pads_only_the_last_tile():
 def test_rows_placement_puts_every_row_where_row_source_says(ipus):
     """The rows layout built by slices (row_placement) equals the row matrix gathered by row_source,
     on ragged splits over tiles and IPUs, for one conformer and for a batch of two."""
-    from pyscf_ipu.eri import row_matrix, s8_to_s4
+    from pyscf_ipu.packed import row_matrix, s8_to_s4
     from pyscf_ipu.ipu.contract import _tiled_rows, row_placement, row_source, tile_shape
 
     host = prepare(from_name("water"), RKSConfig(), needs_grid=False)
@@ -286,7 +286,7 @@ def test_eri_tile_plan_covers_every_quartet_once_balanced_and_within_memory():
     (counted here from PySCF's shells directly), balanced within 25% on a 9-heavy-atom molecule, every
     tile within its budget; a smaller budget spreads it over more IPUs, an impossible one is refused."""
     from pyscf_ipu.host import build_mole
-    from pyscf_ipu.integrals.eri import plan_eri
+    from pyscf_ipu.integrals.eri_plan import plan_eri
     from pyscf_ipu.ipu.eri_tiles import plan_eri_tiles
     from pyscf_ipu.ipu.model import ipu_model
     from pyscf_ipu.ipu.plan import TileMemoryError

@@ -8,7 +8,7 @@ from pyscf import scf
 
 from pyscf_ipu.config import RKSConfig
 from pyscf_ipu.host import prepare
-from pyscf_ipu.eri import degeneracy_weights, unique_quartets
+from pyscf_ipu.packed import degeneracy_weights, unique_quartets
 from pyscf_ipu.jk import JK_BACKENDS, get_jk_backend
 from pyscf_ipu.molecule import from_name
 

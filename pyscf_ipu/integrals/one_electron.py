@@ -41,7 +41,6 @@ cost 1e-4 relative on core-valence elements.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from typing import NamedTuple
 
 import jax
@@ -50,60 +49,8 @@ import numpy as np
 
 from ..padding import bucket
 from .basis import PrimitiveBasis
-from .boys import boys_parts, boys_recursions
+from .hermite import PairFactors, hermite_coefficients, hermite_coulomb, hermite_indices
 from ..programs import compiled
-
-
-class PairFactors(NamedTuple):
-    """The exponent factors of primitive pairs (a, b), p = a + b: arrays over pairs."""
-
-    half: jax.Array  # 1 / (2p)
-    a_frac: jax.Array  # a / p
-    b_frac: jax.Array  # b / p
-    mu: jax.Array  # ab / p
-
-    @classmethod
-    def of(cls, a, b) -> PairFactors:
-        p = a + b
-        return cls(0.5 / p, a / p, b / p, a * b / p)
-
-
-def hermite_coefficients(i_max: int, j_max: int, factors: PairFactors, xab):
-    """E[i][j][t] for i <= i_max, j <= j_max, t <= i + j: arrays over pairs (one axis).
-
-    ``xab`` (pairs,) = A - B on this axis. The factors may come from the host in float64 (the ERIs
-    take them so: one rounding each instead of three).
-    """
-    # P - A and P - B from A - B, never from P: exactly zero for two primitives on one atom
-    # (float32 rounding of P itself would leave ~1e-7, amplified by tight exponents).
-    xpa, xpb, half = -factors.b_frac * xab, factors.a_frac * xab, factors.half
-    zero = jnp.zeros_like(xpa + half)
-
-    def get(table, t):
-        return table[t] if 0 <= t < len(table) else zero
-
-    e = [[None] * (j_max + 1) for _ in range(i_max + 1)]
-    e[0][0] = [jnp.exp(-factors.mu * xab**2) + zero]
-    for i in range(i_max + 1):
-        for j in range(j_max + 1):
-            if i == 0 and j == 0:
-                continue
-            if j > 0:  # raise j from (i, j - 1)
-                prev, shift = e[i][j - 1], xpb
-            else:  # raise i from (i - 1, 0)
-                prev, shift = e[i - 1][j], xpa
-            e[i][j] = [half * get(prev, t - 1) + shift * get(prev, t) + (t + 1) * get(prev, t + 1)
-                       for t in range(i + j + 1)]  # fmt: skip
-    return e
-
-
-def _stack(table, i_max: int, j_max: int, t_max: int):
-    """E[i][j][t] as one array (pairs, i_max + 1, j_max + 1, t_max + 1), zero beyond t = i + j."""
-    zero = jnp.zeros_like(table[0][0][0])
-    return jnp.stack([jnp.stack([jnp.stack([table[a][b][t] if t < len(table[a][b]) else zero
-                                            for t in range(t_max + 1)], -1)
-                                 for b in range(j_max + 1)], -2)
-                      for a in range(i_max + 1)], -3)  # fmt: skip
 
 
 def one_electron(basis, dtype=jnp.float32, coords: np.ndarray | None = None,
@@ -289,48 +236,6 @@ def _one_electron_members(exponents, contraction, cart2sph, charges, one_centre,
 
 
 _one_electron_batch = compiled(_one_electron_members, static_argnums=(13, 14))
-
-
-@lru_cache(maxsize=None)
-def hermite_indices(order: int) -> tuple[tuple[int, int, int], ...]:
-    """The Hermite indices (t, u, v) with t + u + v <= ``order``, in a fixed order."""
-    return tuple((t, u, v) for total in range(order + 1) for t in range(total, -1, -1)
-                 for u in range(total - t, -1, -1) for v in [total - t - u])  # fmt: skip
-
-
-def hermite_coulomb(order: int, p, pc):
-    """R[t][u][v] for t + u + v <= ``order``, elementwise over arrays of one shape: ``p`` and the
-    components (x, y, z) of P - C, separate arrays (a trailing xyz axis costs XLA a strided pass)."""
-    t_arg = p * (pc[0] * pc[0] + pc[1] * pc[1] + pc[2] * pc[2])
-    # r[n][(t, u, v)]: the auxiliary R^n_{tuv}
-    parts = boys_parts(order, t_arg)
-    if order > 0:
-        # Materialise the Boys function's expensive parts (exp, erf, series): every R below reads
-        # the family, and XLA's CPU fusion would otherwise evaluate them again for each R (one
-        # fused loop computes every output element from scratch). A matmul with the identity is
-        # the one op it will not fuse into; the cheap recursions then run in each consumer.
-        parts = jnp.eye(3, dtype=t_arg.dtype) @ jnp.stack(parts, 0).reshape(3, -1)
-        parts = [part.reshape(t_arg.shape) for part in parts]
-    family = boys_recursions(order, t_arg, *parts)
-    r = {(0, 0, 0, n): (-2.0 * p) ** n * family[n] for n in range(order + 1)}
-
-    def get(t, u, v, n):
-        if min(t, u, v) < 0:
-            return 0.0
-        return r[(t, u, v, n)]
-
-    for total in range(1, order + 1):
-        for n in range(order - total + 1):
-            for t in range(total + 1):
-                for u in range(total - t + 1):
-                    v = total - t - u
-                    if t > 0:
-                        r[(t, u, v, n)] = (t - 1) * get(t - 2, u, v, n + 1) + pc[0] * get(t - 1, u, v, n + 1)
-                    elif u > 0:
-                        r[(t, u, v, n)] = (u - 1) * get(t, u - 2, v, n + 1) + pc[1] * get(t, u - 1, v, n + 1)
-                    else:
-                        r[(t, u, v, n)] = (v - 1) * get(t, u, v - 2, n + 1) + pc[2] * get(t, u, v - 1, n + 1)
-    return {(t, u, v): value for (t, u, v, n), value in r.items() if n == 0}
 
 
 def _nuclear_hermite(exponents, centres, charges, centre_shifts, atom, sites, site_pairs, order: int):

@@ -26,8 +26,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..eri import degeneracy_weights, pair_index, row_matrix, s8_accumulate, s8_to_s4, symmetrise, tril_unpack
-from ..eri import unique_quartets, unpack_pairs
+from ..packed import degeneracy_weights, pair_index, row_matrix, s8_accumulate, s8_to_s4, symmetrise, tril_unpack
+from ..packed import unique_quartets, unpack_pairs
 from ..padding import stack_padded
 from ..programs import compiled
 from .plan import TilePlan
@@ -141,7 +141,7 @@ def rows_layout_batch(shape_plans: list[TilePlan], eris: list[np.ndarray], nao: 
 
 
 def _tiled_rows(s8, placement, nao: int, nao_padded: int) -> jax.Array:
-    """:func:`~pyscf_ipu.eri.row_matrix` of one s8 array (size,) or of a batch (B, size), laid out
+    """:func:`~pyscf_ipu.packed.row_matrix` of one s8 array (size,) or of a batch (B, size), laid out
     ([B,] num_ipus, T, L, npair_pad) by the IPUs' row runs ``placement`` (:func:`row_placement`),
     which fix the plan's :func:`tile_shape` too: T tiles for the longest run, L rows for the fullest tile.
 

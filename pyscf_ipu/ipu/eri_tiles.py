@@ -36,8 +36,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..integrals.eri import EriPlan
-from ..integrals.one_electron import hermite_indices
+from ..integrals.eri_plan import EriPlan
+from ..integrals.hermite import hermite_indices
 from .model import IPUModel
 from .plan import TileMemoryError
 

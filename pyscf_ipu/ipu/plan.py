@@ -4,7 +4,7 @@ Two strategies, built from the same blocks (a contiguous balanced split of work 
 and then tiles; per-item and resident bytes; input broadcast and output exchange volumes):
 
 ``rows``
-    The symmetry-reduced J and K matrices (:func:`pyscf_ipu.eri.row_matrix`) stacked as one
+    The symmetry-reduced J and K matrices (:func:`pyscf_ipu.packed.row_matrix`) stacked as one
     (2 npair, npair) matrix ``[MJ diag(w); MK]``: each tile owns a contiguous block of its rows and
     the replicated density pairs D_p (npair values). Its compute step is one small dense
     matrix-vector product; the exchange gathers the row results (J pairs, then K pairs).

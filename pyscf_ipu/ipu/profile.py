@@ -137,7 +137,7 @@ def tile_owner_map(shape_plan: TilePlan, real_plan: TilePlan, eri_s8: np.ndarray
     [(kl), (ij)] and of the K matrix [(il), (jk)], so one panel each, in bands. ``s8``: the unique
     non-zero integrals (lower triangle, PySCF's s8 order) are dealt out to the tiles in runs.
     """
-    from ..eri import tril_unpack
+    from ..packed import tril_unpack
     from .contract import row_source, tile_shape
 
     npair = nao * (nao + 1) // 2

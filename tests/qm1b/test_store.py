@@ -386,7 +386,7 @@ def pause(shard):
     print("replaced", flush=True)
     time.sleep(60)
 
-store._on_merge_replaced = pause  # between publishing the merged file and deleting its parts
+store.writer._on_merge_replaced = pause  # between publishing the merged file and deleting its parts
 writer = store.ShardWriter(sys.argv[1], settings=SETTINGS, versions=VERSIONS)
 for k in range(3):
     writer.commit(*make_batch(k))
@@ -606,7 +606,7 @@ def test_read_only_directory_is_one_storage_error(tmp_path):
 def test_write_errors_without_a_small_disk(tmp_path, monkeypatch, code):
     """The same StorageError where no tmpfs can be mounted (a full disk, simulated), and for a
     permission error (which root, running this suite in CI, never meets)."""
-    import qm1b.store as store
+    from qm1b.store import writer as store_writer
 
     write(tmp_path, range(2), close=False)
     writer = ShardWriter(tmp_path, settings=SETTINGS, versions=VERSIONS, resume=True)
@@ -614,7 +614,7 @@ def test_write_errors_without_a_small_disk(tmp_path, monkeypatch, code):
     def refuse(*args, **kwargs):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(store, "_write_atomically", refuse)
+    monkeypatch.setattr(store_writer, "_write_atomically", refuse)
     with pytest.raises(StorageError, match=f"cannot write to {tmp_path}: {os.strerror(code)}"):
         writer.commit(*make_batch(2))
     writer.abandon()

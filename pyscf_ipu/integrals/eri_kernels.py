@@ -1,0 +1,207 @@
+r"""The ERI kernels: the values of an :mod:`.eri_plan`'s quartet tiles, by McMurchie-Davidson, in JAX.
+
+For primitive Gaussians with product centres P (exponents a + b = p) and Q (c + d = q),
+
+.. math::
+
+    (ab|cd) = \frac{2\pi^{5/2}}{pq\sqrt{p+q}} \sum_{tuv} E^{ab}_{tuv}
+              \sum_{\tau\nu\phi} (-1)^{\tau+\nu+\phi} E^{cd}_{\tau\nu\phi}\,
+              R_{t+\tau,u+\nu,v+\phi}(\alpha, \mathbf{R}_{PQ}), \qquad \alpha = \frac{pq}{p+q},
+
+with the Hermite expansion coefficients E (products of the per-axis E^{ij}_t) and the Hermite
+Coulomb integrals R of :mod:`.hermite` (McMurchie and Davidson, J. Comput. Phys. 26, 218 (1978);
+Helgaker, Jorgensen and Olsen, *Molecular Electronic-Structure Theory*, 9.9).
+
+Two programs: the **pair stage** forms, per shell pair and primitive pair, the Hermite matrix E
+(spherical AO pair, t u v) with the contraction coefficients and the Cartesian-to-spherical
+transform folded in; the **quartet stage** runs one kernel per quartet class over its tiles
+(``lax.map``, so memory stays bounded), each tile three matmuls and flat elementwise loops laid out
+for XLA's CPU backend, and scatters the values into the s8 array. Tiles with nothing to compute
+(the padding of a size bucket's tile grid) are skipped at run time.
+
+Geometry enters through differences: A - C between atoms from a float64 host table, and P - A =
+-(b/p)(A - B), so a quartet on one atom sees exactly zero displacements in float32 as well.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..programs import MappingBudget, compiled
+from .basis import cartesian_powers
+from .eri_plan import TILE, EriPlan, PairClass, cartesian_functions, cartesian_to_spherical
+from .hermite import PairFactors, hermite_coefficients, hermite_coulomb, hermite_indices, stack_hermite
+
+
+@lru_cache(maxsize=None)
+def _hermite_gather(la: tuple[int, ...], lb: tuple[int, ...]):
+    """Index arrays (3 axes) of shape (C_a C_b, H) into a stacked E table (i, j, t), for the Hermite matrix."""
+    hermite = hermite_indices(max(la) + max(lb))
+    rows = [(pa, pb) for pa in cartesian_functions(la) for pb in cartesian_functions(lb)]
+    return tuple(
+        (np.array([[pa[axis] for _ in hermite] for pa, _ in rows], np.int32),
+         np.array([[pb[axis] for _ in hermite] for _, pb in rows], np.int32),
+         np.array([[h[axis] for h in hermite] for _ in rows], np.int32))
+        for axis in range(3)
+    )  # fmt: skip
+
+
+@lru_cache(maxsize=None)
+def _coulomb_pairs(bra_order: int, ket_order: int) -> np.ndarray:
+    """(H_ket, H_bra): the position among R's Hermite indices of h + g, for ket index g and bra index h."""
+    position = {h: n for n, h in enumerate(hermite_indices(bra_order + ket_order))}
+    return np.array([[position[(h[0] + g[0], h[1] + g[1], h[2] + g[2])] for h in hermite_indices(bra_order)]
+                     for g in hermite_indices(ket_order)], np.int32)  # fmt: skip
+
+
+def pair_factors(plan: EriPlan, c: PairClass):
+    """Host float64 -> (PairFactors, p, c_a c_b / p) for the primitive pairs of a class: (n, K2) each but
+    the last, (n, K2, C_a C_b) with the coefficients of each pair of Cartesian functions."""
+    sh = plan.shells
+    n = len(c.first)
+    a, b = sh.exponents[c.first, : c.ka, None], sh.exponents[c.second, None, : c.kb]  # (n, ka, 1), (n, 1, kb)
+    p = a + b
+    flat = lambda x: np.broadcast_to(x, (n, c.ka, c.kb)).reshape(n, -1)  # noqa: E731
+
+    def cartesian(shell, components, k):  # (n, K, C): each Cartesian function's coefficients, by component
+        return np.concatenate([np.repeat(sh.coefficients[shell, m, :k, None], len(cartesian_powers(l)), axis=2)
+                               for m, l in enumerate(components)], 2)  # fmt: skip
+
+    ca, cb = cartesian(c.first, c.la, c.ka), cartesian(c.second, c.lb, c.kb)
+    coef = ca[:, :, None, :, None] * cb[:, None, :, None, :] / p[..., None, None]  # (n, ka, kb, C_a, C_b)
+    return PairFactors(*(flat(x) for x in (0.5 / p, a / p, b / p, a * b / p))), flat(p), coef.reshape(n, c.ka * c.kb, -1)
+
+
+def _pair_data(la, lb, factors: PairFactors, p, scale, ab):
+    """Per shell pair and primitive pair: the Hermite matrix (n, K2, S_a S_b, H) with the coefficients,
+    1/p and the spherical transform folded in; P - A as (3, n, K2)."""
+    n, k2 = p.shape
+    top_a, top_b = max(la), max(lb)
+    e = None
+    for axis, (i, j, t) in enumerate(_hermite_gather(la, lb)):
+        table = hermite_coefficients(top_a, top_b, factors, ab[:, None, axis])
+        factor = stack_hermite(table, top_a, top_b, top_a + top_b)[:, :, i, j, t]  # (n, K2, C_a C_b, H)
+        e = factor if e is None else e * factor
+    e = e * scale[:, :, :, None]
+    h = e.shape[-1]
+    sa, sb = cartesian_to_spherical(la), cartesian_to_spherical(lb)
+    e = e.reshape(n, k2, sa.shape[0], sb.shape[0], h)
+    e = jnp.einsum("nkabh,as,bt->nksth", e, jnp.asarray(sa, e.dtype), jnp.asarray(sb, e.dtype))
+    pa = -factors.b_frac[None] * ab.T[:, :, None]  # (3, n, K2)
+    return e.reshape(n, k2, -1, h), pa
+
+
+def _ket_signed(ket_order: int, e_ket):
+    """The ket's Hermite matrix with the signs (-1)^(tau + nu + phi) of the Coulomb contraction, per ket
+    pair as (n, Y, K2k H_k), the layout of a tile's matmul against R."""
+    n, k2, y, h = e_ket.shape
+    sign = jnp.asarray([(-1.0) ** sum(g) for g in hermite_indices(ket_order)], e_ket.dtype)  # (H_k,)
+    return (e_ket * sign).transpose(0, 2, 1, 3).reshape(n, y, k2 * h)
+
+
+def _tile(bra_order, ket_order, bra, ket, signed):
+    """(I, S_a S_b, J, S_c S_d) ERIs of one TILE x TILE square of quartets, from the data of its I bra
+    pairs (E (I, K2b, S_ab, H_b), p (I, K2b), P - A (3, I, K2b)) and J ket pairs (p (J, K2k), P - A
+    (3, J, K2k), the signed Hermite matrices of :func:`_ket_signed`, and A - C (J, I, 3)).
+
+    Primitive quartets are laid out (J, K2k, I K2b): XLA's CPU loops vectorise along the last axis
+    only, and this one is long. R (with the prefactor) is laid out as G[(l, g), (h, i, k)] =
+    R_{h+g}(ket primitive pair l, bra pair i, bra primitive pair k), which the ket's signed Hermite
+    matrices contract in one matmul per ket pair, (Y, K2k H_k) x (K2k H_k, H_b I K2b); then the
+    bra's Hermite matrices contract the result.
+    """
+    e_b, p_b, pa_b = bra
+    p_k, pa_k, ket_tile, ac = ket
+    m = jax.lax.dynamic_index_in_dim(signed, ket_tile, keepdims=False)  # (J, Y, K2k H_k)
+    j, kk = p_k.shape
+    i, kb = p_b.shape
+    # Every primitive quartet's P - Q (x, y, z), as a batched matmul of pair factors per ket pair,
+    # (K2k, 2) x (2, I K2b): it writes them flat and contiguous, where broadcasting costs XLA index
+    # arithmetic per element. P - Q = ((A - C) + (P - A))
+    # - (Q - C), A - C from the host's float64 table; the products are by 1, so the sums are those
+    # of the elementwise form.
+    dtype = pa_b.dtype
+    bra_part = ac.transpose(2, 0, 1)[..., None] + pa_b[:, None]  # (3, J, I, K2b)
+    left = jnp.stack([jnp.ones((3, j, kk), dtype), -pa_k], -1)  # (3, J, K2k, 2)
+    right = jnp.stack([bra_part.reshape(3, j, -1), jnp.ones((3, j, i * kb), dtype)], 2)  # (3, J, 2, I K2b)
+    pq = jnp.matmul(left, right).reshape(3, -1)  # (3, M), M = J K2k I K2b
+    # p + q and pq the same way; they do not depend on the geometry (computed once for all conformers)
+    left = jnp.stack([p_k.reshape(-1), jnp.ones(j * kk, p_k.dtype)], -1)  # (J K2k, 2)
+    total = (left @ jnp.stack([jnp.ones(i * kb, p_b.dtype), p_b.reshape(-1)])).reshape(-1)
+    product = (p_k.reshape(-1, 1) @ p_b.reshape(1, -1)).reshape(-1)
+    alpha, weight = product / total, 2.0 * math.pi**2.5 / jnp.sqrt(total)
+    r = hermite_coulomb(bra_order + ket_order, alpha, pq)
+    indices = hermite_indices(bra_order + ket_order)
+    r = [jnp.broadcast_to(r[h] * weight, alpha.shape).reshape(j, kk, 1, -1) for h in indices]
+    pairs = _coulomb_pairs(bra_order, ket_order)  # (H_k, H_b)
+    # laid out by concatenation, which XLA fuses better than a gather of the (h + g) positions
+    g = jnp.concatenate([r[n] for n in pairs.ravel()], 2)  # (J, K2k, H_k H_b, I K2b)
+    t = jnp.matmul(m, g.reshape(j, kk * pairs.shape[0], -1))  # (J, Y, H_b I K2b)
+    t = t.reshape(j, -1, pairs.shape[1], i, kb)
+    return jnp.einsum("jyhik,ikxh->ixjy", t, e_b)
+
+
+def _by_tile(x, index, axis=0):
+    """The rows of ``x`` (along ``axis``) of tiles ``index`` (T,): (T, ..., TILE, ...) with T leading."""
+    shape = x.shape[:axis] + (-1, TILE) + x.shape[axis + 1 :]
+    # indices are in range by construction: clip spares the out-of-range select of the default mode
+    return jnp.moveaxis(jnp.take(x.reshape(shape), index, axis=axis, mode="clip"), axis, 0)
+
+
+def pair_stage(pair_l, pair_arrays, shifts, dtype: str):
+    """Per pair class: (Hermite matrices, p, P - A, first atom), from the atoms' differences ``shifts``,
+    rounded to ``dtype`` inside the program (cast outside it, each cast would be a program of its own)."""
+    data = []
+    for (la, lb), ((half, a_frac, b_frac, mu), p, scale, atom_a, atom_b) in zip(pair_l, pair_arrays):
+        factors = PairFactors(half, a_frac, b_frac, mu)
+        e, pa = _pair_data(la, lb, factors, p, scale, shifts[atom_a, atom_b])
+        data.append((e.astype(dtype), p.astype(dtype), pa.astype(dtype), atom_a))
+    return tuple(data)
+
+
+def quartet_stage(static, quartet_arrays, one_centre, data, shifts):
+    """The s8 array: the one-centre constants, then every quartet class's tiles (those with nothing
+    to compute, the padding of a size bucket's full tile grids, are skipped)."""
+    pair_l, quartet_classes, size = static
+    one_centre_index, one_centre_value = one_centre
+    out = jnp.zeros(size, shifts.dtype).at[one_centre_index].set(one_centre_value.astype(shifts.dtype), mode="drop")
+    for (x, y), (tiles, active, destination) in zip(quartet_classes, quartet_arrays):
+        orders = tuple(max(la) + max(lb) for la, lb in (pair_l[x], pair_l[y]))  # Hermite orders of bra, ket
+        (e_bra, p_bra, pa_bra, atom_bra), (e_ket, p_ket, pa_ket, atom_ket) = data[x], data[y]
+        # each tile's pairs gathered up front: the kernel then only reads its own slice
+        bra = (_by_tile(e_bra, tiles[:, 0]), _by_tile(p_bra, tiles[:, 0]), _by_tile(pa_bra, tiles[:, 0], 1))
+        ac = shifts[_by_tile(atom_bra, tiles[:, 0])[:, None, :], _by_tile(atom_ket, tiles[:, 1])[:, :, None]]  # (T, J, I, 3)
+        ket = (_by_tile(p_ket, tiles[:, 1]), _by_tile(pa_ket, tiles[:, 1], 1), tiles[:, 1], ac)
+        # the ket's signed Hermite matrices (Y x K2k H_k per pair): indexed per tile, not copied per tile
+        signed = _ket_signed(orders[1], e_ket)
+        signed = signed.reshape(-1, TILE, *signed.shape[1:])
+        shape = (TILE, e_bra.shape[2], TILE, e_ket.shape[2])
+
+        def tile(arguments, orders=orders, signed=signed, shape=shape):
+            work, bra_tile, ket_tile = arguments
+            return jax.lax.cond(work, lambda: _tile(*orders, bra_tile, ket_tile, signed),
+                                lambda: jnp.zeros(shape, shifts.dtype))  # fmt: skip
+
+        # checkpointed: a gradient recomputes each tile instead of keeping every tile's Boys values
+        values = jax.lax.map(jax.checkpoint(tile), (active, bra, ket))
+        out = out.at[destination].set(values.reshape(-1), mode="drop", unique_indices=True)
+    return out
+
+
+# Conformers vmapped: the pair stage is small and elementwise.
+pair_program = compiled(
+    lambda pair_l, arrays, shifts, dtype: jax.vmap(lambda a, s: pair_stage(pair_l, a, s, dtype))(arrays, shifts),
+    static_argnums=(0, 3), name="eri_pairs")
+# Conformers one after another inside the program (lax.map), not vmapped into every tile: a tile's
+# arrays then stay cache-sized.
+quartet_program = compiled(
+    lambda static, quartet_arrays, one_centre, data, shifts: jax.lax.map(
+        lambda member: quartet_stage(static, *member), (quartet_arrays, one_centre, data, shifts)),
+    static_argnums=0, name="eri_quartets",
+    # a 6-31G* program holds thousands of memory mappings: drop old ones before the process nears its limit
+    budget=MappingBudget(share=0.5, fallback=3))

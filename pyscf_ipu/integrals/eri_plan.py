@@ -1,0 +1,328 @@
+r"""The ERI plan: which shell quartets the kernels evaluate, in which tiles, and where each value goes.
+
+Built once per basis (on the host, in numpy); :mod:`.eri_kernels` evaluates it and :mod:`.eri` runs it.
+
+- **Shells** here are the functions of one atom that share their exponents (:class:`Shells`): a
+  Pople sp shell is one shell with an s and a p component, so a quartet's primitive quartets, Boys
+  functions and Hermite integrals serve all its components.
+- **Shell pairs** (a >= b in PySCF's shell order, swapped so that (l_a, K_a) >= (l_b, K_b), which
+  the packed symmetric output does not see) are grouped in classes (l_a, K_a, l_b, K_b) of
+  components and primitive counts, so that no shell is padded to another's primitive count.
+- **Shell quartets** (bra pair >= ket pair) are grouped in classes (bra class, ket class), each cut
+  into **tiles**: squares of :data:`TILE` bra x :data:`TILE` ket pairs. The tile plan of the
+  simulated IPU (:mod:`pyscf_ipu.ipu.eri_tiles`) hands out the same squares.
+- **Destinations:** the spherical values go straight into PySCF's 8-fold packed layout
+  (``mol.intor("int2e", aosym="s8")``) through indices computed here; repeats, padding and
+  one-centre quartets go to :data:`NOWHERE`.
+- **One-centre quartets** (all four shells on one atom) do not depend on the geometry and hold the
+  largest integrals, so they are constants of the plan, from libcint in float64 (:func:`_one_centre`).
+- **Shared shapes:** pair rows, tiles, atoms, one-centre constants and the s8 length are rounded up
+  to buckets (:func:`~pyscf_ipu.padding.bucket`), or taken from a size bucket's
+  :class:`EriCapacity`, so that molecules of similar size run one compiled program.
+- **No screening:** every shell and primitive quartet is computed, so the plan depends on the basis
+  and not on the geometry (``docs/decisions/eri-screening.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import scipy.linalg
+from pyscf import gto
+
+from ..padding import bucket
+from .basis import cartesian_powers, contracted_shells
+
+TILE = 16  # pairs per side of a tile: a kernel call computes TILE x TILE shell quartets
+NOWHERE = np.iinfo(np.int32).max  # the destination of values to discard: beyond any s8 array
+
+
+def padded_s8_size(size: int) -> int:
+    """The s8 array's length as computed: ``size`` bucketed (the tail beyond ``size`` is cut off)."""
+    return bucket(size, minimum=1024)
+
+
+def cartesian_functions(components: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """The Cartesian powers of a shell's functions: its components' in turn, each in PySCF's order."""
+    return [power for l in components for power in cartesian_powers(l)]
+
+
+def spherical_count(components: tuple[int, ...]) -> int:
+    return sum(2 * l + 1 for l in components)
+
+
+@lru_cache(maxsize=None)
+def cartesian_to_spherical(components: tuple[int, ...]) -> np.ndarray:
+    """(Cartesian, spherical) transform of a shell's functions, with libcint's normalisation (s and p
+    included): block-diagonal, a block per component."""
+    return scipy.linalg.block_diag(*(np.asarray(gto.cart2sph(l)) for l in components))
+
+
+@dataclass(frozen=True)
+class Shells:
+    """The basis as ERI shells: the contracted functions of one atom that share their exponents are
+    one row, with a component per function. A Pople sp shell (STO-3G's and 6-31G's valence shells)
+    is one row with components s and p, a general contraction one row with a component per
+    contracted function. A quartet of rows then evaluates its primitive quartets, Boys functions and
+    Hermite integrals once for all its components. Primitives are padded to K, components to C."""
+
+    components: tuple[tuple[int, ...], ...]  # (S,) the components' angular momenta, in PySCF's AO order
+    atom: np.ndarray  # (S,) atom index
+    nprim: np.ndarray  # (S,) primitives
+    exponents: np.ndarray  # (S, K); padding repeats the first exponent (its coefficients are 0)
+    coefficients: np.ndarray  # (S, C, K) PySCF's (radially normalised) contraction coefficients; 0 on padding
+    offset: np.ndarray  # (S, C) first spherical AO of each component; 0 on padding
+
+
+def shells_of(mol: gto.Mole) -> Shells:
+    """``mol``'s shells, those of one atom with the same exponents merged into one row."""
+    rows: dict[tuple[int, bytes], tuple[int, np.ndarray, list]] = {}
+    ao_loc = mol.ao_loc_nr()
+    for shell, l, atom, exps, coeff in contracted_shells(mol):
+        _, _, functions = rows.setdefault((atom, np.asarray(exps, np.float64).tobytes()), (atom, exps, []))
+        functions += [(l, coeff[c], ao_loc[shell] + c * (2 * l + 1)) for c in range(len(coeff))]
+    rows = list(rows.values())
+    k = max(len(exps) for _, exps, _ in rows)
+    c = max(len(functions) for _, _, functions in rows)
+    exponents, coefficients, offset = np.zeros((len(rows), k)), np.zeros((len(rows), c, k)), np.zeros((len(rows), c), int)
+    for s, (_, exps, functions) in enumerate(rows):
+        exponents[s] = exps[0]
+        exponents[s, : len(exps)] = exps
+        for m, (_, coeff, first) in enumerate(functions):
+            coefficients[s, m, : len(coeff)] = coeff
+            offset[s, m] = first
+    return Shells(
+        components=tuple(tuple(l for l, _, _ in functions) for _, _, functions in rows),
+        atom=np.array([atom for atom, _, _ in rows]),
+        nprim=np.array([len(exps) for _, exps, _ in rows]),
+        exponents=exponents,
+        coefficients=coefficients,
+        offset=offset,
+    )
+
+
+def _packed(i, j):
+    """Index of (i, j) in a packed lower triangle (either order)."""
+    hi, lo = np.maximum(i, j), np.minimum(i, j)
+    return hi * (hi + 1) // 2 + lo
+
+
+@dataclass(frozen=True)
+class PairClass:
+    """Shell pairs (a, b) with components (la, lb) and primitive counts (ka, kb), (la, ka) >= (lb, kb).
+
+    The rows are padded to a bucketed number of whole tiles (:func:`~pyscf_ipu.padding.bucket`) by
+    repeating the first pair (its quartets go nowhere), so that molecules of similar size share shapes.
+    """
+
+    la: tuple[int, ...]  # the components' angular momenta
+    lb: tuple[int, ...]
+    ka: int
+    kb: int
+    count: int  # real pairs: rows [0, count)
+    first: np.ndarray  # (n,) shell a, n a multiple of TILE
+    second: np.ndarray  # (n,) shell b
+
+    @property
+    def order(self) -> int:
+        """The highest Hermite order of the pair's products: l_a + l_b of its highest components."""
+        return max(self.la) + max(self.lb)
+
+    @property
+    def functions(self) -> int:
+        """Spherical AO products per pair, S_a S_b."""
+        return spherical_count(self.la) * spherical_count(self.lb)
+
+
+@dataclass(frozen=True)
+class QuartetClass:
+    """The shell quartets (bra pair | ket pair) of two pair classes, as TILE x TILE squares of pairs."""
+
+    bra: int  # pair class of the bra
+    ket: int  # pair class of the ket
+    tiles: np.ndarray  # (T, 2) bra tile and ket tile of each square: rows TILE * tile + (0 .. TILE)
+    destination: np.ndarray  # (T, TILE, S_a S_b, TILE, S_c S_d) index into the s8 array; NOWHERE for nothing
+
+    def quartets(self) -> tuple[np.ndarray, np.ndarray]:
+        """(bra rows, ket rows) of the quartets with values to write, in kernel order."""
+        real = (self.destination != NOWHERE).any((2, 4))  # (T, I, J)
+        bra = TILE * self.tiles[:, 0, None, None] + np.arange(TILE)[None, :, None]
+        ket = TILE * self.tiles[:, 1, None, None] + np.arange(TILE)[None, None, :]
+        bra, ket = np.broadcast_arrays(bra, ket)
+        return bra[real], ket[real]
+
+
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: device arrays are cached per plan
+class EriPlan:
+    """Which shell quartets each class kernel evaluates, and where their values go (built once per basis)."""
+
+    shells: Shells
+    pairs: tuple[PairClass, ...]
+    quartets: tuple[QuartetClass, ...]
+    nao: int  # AOs of the s8 array written: the molecule's, or its bucket's (the extra AOs' integrals are 0)
+    size: int  # entries of that s8 array
+    natm: int  # the molecule's atoms
+    one_centre_index: np.ndarray  # (M,) s8 positions of the integrals with all four AOs on one atom
+    one_centre_value: np.ndarray  # (M,) their values (float64, from libcint: they do not depend on geometry)
+    padded_natm: int  # atoms as computed (the extra atoms are at the origin and own no shell)
+    padded_size: int  # the s8 array as computed (the tail beyond ``size`` is cut off)
+    one_centre_count: int  # the one-centre constants' capacity
+
+
+@dataclass(frozen=True)
+class EriCapacity:
+    """The shapes of a size bucket's ERI plans (:func:`eri_capacity` of its template molecule): every
+    plan made with it has these pair classes with these padded row counts, full tile grids and these
+    sizes, so all molecules of the bucket run one program and may share a batch."""
+
+    classes: tuple[tuple, ...]  # (l_a, K_a, l_b, K_b) of each pair class, in order
+    rows: tuple[int, ...]  # padded rows (pairs) of each class, multiples of TILE
+    nao: int
+    natm: int
+    one_centre: int
+
+
+def _pair_classes(shells: Shells) -> dict[tuple, list[tuple[int, int]]]:
+    """Shell pairs by class (l_a, K_a, l_b, K_b), (l_a, K_a) >= (l_b, K_b), sorted by class."""
+    # classes by components and primitive counts: padding a 1-primitive shell to the 6 of a
+    # 6-31G core shell would multiply its primitive quartets by up to 36
+    kind = list(zip(shells.components, shells.nprim.tolist()))  # (components, K) per shell
+    by_class: dict[tuple, list[tuple[int, int]]] = {}
+    for a in range(len(shells.atom)):
+        for b in range(a + 1):
+            first, second = (a, b) if kind[a] >= kind[b] else (b, a)
+            by_class.setdefault(kind[first] + kind[second], []).append((first, second))
+    return dict(sorted(by_class.items()))
+
+
+def _one_centre_count(mol: gto.Mole) -> int:
+    """Integrals with all four AOs on one atom: p(p+1)/2 for the p = n(n+1)/2 AO pairs of each atom."""
+    pairs = [(a1 - a0) * (a1 - a0 + 1) // 2 for _, _, a0, a1 in mol.aoslice_by_atom()]
+    return sum(p * (p + 1) // 2 for p in pairs)
+
+
+def eri_capacity(template: gto.Mole) -> EriCapacity:
+    """The ERI shapes of the size bucket whose template molecule is ``template``."""
+    by_class = _pair_classes(shells_of(template))
+    rows = tuple(TILE * bucket(-(-len(m) // TILE), minimum=1) for m in by_class.values())
+    return EriCapacity(tuple(by_class), rows, template.nao_nr(), template.natm, _one_centre_count(template))
+
+
+def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None) -> EriPlan:
+    """Group ``mol``'s shell pairs and quartets into classes and tiles and work out the s8 destinations.
+
+    Without ``capacity``, every count is rounded up to its own bucket (:func:`~pyscf_ipu.padding.bucket`)
+    and tiles without a quartet to compute are left out. With the ``capacity`` of ``mol``'s size
+    bucket, the plan takes the bucket's shapes: its classes' row counts, every tile of each quartet
+    class (a tile with nothing to compute is skipped by the kernel at run time), and the s8 array of
+    the bucket's AOs, of which ``mol``'s is the leading part.
+    """
+    shells = shells_of(mol)
+    nao = mol.nao_nr() if capacity is None else capacity.nao
+    npair = nao * (nao + 1) // 2
+    size = npair * (npair + 1) // 2
+    if padded_s8_size(size) >= NOWHERE:
+        raise ValueError(f"{nao} AOs: the s8 ERI array ({size:,} entries) exceeds 32-bit indexing")
+    by_class = _pair_classes(shells)
+    if capacity is not None and (tuple(by_class) != capacity.classes or mol.natm > capacity.natm
+                                 or any(len(m) > r for m, r in zip(by_class.values(), capacity.rows))):  # fmt: skip
+        raise ValueError("the molecule does not fit the ERI capacity of this size bucket")
+    pairs = []
+    for k, ((la, ka, lb, kb), members) in enumerate(by_class.items()):
+        rows = np.array(members)
+        padded = TILE * bucket(-(-len(rows) // TILE), minimum=1) if capacity is None else capacity.rows[k]
+        rows = np.concatenate([rows, np.repeat(rows[:1], padded - len(rows), axis=0)])
+        pairs.append(PairClass(la, lb, ka, kb, len(members), rows[:, 0], rows[:, 1]))
+    quartets = []
+    for x in range(len(pairs)):
+        for y in range(x + 1):
+            quartet = _quartet_class(shells, pairs, x, y, every_tile=capacity is not None)
+            if quartet is not None:
+                quartets.append(quartet)
+    index, value = _one_centre(mol)
+    if capacity is None:
+        padded_natm, one_centre = bucket(mol.natm, minimum=4), len(index)
+    else:
+        padded_natm, one_centre = capacity.natm, capacity.one_centre
+    return EriPlan(shells, tuple(pairs), tuple(quartets), nao, size, mol.natm, index, value, padded_natm,
+                   padded_s8_size(size), one_centre)  # fmt: skip
+
+
+def _quartet_class(shells: Shells, pairs, x: int, y: int, every_tile: bool = False) -> QuartetClass | None:
+    """The tiles of the quartets (class x | class y), x >= y; None if none of them is computed
+    (``every_tile``: all tiles, those with nothing to compute included, so the shape is the classes').
+
+    A quartet is computed unless it is padding, a repeat ((ij|kl) with kl > ij within one class)
+    or one-centre (all four shells on one atom: a constant of the plan, see :func:`_one_centre`).
+    """
+    bra, ket = pairs[x], pairs[y]
+    ti, tj = np.meshgrid(np.arange(len(bra.first) // TILE), np.arange(len(ket.first) // TILE), indexing="ij")
+    tiles = np.stack([ti.ravel(), tj.ravel()], 1)
+    if x == y:
+        tiles = tiles[tiles[:, 0] >= tiles[:, 1]]
+    bi = TILE * tiles[:, 0, None, None] + np.arange(TILE)[None, :, None]  # (T, I, 1)
+    ki = TILE * tiles[:, 1, None, None] + np.arange(TILE)[None, None, :]  # (T, 1, J)
+    bi, ki = np.broadcast_arrays(bi, ki)  # (T, I, J)
+    keep = (bi < bra.count) & (ki < ket.count)
+    if x == y:
+        keep &= bi >= ki
+    atoms = [shells.atom[c.first[rows]] for c, rows in ((bra, bi), (ket, ki))]
+    atoms += [shells.atom[c.second[rows]] for c, rows in ((bra, bi), (ket, ki))]
+    keep &= ~((atoms[0] == atoms[1]) & (atoms[0] == atoms[2]) & (atoms[0] == atoms[3]))
+    used = keep.any((1, 2)) | every_tile
+    if not used.any():
+        return None
+    tiles, bi, ki, keep = tiles[used], bi[used], ki[used], keep[used]
+    destination = _destinations(shells, bra, ket, bi.ravel(), ki.ravel(), x == y)  # (T I J, S_ab, S_cd)
+    destination[~keep.ravel()] = NOWHERE
+    t, n = len(tiles), TILE
+    destination = destination.reshape(t, n, n, *destination.shape[1:]).transpose(0, 1, 3, 2, 4)
+    return QuartetClass(x, y, tiles.astype(np.int32), np.ascontiguousarray(destination))
+
+
+def _one_centre(mol: gto.Mole) -> tuple[np.ndarray, np.ndarray]:
+    """The s8 positions and float64 values of every ERI with all four AOs on one atom.
+
+    These do not depend on the geometry, so libcint evaluates them once per plan; they are also
+    the largest ERIs (core orbitals, up to ~5 Hartree), where float32's last digit alone is 5e-7,
+    and the device path could not meet 1e-6 on them after summing hundreds of primitive terms.
+    """
+    index, value = [], []
+    blocks: dict[str, np.ndarray] = {}  # by atom symbol: atoms of one symbol have one basis
+    for atom, (shell_start, shell_stop, ao_start, ao_stop) in enumerate(mol.aoslice_by_atom()):
+        if shell_stop == shell_start:
+            continue
+        symbol = mol.atom_symbol(atom)
+        if symbol not in blocks:
+            blocks[symbol] = mol.intor("int2e", shls_slice=(shell_start, shell_stop) * 4)  # (n, n, n, n)
+        block = blocks[symbol]
+        aos = np.arange(ao_start, ao_stop)
+        mu, nu = np.tril_indices(len(aos))
+        ij = _packed(aos[mu], aos[nu])
+        left, right = np.tril_indices(len(ij))
+        index.append(_packed(ij[left], ij[right]))
+        value.append(block[mu[left], nu[left], mu[right], nu[right]])
+    return np.concatenate(index).astype(np.int32), np.concatenate(value)
+
+
+def _destinations(shells: Shells, bra: PairClass, ket: PairClass, bi, ki, same_class: bool) -> np.ndarray:
+    """(Q, S_a S_b, S_c S_d) s8 index of every value of every quartet; NOWHERE for the repeats."""
+    def functions(shell, components):  # (Q, S): the spherical AOs of each shell's components in turn
+        return np.concatenate([shells.offset[shell, c, None] + np.arange(2 * l + 1) for c, l in enumerate(components)], 1)
+
+    def aos(pair: PairClass, rows):
+        a, b = pair.first[rows], pair.second[rows]
+        mu, nu = np.broadcast_arrays(functions(a, pair.la)[:, :, None], functions(b, pair.lb)[:, None, :])  # (Q, S_a, S_b)
+        # a shell with itself: (mu, nu) and (nu, mu) are one value; keep mu >= nu
+        repeat = (a == b)[:, None, None] & (mu < nu)
+        return _packed(mu, nu).reshape(len(rows), -1), repeat.reshape(len(rows), -1)
+
+    ij, repeat_bra = aos(bra, bi)
+    kl, repeat_ket = aos(ket, ki)
+    index = _packed(ij[:, :, None], kl[:, None, :])
+    repeat = repeat_bra[:, :, None] | repeat_ket[:, None, :]
+    if same_class:  # a pair with itself: (ij|kl) and (kl|ij) are one value; keep ij >= kl
+        repeat |= (bi == ki)[:, None, None] & (ij[:, :, None] < kl[:, None, :])
+    return np.where(repeat, NOWHERE, index).astype(np.int32)  # plan_eri refuses sizes beyond int32

@@ -1,0 +1,65 @@
+"""Parquet export of a dataset, with the QM1B column names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..schema import QM1B_COLUMNS, RecordBatch
+from .files import _discard, _publish, _tmp, _writing
+from .reader import open_dataset
+
+
+def _parquet_schema(pa):
+    types = {
+        "smile": pa.string(),
+        "atoms": pa.string(),
+        "z": pa.list_(pa.int8()),
+        "pos": pa.list_(pa.float32()),  # x0, y0, z0, x1, ... (Bohr)
+        "energy": pa.float64(),
+        "homo": pa.float64(),
+        "lumo": pa.float64(),
+        "y": pa.float64(),
+        "N": pa.int32(),
+        "std": pa.float64(),
+    }
+    return pa.schema([(name, types[name]) for name in QM1B_COLUMNS])
+
+
+def _to_arrow(batch: RecordBatch, schema, pa):
+    off = batch.atom_offsets().astype(np.int32)  # a batch never exceeds READ_BLOCK records
+    arrays = {
+        "z": pa.ListArray.from_arrays(pa.array(off), pa.array(batch.z, pa.int8())),
+        "pos": pa.ListArray.from_arrays(pa.array(off * 3), pa.array(batch.pos.reshape(-1), pa.float32())),
+    }
+    for name in QM1B_COLUMNS:
+        if name not in arrays:
+            arrays[name] = pa.array(batch.columns[name], schema.field(name).type)
+    return pa.Table.from_arrays([arrays[n] for n in QM1B_COLUMNS], schema=schema)
+
+
+def export_parquet(directory: Path | str, path: Path | str) -> Path:
+    """Write one Parquet file with exactly the QM1B columns, in order (atomically); the schema's
+    metadata holds the dataset's settings and versions as JSON (``qm1b.settings``, ``qm1b.versions``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    tmp = _tmp(path)
+    try:
+        with open_dataset(directory) as ds:
+            # the labels' settings (functional, basis, grid, ...) and versions travel with the columns
+            schema = _parquet_schema(pa).with_metadata(
+                {f"qm1b.{key}": json.dumps(ds.attrs[key], sort_keys=True) for key in ("settings", "versions")})
+            with _writing(path.parent), pq.ParquetWriter(tmp, schema, compression="zstd") as out:
+                for batch in ds.iter_batches():
+                    if len(batch):
+                        out.write_table(_to_arrow(batch, schema, pa))
+        with _writing(path.parent):
+            _publish(tmp, path)
+    except BaseException:
+        _discard(tmp)
+        raise
+    return path

@@ -1,0 +1,156 @@
+"""The HDF5 layout shared by shard and part files: creating, appending, reading (see the package doc)."""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable, Iterator
+
+import h5py
+import numpy as np
+
+from ..schema import SCALAR_COLUMNS, FORCES_DTYPE, SCHEMA_VERSION, STRING_DTYPE, Failure, RecordBatch
+
+
+FAILURE_COLUMNS: dict[str, np.dtype] = {
+    "input": STRING_DTYPE,
+    "reason": STRING_DTYPE,
+    "molecule_id": np.dtype(np.int64),
+    "conformer_id": np.dtype(np.int32),
+}
+RECORD_CHUNK = 16384  # records per HDF5 chunk (at most)
+ATOM_CHUNK = 65536  # atoms per HDF5 chunk (at most)
+READ_BLOCK = 65536  # records read at a time when streaming
+
+
+GZIP_LEVEL = 4
+LIBVER = ("v108", "latest")  # v1.8+ object headers: attributes (merged_parts) may exceed 64 KiB
+
+
+def _create_layout(f: h5py.File, n_records: int, n_atoms: int, n_failures: int, forces: bool = False) -> None:
+    """Empty resizable datasets (``forces`` too if asked); the sizes only choose the chunk shapes."""
+    rec = f.create_group("records")
+    for name, dtype in SCALAR_COLUMNS.items():
+        _create(rec, name, dtype, min(n_records, RECORD_CHUNK))
+    _create(rec, "natoms", np.dtype(np.int32), min(n_records, RECORD_CHUNK))
+    _create(rec, "atom_offset", np.dtype(np.int64), min(n_records, RECORD_CHUNK))
+    _create(rec, "z", np.dtype(np.int8), min(n_atoms, ATOM_CHUNK))
+    _create(rec, "pos", np.dtype(np.float32), min(n_atoms, ATOM_CHUNK), width=3)
+    if forces:
+        _create(rec, "forces", FORCES_DTYPE, min(n_atoms, ATOM_CHUNK), width=3)
+    fail = f.create_group("failures")
+    for name, dtype in FAILURE_COLUMNS.items():
+        _create(fail, name, dtype, min(n_failures, RECORD_CHUNK))
+
+
+def _create(group: h5py.Group, name: str, dtype, chunk_rows: int, width: int | None = None):
+    tail = () if width is None else (width,)
+    group.create_dataset(
+        name,
+        shape=(0, *tail),
+        maxshape=(None, *tail),
+        dtype=dtype,
+        chunks=(max(chunk_rows, 1), *tail),
+        compression="gzip",
+        compression_opts=GZIP_LEVEL,
+        shuffle=not h5py.check_string_dtype(dtype),
+    )
+
+
+def _extend(ds: h5py.Dataset, values: np.ndarray) -> None:
+    if len(values):
+        start = ds.shape[0]
+        ds.resize(start + len(values), axis=0)
+        ds[start:] = values
+
+
+def _append_records(rec: h5py.Group, batch: RecordBatch) -> None:
+    first_atom = rec["z"].shape[0]
+    for name in SCALAR_COLUMNS:
+        _extend(rec[name], batch.columns[name])
+    _extend(rec["natoms"], batch.natoms.astype(np.int32))
+    _extend(rec["atom_offset"], first_atom + batch.atom_offsets()[:-1])
+    _extend(rec["z"], batch.z)
+    _extend(rec["pos"], batch.pos)
+    if ("forces" in rec) != (batch.forces is not None):
+        raise ValueError("forces: a file with a forces column takes only records with forces, and vice versa")
+    if batch.forces is not None:
+        _extend(rec["forces"], batch.forces)
+
+
+def _append_failures(fail: h5py.Group, failures: list[Failure]) -> None:
+    for name, dtype in FAILURE_COLUMNS.items():
+        _extend(fail[name], _as_column([getattr(x, name) for x in failures], dtype))
+
+
+def _as_column(values: list, dtype: np.dtype) -> np.ndarray:
+    if h5py.check_string_dtype(dtype):
+        out = np.empty(len(values), dtype)  # object array of str
+        out[:] = values
+        return out
+    return np.asarray(values, dtype)
+
+
+def _read_column(ds: h5py.Dataset, start: int = 0, stop: int | None = None) -> np.ndarray:
+    stop = ds.shape[0] if stop is None else stop
+    if h5py.check_string_dtype(ds.dtype):
+        out = np.empty(stop - start, STRING_DTYPE)  # object array of str, also when empty
+        out[:] = ds.asstr()[start:stop] if stop > start else []
+        return out
+    return ds[start:stop]
+
+
+def _read_records(rec: h5py.Group, start: int, stop: int) -> RecordBatch:
+    """Records [start, stop) of a file; their atoms are contiguous."""
+    natoms = rec["natoms"][start:stop]  # (n,) int32
+    a0 = int(rec["atom_offset"][start]) if stop > start else 0
+    a1 = a0 + int(natoms.sum(dtype=np.int64))
+    columns = {name: _read_column(rec[name], start, stop) for name in SCALAR_COLUMNS}
+    forces = rec["forces"][a0:a1] if "forces" in rec else None
+    return RecordBatch(columns, natoms, rec["z"][a0:a1], rec["pos"][a0:a1], forces)
+
+
+def _iter_blocks(f: h5py.File, block: int = READ_BLOCK) -> Iterator[RecordBatch]:
+    n = f["records/natoms"].shape[0]
+    for start in range(0, n, block):
+        yield _read_records(f["records"], start, min(start + block, n))
+
+
+def _read_failures(f: h5py.File) -> list[Failure]:
+    cols = {name: _read_column(f["failures"][name]).tolist() for name in FAILURE_COLUMNS}
+    return [Failure(*row) for row in zip(cols["input"], cols["reason"], cols["molecule_id"], cols["conformer_id"])]
+
+
+def _sizes(f: h5py.File) -> tuple[int, int, int]:
+    return f["records/natoms"].shape[0], f["records/z"].shape[0], f["failures/input"].shape[0]
+
+
+def _attrs(f: h5py.File) -> dict:
+    return {
+        "schema_version": int(f.attrs["schema_version"]),
+        "settings": json.loads(f.attrs["settings"]),
+        "versions": json.loads(f.attrs["versions"]),
+    }
+
+
+def _merged_parts(f: h5py.File | None) -> set[int]:
+    return set() if f is None else set(json.loads(f.attrs["merged_parts"]))
+
+
+def _file_attrs(settings: dict, versions: dict, merged_parts: Iterable[int] = ()) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "settings": json.dumps(settings, sort_keys=True),
+        "versions": json.dumps(versions, sort_keys=True),
+        "merged_parts": json.dumps(sorted(merged_parts)),
+    }
+
+
+def _normalize(obj: dict) -> dict:
+    """The dict as it reads back from JSON (tuples become lists, keys strings)."""
+    return json.loads(json.dumps(obj, sort_keys=True))
+
+
+def _differing_keys(stored: dict, given: dict) -> list[str]:
+    missing = object()
+    keys = sorted(set(stored) | set(given))
+    return [k for k in keys if stored.get(k, missing) != given.get(k, missing)]
