@@ -6,7 +6,7 @@
 #   ./generate.sh --smiles gdb11.smi --out DIR --conformers 100 --shard 3/16   any `qm1b generate` options
 set -euo pipefail
 cd "$(dirname "$0")"
-source tools/venv.sh
+PYSCF_IPU_EXTRAS="${PYSCF_IPU_EXTRAS:-generator}" source tools/venv.sh
 if [ $# -eq 0 ]; then
     set -- --out data/generated --limit 5 --conformers 8 --resume
 fi

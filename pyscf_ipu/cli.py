@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -27,6 +28,32 @@ from .units import HARTREE_TO_EV, HARTREE_TO_MEV
 
 EXIT_BAD_INPUT = 2
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
+
+
+# Optional dependencies, by the extra that installs them (pyproject.toml).
+EXTRAS = {"rdkit": "generator", "pyarrow": "generator", "h5py": "generator", "tqdm": "generator",
+          "equinox": "schnet", "optax": "schnet", "ray": "ray"}  # fmt: skip
+
+
+def reports_missing_extras(prog: str):
+    """Decorator for a console entry point ``main(argv)``: an optional dependency that is not
+    installed is one line naming the extra that installs it, and exit code 2."""
+
+    def decorate(main):
+        @functools.wraps(main)
+        def run(argv: list[str] | None = None) -> int:
+            try:
+                return main(argv)
+            except ModuleNotFoundError as err:
+                extra = EXTRAS.get((err.name or "").split(".")[0])
+                if extra is None:
+                    raise
+                print(f"{prog}: error: {err.name} is not installed: pip install 'pyscf-ipu[{extra}]'", file=sys.stderr)
+                return EXIT_BAD_INPUT
+
+        return run
+
+    return decorate
 
 
 def closed_pipe() -> int:

@@ -12,6 +12,7 @@ a directory with no dataset, a truncated or corrupt shard file) prints one line 
 and exits with code 2. An output directory that cannot be written (full disk, read-only, permissions)
 prints one line naming it and the cause and exits with code 3; for ``generate``, what was committed
 stays, and ``--resume`` completes the run. A closed pipe (``qm1b info DIR | head``) ends quietly with 141.
+Without the generator's dependencies (``pip install 'pyscf-ipu[generator]'``), one line says so (code 2).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import json
 import sys
 import warnings
 
-from pyscf_ipu.cli import EXIT_BAD_INPUT, Parser, closed_pipe
+from pyscf_ipu.cli import EXIT_BAD_INPUT, Parser, closed_pipe, reports_missing_extras
 from pyscf_ipu.config import ConfigError, RKSConfig, add_config_arguments, config_from_arguments
 
 
@@ -123,6 +124,7 @@ def _plot(args) -> int:
     return 0
 
 
+@reports_missing_extras("qm1b")
 def main(argv: list[str] | None = None) -> int:
     from pyscf_ipu.molecule import MoleculeError
 

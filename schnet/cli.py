@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import sys
 
-from pyscf_ipu.cli import EXIT_BAD_INPUT, Parser
+from pyscf_ipu.cli import EXIT_BAD_INPUT, Parser, reports_missing_extras
 from pyscf_ipu.config import add_config_arguments, config_from_arguments
 
 
+@reports_missing_extras("schnet-train")
 def train_main(argv: list[str] | None = None) -> int:
     from .train import TrainConfig
 
@@ -37,6 +38,7 @@ def train_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+@reports_missing_extras("schnet-eval")
 def eval_main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="schnet-eval", description="MAE of a trained SchNet run on a data split")
     parser.add_argument("--run", required=True, metavar="RUN_DIR")

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +74,17 @@ def test_summary_names_the_numbers(capsys):
     out = capsys.readouterr().out
     for word in ("energy", "HOMO", "LUMO", "gap", "converged after", "electrons integrated"):
         assert word in out
+
+
+def test_the_dft_package_needs_no_generator_or_schnet_extras():
+    """Every module of pyscf_ipu imports with the generator's, SchNet's and Ray's dependencies
+    missing (blocked in ``sys.modules``), as after ``pip install pyscf-ipu`` without extras."""
+    script = (
+        "import sys, importlib, pkgutil\n"
+        "for name in ('rdkit', 'pyarrow', 'tqdm', 'equinox', 'optax', 'ray'): sys.modules[name] = None\n"
+        "import pyscf_ipu\n"
+        "for module in pkgutil.walk_packages(pyscf_ipu.__path__, 'pyscf_ipu.'): importlib.import_module(module.name)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr

@@ -205,6 +205,23 @@ def test_closed_pipe_ends_quietly(small_run, command):
     assert proc.wait(timeout=300) == 141 and err == b""
 
 
+@pytest.mark.parametrize("blocked, command, extra", [
+    ("rdkit", ["qm1b.cli", "generate", "--limit", "1"], "generator"),
+    ("equinox", ["schnet.cli", "--help"], "schnet"),
+])
+def test_a_missing_extra_is_one_line(tmp_path, blocked, command, extra):
+    """Without an optional dependency (blocked in ``sys.modules``, as if never installed), the command
+    names the extra that installs it in one line and exits with 2: no traceback."""
+    entry = "main" if command[0] == "qm1b.cli" else "train_main"
+    script = (f"import sys; sys.modules[{blocked!r}] = None\n"
+              f"from {command[0]} import {entry}\nsys.exit({entry}({command[1:]!r}))")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]  # one line
+    assert f"{blocked} is not installed: pip install 'pyscf-ipu[{extra}]'" in proc.stderr
+
+
 def test_existing_output_needs_resume(small_run, capsys):
     gen, _ = small_run
     code = main(["generate", "--smiles", gen.smiles, "--out", gen.out, "--conformers", "2", "--no-progress"])
