@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pyscf_ipu.config import RKSConfig
-from pyscf_ipu.host import prepare
+from pyscf_ipu.prepare import prepare
 from pyscf_ipu.ipu import IPUJK, ipu_model
 from pyscf_ipu.jk import get_jk_backend
 from pyscf_ipu.molecule import from_name
@@ -59,13 +59,14 @@ def main() -> None:
           f"{'J-K build ms: median [min-max]':>32s} | {'vs fastest non-ipu':>18s}")  # fmt: skip
     for name, basis in CASES:
         molecule = qm9[name] if name.startswith("qm9:") else from_name(name)
-        host = prepare(molecule, RKSConfig(basis=basis), needs_grid=False)
+        host = prepare([molecule], RKSConfig(basis=basis, xc="hf"))[0]
         n = host.nao
         dm = jnp.asarray(host.density_guess, jnp.float32)
         runs, plans, prep = {}, {}, {}
         for label, backend in backends(n, args.skip_dense_above).items():
             t = time.perf_counter()
-            data = jax.block_until_ready(backend.prepare(host.eri_s8, n, n, np.float32))
+            stacked = backend.prepare([host.eri_s8], n, n, np.float32, [host.eri_kept])  # a batch of one
+            data = jax.block_until_ready(jax.tree.map(lambda a: a[0], stacked))
             prep[label] = time.perf_counter() - t
             fn = jax.jit(backend.contract)
             jax.block_until_ready(fn(data, dm))  # compile

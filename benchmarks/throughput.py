@@ -48,11 +48,12 @@ from pyscf import dft  # noqa: E402
 
 import jax  # noqa: E402
 from pyscf_ipu.config import RKSConfig, precision_scope  # noqa: E402
-from pyscf_ipu.host import build_mole, prepare_conformers  # noqa: E402
+from pyscf_ipu.mole import build_mole  # noqa: E402
+from pyscf_ipu.prepare import prepare  # noqa: E402
 from pyscf_ipu.problem import batch_members, build_batch, padded_sizes  # noqa: E402
 from pyscf_ipu.results import finalise  # noqa: E402
 from pyscf_ipu.rks import batch_finalisation  # noqa: E402
-from pyscf_ipu.scf import LoopSettings, scf_loop_batch  # noqa: E402
+from pyscf_ipu.scf import LoopSettings, scf_program  # noqa: E402
 from pyscf_ipu.units import HARTREE_TO_EV  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
 from qm1b.generate import GENERATOR_DFT_DEFAULTS, GenerateConfig, run_shard  # noqa: E402
@@ -96,14 +97,14 @@ def stage_split(batches: list[list], config: RKSConfig, batch_size: int, repeats
             return out
 
         for molecules in batches:
-            hosts = timed("host preparation", lambda: prepare_conformers(molecules, config))
+            hosts = timed("host preparation", lambda: prepare(molecules, config))
             for key in parts:
                 parts[key] += sum(host.timings.get(key, 0.0) for host in hosts)
             sizes = padded_sizes(hosts[0])
             members = batch_members(hosts, batch_size)
             with precision_scope(config.precision):
                 problems = timed("AO values, J-K layout", lambda: build_batch(members, settings.backend, dtype, sizes))
-                trace = timed("SCF loop", lambda: scf_loop_batch(problems, settings))
+                trace = timed("SCF loop", lambda: scf_program(problems, settings))
                 final = timed("float64 finalisation",
                               lambda: batch_finalisation(config, settings, members, problems, sizes, trace))
             trace, final = jax.device_get((trace, final))

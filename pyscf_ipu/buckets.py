@@ -30,7 +30,7 @@ GRID_ALIGNMENT = 1024  # padded grid sizes are multiples of the XC quadrature's 
 @lru_cache(maxsize=None)
 def element_kind(basis: str, symbol: str) -> tuple:
     """The shape signature of ``symbol``'s shells in ``basis``: (l, primitives, contractions) per shell."""
-    from .host import element_basis
+    from .mole import element_basis
 
     return tuple((shell[0], len(shell) - 1, len(shell[1]) - 1) for shell in element_basis(basis, symbol))
 

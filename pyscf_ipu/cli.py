@@ -91,8 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "integrals; the grid moves with the atoms: the exact derivative of the energy)")
     output.add_argument("--fixed-grid", action="store_true",
                         help="with --forces: hold the grid fixed in space, as PySCF's default gradient does")  # fmt: skip
-    output.add_argument("--profile", metavar="FILE.json", help="write the simulated IPU's profile report (--jk ipu)")
-    output.add_argument("--profile-plot", metavar="FILE.png", help="write the IPU tile memory map (--jk ipu)")
+    output.add_argument("--profile", metavar="FILE.json",
+                        help="profile the simulated IPU (--jk ipu): write its report and print its summary")
+    output.add_argument("--profile-plot", metavar="FILE.png", help="profile the simulated IPU and draw its tile memory map")
     return parser
 
 
@@ -135,7 +136,7 @@ def check_lines(result, reference) -> list[str]:
 def run_command(args: argparse.Namespace) -> int:
     from .ipu.profile import plot_tile_map, summary_lines  # imported here: importing JAX takes a moment
     from .jk import get_jk_backend
-    from .host import prepare
+    from .prepare import prepare
     from .rks import run_rks
     from .xc.functionals import get_functional
 
@@ -157,8 +158,8 @@ def run_command(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        host = prepare(molecule, config, needs_grid=bool(functional.pieces))
-        result = run_rks(molecule, config, host=host)
+        host = prepare([molecule], config)[0]
+        result = run_rks(molecule, config, host=host, profile=bool(args.profile or args.profile_plot))
     result = dataclasses.replace(result, seconds=time.perf_counter() - start)  # the host preparation included
     gradient = None
     if args.forces:

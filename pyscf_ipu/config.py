@@ -13,6 +13,7 @@ import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 PRECISIONS = ("float32", "float64")
 INTEGRALS = ("host", "device")
@@ -28,6 +29,30 @@ def option(default, help: str, choices=None, metavar=None):
 
 
 @dataclass(frozen=True)
+class IPUConfig:
+    """The simulated IPU that the ``ipu`` J-K backend plans its tiles for.
+
+    The placement options (:data:`PLACEMENT`: model, IPUs, tiles, memory proportion) decide where
+    the work goes and what the profile reports, never a label; the strategy decides how the float32
+    sums are ordered, so it belongs to a run's label settings.
+    """
+
+    PLACEMENT: ClassVar[tuple[str, ...]] = ("ipu_model", "ipus", "tiles", "ipu_memory_proportion")
+
+    jk_strategy: str = option("auto", "tile strategy of the ipu backend", choices=("auto", "rows", "s8"))
+    ipu_model: str = option("bow", "simulated IPU model", choices=("bow", "mk2"))
+    ipus: int = option(16, "simulated IPUs the ipu backend may spread over (a Bow Pod16); it uses the fewest that fit")
+    tiles: int | None = option(None, "tiles per simulated IPU (default: the model's 1472)")
+    ipu_memory_proportion: float = option(0.6, "share of each tile's memory the contraction may use")
+
+    def __post_init__(self) -> None:
+        if self.ipus < 1 or (self.tiles is not None and self.tiles < 1):
+            raise ConfigError(f"--ipus and --tiles must be at least 1, got {self.ipus} and {self.tiles}")
+        if not 0 < self.ipu_memory_proportion <= 1:
+            raise ConfigError(f"the IPU memory proportion must be in (0, 1], got {self.ipu_memory_proportion}")
+
+
+@dataclass(frozen=True)
 class RKSConfig:
     """Settings of one restricted Kohn-Sham single point."""
 
@@ -36,11 +61,6 @@ class RKSConfig:
     grid_level: int = option(0, "PySCF Becke grid level, 0 (coarse, QM1B) to 9")
     precision: str = option("float32", "floating-point precision of the SCF loop", choices=PRECISIONS)
     jk: str = option("ipu", "J-K contraction backend: ipu (simulated IPU tiles), dense (reference) or s8")
-    jk_strategy: str = option("auto", "tile strategy of the ipu backend", choices=("auto", "rows", "s8"))
-    ipu_model: str = option("bow", "simulated IPU model", choices=("bow", "mk2"))
-    ipus: int = option(16, "simulated IPUs the ipu backend may spread over (a Bow Pod16); it uses the fewest that fit")
-    tiles: int | None = option(None, "tiles per simulated IPU (default: the model's 1472)")
-    ipu_memory_proportion: float = option(0.6, "share of each tile's memory the contraction may use")
     max_iterations: int = option(20, "maximum SCF iterations (QM1B: 20)")
     integrals: str = option(
         "host",
@@ -62,6 +82,7 @@ class RKSConfig:
         None,
         "stop early once max|FDS-SDF| is below this; default 1e-5 (float32) or 1e-7 (float64); 0 never stops early",
     )
+    ipu: IPUConfig = field(default=IPUConfig(), metadata={"nested": True})
 
     def __post_init__(self) -> None:
         if self.integrals not in INTEGRALS:
@@ -74,10 +95,6 @@ class RKSConfig:
             raise ConfigError(f"max iterations must be at least 1, got {self.max_iterations}")
         if self.diis_space < 2:
             raise ConfigError(f"the DIIS space must hold at least 2 matrices, got {self.diis_space}")
-        if self.ipus < 1 or (self.tiles is not None and self.tiles < 1):
-            raise ConfigError(f"--ipus and --tiles must be at least 1, got {self.ipus} and {self.tiles}")
-        if not 0 < self.ipu_memory_proportion <= 1:
-            raise ConfigError(f"the IPU memory proportion must be in (0, 1], got {self.ipu_memory_proportion}")
         if self.eri_threshold < 0:
             raise ConfigError(f"the ERI threshold must be >= 0, got {self.eri_threshold}")
         if self.eri_expcutoff < 0:
@@ -87,11 +104,8 @@ class RKSConfig:
     def stop_threshold(self) -> float:
         """The early-stopping threshold on max|FDS-SDF| (0 disables early stopping).
 
-        Float32's 1e-5 keeps the labels an order of magnitude inside the 2 meV tolerance. Measured
-        on 24 conformers of three 9-heavy-atom molecules (B3LYP/STO-3G, grid level 0) against
-        converged float64 PySCF: 1e-5 runs 11.0 iterations, largest errors 0.13 meV (energy) and
-        0.09 (gap); 1e-4 runs 9.6 and 0.13 and 0.34 meV; 3e-4 9.4 and 0.13 and 0.34. So a looser
-        stop would save 1.4 of 11 iterations for four times the gap's error.
+        Float32's 1e-5 keeps the labels an order of magnitude inside the 2 meV tolerance; a looser
+        stop saves few iterations for a larger gap error (``docs/decisions/stop-threshold.md``).
         """
         if self.stop_commutator is not None:
             return self.stop_commutator
@@ -112,6 +126,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, defaults: dict | 
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = _base_type(hints[f.name])
+        if f.metadata.get("nested"):  # a config of its own, its options beside this one's
+            add_config_arguments(parser, tp, defaults)
+            continue
         flag = "--" + f.name.replace("_", "-")
         default = (defaults or {}).get(f.name, f.default)
         help_text = f.metadata.get("help", "")
@@ -132,7 +149,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, defaults: dict | 
 
 def config_from_arguments(args: argparse.Namespace, cls):
     """Build ``cls`` from the parsed options that :func:`add_config_arguments` added."""
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+    hints = typing.get_type_hints(cls)
+    return cls(**{f.name: config_from_arguments(args, _base_type(hints[f.name])) if f.metadata.get("nested")
+                  else getattr(args, f.name) for f in dataclasses.fields(cls)})  # fmt: skip
 
 
 def default_cache_dir() -> Path:

@@ -37,7 +37,8 @@ import numpy as np
 
 from .packed import degeneracy_weights, tril_unpack
 from .grid import atom_grids, grid_points_and_weights
-from .host import HostProblem, eri_plan
+from .prepare import HostProblem
+from .integral_sources import eri_plan
 from .integrals.ao_values import ao_values_at
 from .integrals.basis import primitive_basis
 from .integrals.eri import eri_s8
@@ -84,7 +85,7 @@ def nuclear_gradient(host: HostProblem, result: SCFResult, functional: Functiona
         def energy(coords):
             ints = one_electron_at(basis, coords)
             total = jnp.sum(dm_ * (ints["kinetic"] + ints["nuclear"])) - jnp.sum(weighted_ * ints["overlap"])
-            total += jnp.dot(coefficients_, eri_s8(plan, coords, jnp.float64))
+            total += jnp.dot(coefficients_, eri_s8(plan, coords[None], jnp.float64)[0])
             if host.grid_points and functional.pieces:
                 if moving is None:
                     points, weights = host.grid_coords, jnp.asarray(host.grid_weights)

@@ -103,4 +103,4 @@ def grid_points_and_weights(grids: AtomGrids, coords) -> tuple[jax.Array, jax.Ar
 
 # conformers at once, each with its molecule's grids (:func:`pad_grids`): arguments, not constants,
 # so one program serves every molecule of a size bucket
-grid_points_and_weights_batch = compiled(jax.vmap(grid_points_and_weights), name="grid")
+grid_program = compiled(jax.vmap(grid_points_and_weights), name="grid")

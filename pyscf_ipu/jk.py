@@ -6,19 +6,16 @@ r"""J-K backends: the Coulomb and exchange contractions of the ERI with a densit
 
 in einsum form ``J = einsum('ijkl,ij->kl', eri, D)`` and ``K = einsum('ijkl,jk->il', eri, D)``.
 
-A backend is a frozen (hashable) object with two methods:
+A backend is a frozen (hashable) object:
 
-- ``prepare(eri_s8, nao, nao_padded, dtype, kept=None) -> dict of arrays``: once per molecule,
-  outside the loop. The arrays' shapes may depend only on padded sizes, so molecules in one bucket
-  share compiled code. ``kept``, where given, is ``eri_s8``'s non-zero count
-  (``HostProblem.eri_kept``), which a backend that plans by sizes need not count again.
-- ``prepare_batch(eris, nao, nao_padded, dtype, kept=None) -> dict of arrays``: the same for the
-  conformers of a batch (``kept`` a list), stacked along a leading axis (``prepare`` of each,
-  stacked by :func:`~pyscf_ipu.padding.stack_members`, unless the backend can do better).
-- ``contract(data, dm) -> (J, K)``: pure JAX, traced inside the jitted SCF step.
-
-- ``profile(eri_s8, nao, nao_padded, dtype, iterations, kept=None) -> dict | None``: how the work
-  is spread.
+- ``prepare(eris, nao, nao_padded, dtype, kept) -> dict of arrays``: once per batch of conformers,
+  outside the loop, their arrays stacked along a leading axis. ``eris`` are the conformers' s8 ERIs
+  of ``nao`` AOs, ``kept`` their non-zero counts (``HostProblem.eri_kept``). The arrays' shapes may
+  depend only on padded sizes, so molecules in one bucket share compiled code.
+- ``contract(data, dm) -> (J, K)``: one conformer's, pure JAX, traced inside the SCF loop (which
+  the loop's program vmaps over the batch).
+- ``profile(eri_s8, nao, nao_padded, dtype, iterations, kept) -> dict | None``: how the work of one
+  conformer is spread, computed only when asked for.
 
 Backends are chosen by name from :data:`JK_BACKENDS` (each entry builds the backend from the run's
 :class:`RKSConfig`); nothing inspects array shapes to pick one. ``ipu`` (the default) is the
@@ -46,17 +43,25 @@ from .padding import bucket, pad_to, stack_members
 class JKBackend(Protocol):
     name: str
 
-    def prepare(self, eri_s8: np.ndarray, nao: int, nao_padded: int, dtype,
-                kept: int | None = None) -> dict[str, np.ndarray]: ...  # fmt: skip
-
-    def prepare_batch(self, eris: list[np.ndarray], nao: int, nao_padded: int, dtype,
-                      kept: list[int] | None = None) -> dict[str, jax.Array]: ...  # fmt: skip
+    def prepare(self, eris: list[np.ndarray], nao: int, nao_padded: int, dtype,
+                kept: list[int]) -> dict[str, jax.Array]: ...  # fmt: skip
 
     def contract(self, data: dict, dm: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]: ...
 
     def profile(self, eri_s8: np.ndarray, nao: int, nao_padded: int, dtype, iterations: int,
-                kept: int | None = None) -> dict | None:  # fmt: skip
+                kept: int) -> dict | None:  # fmt: skip
         """A report of how the backend spreads the work (None if it has nothing to say)."""
+
+
+@dataclass(frozen=True)
+class HostContraction:
+    """No contraction on the device: what the float64 finalisation gets where the host's float64
+    ERIs are more exact than the loop's (libcint's integrals in a float32 loop); it contracts them there."""
+
+    name: str = "host"
+
+    def contract(self, data, dm):
+        return None, None
 
 
 @dataclass(frozen=True)
@@ -68,15 +73,12 @@ class DenseJK:
 
     name: str = "dense"
 
-    def prepare(self, eri_s8, nao, nao_padded, dtype, kept=None):
-        eri_s8 = np.asarray(eri_s8, np.float64)  # device integrals come in float32; ao2mo reads doubles
-        eri = ao2mo.restore(1, eri_s8, nao).astype(dtype)  # (N, N, N, N)
-        return _dense_matrices(jnp.asarray(eri), nao_padded)
+    def prepare(self, eris, nao, nao_padded, dtype, kept):
+        # device integrals come in float32; ao2mo reads doubles
+        members = [ao2mo.restore(1, np.asarray(eri, np.float64), nao).astype(dtype) for eri in eris]  # (N,)*4 each
+        return stack_members([_dense_matrices(jnp.asarray(eri), nao_padded) for eri in members])
 
-    def prepare_batch(self, eris, nao, nao_padded, dtype, kept=None):
-        return stack_members([self.prepare(eri, nao, nao_padded, dtype) for eri in eris])
-
-    def profile(self, eri_s8, nao, nao_padded, dtype, iterations, kept=None):
+    def profile(self, eri_s8, nao, nao_padded, dtype, iterations, kept):
         return None
 
     def contract(self, data, dm):
@@ -105,19 +107,13 @@ class S8JK:
 
     name: str = "s8"
 
-    def prepare(self, eri_s8, nao, nao_padded, dtype, kept=None):
-        values, index = unique_quartets(eri_s8, nao)
-        values = values * degeneracy_weights(index)
-        size = bucket(len(values), minimum=1024)
-        return {
-            "values": pad_to(values, (size,), dtype),
-            "index": pad_to(index, (size, 4)),
-        }
+    def prepare(self, eris, nao, nao_padded, dtype, kept):
+        quartets = [unique_quartets(eri, nao) for eri in eris]
+        size = bucket(max(len(values) for values, _ in quartets), minimum=1024)  # one shape for the batch
+        return stack_members([{"values": pad_to(values * degeneracy_weights(index), (size,), dtype),
+                               "index": pad_to(index, (size, 4))} for values, index in quartets])  # fmt: skip
 
-    def prepare_batch(self, eris, nao, nao_padded, dtype, kept=None):
-        return stack_members([self.prepare(eri, nao, nao_padded, dtype) for eri in eris])
-
-    def profile(self, eri_s8, nao, nao_padded, dtype, iterations, kept=None):
+    def profile(self, eri_s8, nao, nao_padded, dtype, iterations, kept):
         return None
 
     def contract(self, data, dm):
@@ -125,13 +121,9 @@ class S8JK:
 
 
 def _ipu_backend(config: RKSConfig) -> IPUJK:
-    model = ipu_model(
-        config.ipu_model,
-        num_ipus=config.ipus,
-        tiles=config.tiles,
-        available_memory_proportion=config.ipu_memory_proportion,
-    )
-    return IPUJK(model, config.jk_strategy)
+    ipu = config.ipu
+    model = ipu_model(ipu.ipu_model, num_ipus=ipu.ipus, tiles=ipu.tiles, available_memory_proportion=ipu.ipu_memory_proportion)
+    return IPUJK(model, ipu.jk_strategy)
 
 
 JK_BACKENDS: dict[str, Callable[[RKSConfig], JKBackend]] = {
@@ -142,19 +134,19 @@ JK_BACKENDS: dict[str, Callable[[RKSConfig], JKBackend]] = {
 
 
 def jk_matrices(name: str, eri_s8: np.ndarray, nao: int, dm: np.ndarray, dtype=np.float32,
-                config: RKSConfig | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+                config: RKSConfig = RKSConfig()) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """J and K (each (N, N), numpy) of the symmetric density ``dm`` by the backend ``name``, in ``dtype``."""
     backend = get_jk_backend(name, config)
     with precision_scope(np.dtype(dtype).name):
-        data = backend.prepare(eri_s8, nao, nao, dtype)
-        j, k = jax.jit(backend.contract)(data, jnp.asarray(dm, dtype))
-        return np.asarray(j), np.asarray(k)
+        data = backend.prepare([eri_s8], nao, nao, dtype, [int(np.count_nonzero(eri_s8))])
+        j, k = jax.jit(jax.vmap(backend.contract))(data, jnp.asarray(dm, dtype)[None])
+        return np.asarray(j[0]), np.asarray(k[0])
 
 
-def get_jk_backend(name: str, config: RKSConfig | None = None) -> JKBackend:
-    """The J-K backend registered under ``name``, set up from ``config`` (default settings if None)."""
+def get_jk_backend(name: str, config: RKSConfig = RKSConfig()) -> JKBackend:
+    """The J-K backend registered under ``name``, set up from ``config``."""
     try:
         factory = JK_BACKENDS[name]
     except KeyError:
         raise ValueError(f"unknown J-K backend {name!r}: choose one of {', '.join(JK_BACKENDS)}") from None
-    return factory(config or RKSConfig())
+    return factory(config)

@@ -64,7 +64,7 @@ def stack_padded(arrays: list, dtype=None) -> jax.Array:
     is (``may_alias``), so the stack crosses to the device without a second copy; the buffer is new
     for every call and never written again, so the alias is safe. Arrays that already are the rows
     of one array, in order, of the right shape and dtype (the read-only views of a device batch that
-    :func:`~pyscf_ipu.host.device_eri_s8` hands out) are not copied at all: that array is the stack
+    :func:`~pyscf_ipu.integral_sources.device_eri_s8` hands out) are not copied at all: that array is the stack
     (restacking the ERIs took 2.2 ms per 9-heavy-atom conformer).
     """
     whole = _rows_of(arrays)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .figures import new_figure, save_png
-from .host import HostProblem
+from .prepare import HostProblem
 from .results import SCFResult
 from .units import HARTREE_TO_EV
 

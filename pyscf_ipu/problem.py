@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from .buckets import pad_atoms
-from .host import HostProblem
+from .prepare import HostProblem
 from .jk import JKBackend
 from .padding import aligned_empty, pad_into, pad_to, stack_padded
 
@@ -55,33 +55,16 @@ def padded_sizes(host: HostProblem) -> tuple[int, int]:
     return npad, gpad if host.grid_points else 0
 
 
-def build_problem(host: HostProblem, backend: JKBackend, dtype, sizes: tuple[int, int] | None = None) -> SCFProblem:
-    """Pad ``host`` to ``sizes`` (default :func:`padded_sizes`) and cast to ``dtype``.
-
-    The host-side fields stay numpy arrays (a jitted call transfers them); the J-K backend's arrays
-    are whatever its ``prepare`` made, device arrays for ``ipu``. :func:`build_batch` does the same
-    for the conformers of a batch, stacked.
-    """
-    npad, gpad = sizes = sizes or padded_sizes(host)
-    arrays = _padded_arrays(host, sizes)
-    if host.ao is None:
-        ao = device_ao_values([host], dtype, sizes)[0]
-    else:
-        ao = pad_to(host.ao, (4, gpad, npad), dtype)  # the largest array: cast while padding
-    jk = backend.prepare(host.eri_s8, host.eri_nao, npad, dtype, host.eri_kept)
-    return SCFProblem(**{k: np.asarray(v, dtype) for k, v in arrays.items()}, ao=ao, jk=jk)
-
-
 def device_ao_values(hosts: list[HostProblem], dtype, sizes: tuple[int, int]) -> jax.Array:
     """(C, 4, Gp, Np): the AO values of conformers whose host preparation left them to the device
-    (``ao`` None, from :func:`~pyscf_ipu.host.device_grids`), evaluated by one program in ``dtype``,
-    padded with zeros: 2-3x faster than PySCF's float64 ``eval_ao`` followed by the cast and padding."""
-    from .integrals.ao_values import ao_values_batch
+    (``ao`` None, from :func:`~pyscf_ipu.integral_sources.device_grids`), evaluated by one program in ``dtype``,
+    padded with zeros."""
+    from .integrals.ao_values import ao_values
 
     natm = hosts[0].bucket.natm
     coords = np.stack([pad_atoms(h.mol.atom_coords(), natm) for h in hosts])  # (C, natm, 3)
     offsets = [h.grid_coords - c[h.grid_owners] for h, c in zip(hosts, coords)]  # float64
-    return ao_values_batch([h.ao_tables for h in hosts], coords, offsets, [h.grid_owners for h in hosts], sizes, dtype)
+    return ao_values([h.ao_tables for h in hosts], coords, offsets, [h.grid_owners for h in hosts], sizes, dtype)
 
 
 def batch_members(hosts: list[HostProblem], batch_size: int | None) -> list[HostProblem]:
@@ -92,15 +75,13 @@ def batch_members(hosts: list[HostProblem], batch_size: int | None) -> list[Host
 
 def build_batch(hosts: list[HostProblem], backend: JKBackend, dtype, sizes: tuple[int, int] | None = None) -> SCFProblem:
     """The conformers ``hosts`` (molecules of one size bucket) as one problem with a leading batch
-    axis, for the vmapped loop: :func:`build_problem` of each, stacked.
+    axis, for the vmapped loop: each padded to the bucket's shapes and cast to ``dtype``, stacked.
 
     ``sizes`` defaults to the bucket's :func:`padded_sizes` (see :func:`batch_members` to pad the
     batch itself). AO values left to the device are evaluated there for the whole batch
     (:func:`device_ao_values`); host ones are cast and padded straight into their slot of the
-    batch's array (one pass over 14 MB per 9-heavy-atom conformer, where padding each and then
-    stacking took two). The J-K arrays come from the backend's ``prepare_batch``, which builds them
-    for the whole batch at once where it can, from every conformer's integrals as the bucket's s8
-    array (the molecule's leading, zeros after).
+    batch's array, in one pass. The J-K arrays come from the backend's ``prepare``, from every
+    conformer's integrals as the bucket's s8 array (the molecule's leading, zeros after).
     """
     if len({h.bucket for h in hosts}) != 1:
         raise ValueError("a batch needs conformers of molecules of one size bucket")
@@ -120,7 +101,7 @@ def build_batch(hosts: list[HostProblem], backend: JKBackend, dtype, sizes: tupl
     return SCFProblem(
         **{k: stack_padded([np.asarray(a[k], dtype) for a in arrays]) for k in arrays[0]},
         ao=ao,
-        jk=backend.prepare_batch(eris, npad, npad, dtype, [h.eri_kept for h in hosts]),
+        jk=backend.prepare(eris, npad, npad, dtype, [h.eri_kept for h in hosts]),
     )
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from pyscf import dft, scf
 
 from .config import RKSConfig
-from .host import build_mole
+from .mole import build_mole
 from .molecule import Molecule
 from .xc.functionals import get_functional
 

@@ -4,27 +4,23 @@ The loop may run in float32, where accumulating J and K costs about a meV of tot
 energy functional is stationary at self-consistency with respect to orbital rotations, so evaluating
 it in float64 at the loop's last density makes the float32 error second order in the density error,
 provided the density is a proper one: idempotent (DSD = 2D) with the right electron count. A float32
-density is idempotent only to ~1e-6, and that non-idempotency costs first order, tr(F dD), about a
-meV. McWeeny purification in float64 restores idempotency to round-off first (measured on a
-9-heavy-atom molecule: -1.4 meV before, 1e-5 meV after). Orbital energies come from diagonalising
-the float64 Fock matrix of the purified density.
+density is idempotent only to about 1e-6, which would cost first order, tr(F dD); McWeeny
+purification in float64 restores idempotency to round-off first. Orbital energies come from
+diagonalising the float64 Fock matrix of the purified density (``docs/decisions/float64-finalisation.md``).
 
 The work is split where its data lives. On the device, queued right behind the loop so that the
-host need not wait for it (:func:`final_density`, one program for a whole batch): the
+host need not wait for it (:func:`dispatch_final_density`, one program for a whole batch): the
 purification and the float64 pass over the grid, which reads the loop's own AO values (in the
-loop's precision, promoted to float64 block by block; rounding them to float32 moves E_xc by at
-most 0.005 meV and V_xc by 7e-8 Hartree on 9-heavy-atom molecules, so no float64 copy of the
-largest array is made or sent). J and K are contracted there too when the loop's integrals are as
-exact as any the host holds (device integrals: the same float32 numbers), by the loop's own J-K
-backend in float64 (its float32 integrals promoted, the sums in float64); with host integrals in a
-float32 loop, the host's float64 s8 ERIs go through libcint's contraction instead. On the host
-(:func:`finalise`): the Fock matrix and one small eigensolve.
+loop's precision, promoted to float64 block by block, so no float64 copy of the largest array is
+made). J and K are contracted there too when the loop's integrals are as exact as any the host
+holds (device integrals), by the loop's own J-K backend in float64; with host integrals in a
+float32 loop the integral source hands over :class:`~pyscf_ipu.jk.HostContraction`, and libcint
+contracts the host's float64 ERIs in :func:`finalise`, beside the Fock matrix and one small eigensolve.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from functools import partial
 
 import jax
 import numpy as np
@@ -32,7 +28,7 @@ import scipy.linalg
 from pyscf import scf as pyscf_scf
 
 from .config import RKSConfig
-from .host import HostProblem
+from .prepare import HostProblem
 from .numint import weighted_points, xc_energy_and_potential
 from .scf import SCFTrace
 from .units import HARTREE_TO_EV
@@ -129,41 +125,33 @@ class FinalDensity:
     exchange: jax.Array | None = None  # (Np, Np)  K at it, likewise
 
 
-@partial(jax.jit, static_argnums=(0, 5))
-def _final_density(functional: Functional, ao, weights, density, overlap, backend=None, jk=None) -> FinalDensity:
+def final_density(functional: Functional, backend, ao, weights, density, overlap, jk) -> FinalDensity:
+    """The device's float64 finalisation of one conformer (the kernel of :data:`final_density_program`).
+
+    ``ao`` (4, Gp, Np) and ``weights`` (Gp,) are the loop's own arrays, ``density`` (Np, Np) its
+    last density, ``overlap`` the float64 overlap padded to (Np, Np) (unit diagonal on padding) and
+    ``jk`` the arrays of the J-K ``backend``, whose contraction of the purified density runs in float64.
+    """
     dm = purify(density.astype(overlap.dtype), overlap)
-    vj, vk = backend.contract(jk, dm) if backend is not None else (None, None)  # float32 ERIs, float64 sums
+    vj, vk = backend.contract(jk, dm)  # float32 ERIs, float64 sums; HostContraction: (None, None)
     # no grid work for Hartree-Fock, and none past the last weighted point
     exc, vxc, electrons = xc_energy_and_potential(functional, ao, weights, dm, weighted_points(weights))
     return FinalDensity(dm, exc, vxc, electrons, vj, vk)
 
 
-# Conformers one after another (lax.map), not vmapped: each one's grid blocks then stay cache-sized
-# (measured, 8 conformers of a 53-AO molecule: 13 ms per conformer mapped, 21 vmapped).
-_final_density_batch = compiled(
-    lambda functional, backend, *arrays: jax.lax.map(
-        lambda member: _final_density(functional, *member[:4], backend, *member[4:]), arrays),
+# Conformers one after another (lax.map), not vmapped: each one's grid blocks then stay cache-sized.
+final_density_program = compiled(
+    lambda functional, backend, *arrays: jax.lax.map(lambda member: final_density(functional, backend, *member), arrays),
     static_argnums=(0, 1), name="final_density")
 
 
-def final_density(functional: Functional, ao, weights, density, overlap: np.ndarray, backend=None,
-                  jk: dict | None = None) -> FinalDensity:  # fmt: skip
-    """Dispatch the float64 purification and grid pass (asynchronous: returns before it is done).
-
-    ``ao`` (4, Gp, Np) and ``weights`` (Gp,) are the loop's own arrays, ``density`` (Np, Np) its
-    last density and ``overlap`` the float64 overlap padded to (Np, Np) (unit diagonal on padding).
-    With the loop's J-K ``backend`` and its arrays ``jk``, J and K of the purified density are
-    contracted here as well, in float64. With a leading batch axis on every argument, the batch runs
-    as one program, conformer after conformer.
-    """
-    if (backend is None) != (jk is None):
-        raise ValueError("final_density needs both the J-K backend and its arrays, or neither")
-    extra = () if jk is None else (jk,)
+def dispatch_final_density(functional: Functional, backend, ao, weights, density, overlap: np.ndarray,
+                           jk: dict) -> FinalDensity:  # fmt: skip
+    """:func:`final_density` of a batch (a leading axis on every array), dispatched as one program
+    (asynchronous: returns before it is done)."""
     with jax.enable_x64(True):  # the float64 arrays stay float64 inside
         overlap = jax.device_put(np.asarray(overlap, np.float64))  # a transfer, not a conversion program
-        if np.ndim(overlap) == 3:
-            return _final_density_batch(functional, backend, ao, weights, density, overlap, *extra)
-        return _final_density(functional, ao, weights, density, overlap, backend, *extra)
+        return final_density_program(functional, backend, ao, weights, density, overlap, jk)
 
 
 def finalise(

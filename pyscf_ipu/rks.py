@@ -1,12 +1,13 @@
-"""The public entry points: restricted Kohn-Sham single points, molecule -> :class:`SCFResult`.
+"""The public entry points: restricted Kohn-Sham, molecules -> :class:`SCFResult`.
 
-    host preparation (PySCF, float64) -> padded SCFProblem (float32 or float64)
-    -> jitted SCF loop -> float64 finalisation (purification and grid pass queued on the device,
-    J/K and eigensolve on the host)
+    preparation (integrals and grid, :mod:`pyscf_ipu.prepare`) -> padded, batched SCFProblem
+    -> compiled SCF loop -> float64 finalisation (purification and grid pass queued on the device,
+    the Fock matrix and eigensolve on the host)
 
-:func:`run_rks` runs one molecule. :func:`submit_batch` runs conformers of one molecule (equal
-shapes) as one vmapped loop; it returns at once (JAX dispatches asynchronously), so the caller can
-prepare the next batch on the host while the device works, then collect with ``.results()``.
+:func:`submit_batch` runs conformers of molecules of one size bucket as one batched loop; it
+returns at once (JAX dispatches asynchronously), so the caller can prepare the next batch on the
+host while the device works, then collect with :meth:`BatchRun.results`. :func:`run_rks` is a batch
+of one.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import jax
 import numpy as np
 
 from .config import RKSConfig, precision_scope
-from .host import HostProblem, integral_source, prepare, prepare_conformers
+from .integral_sources import integral_source
+from .jk import HostContraction
 from .molecule import Molecule
-from .problem import batch_members, build_batch, build_problem, final_inputs, padded_sizes
-from .results import FinalDensity, SCFResult, final_density, finalise
-from .scf import LoopSettings, SCFTrace, scf_loop, scf_loop_batch
+from .prepare import HostProblem, prepare
+from .problem import batch_members, build_batch, final_inputs, padded_sizes
+from .results import FinalDensity, SCFResult, dispatch_final_density, finalise
+from .scf import LoopSettings, SCFTrace, scf_program
 
 
 def run_rks(
@@ -31,41 +34,18 @@ def run_rks(
     *,
     host: HostProblem | None = None,
     sizes: tuple[int, int] | None = None,
+    profile: bool = False,
 ) -> SCFResult:
-    """Restricted Kohn-Sham for ``molecule`` under ``config``.
+    """Restricted Kohn-Sham for ``molecule`` under ``config``: :func:`submit_batch` of one conformer.
 
-    ``host`` reuses an earlier host preparation (same molecule and settings); ``sizes`` forces the
-    padded (AOs, grid points) shape, so that several molecules share one compiled loop.
+    ``host`` reuses an earlier preparation of ``molecule`` (same settings); ``sizes`` forces the
+    padded (AOs, grid points) shape; ``profile`` adds the simulated IPU's report (``jk_profile``).
+    The result's ``seconds`` include the preparation.
     """
     start = time.perf_counter()
-    settings = LoopSettings.from_config(config)
-    if host is None:
-        host = prepare(molecule, config, needs_grid=bool(settings.functional.pieces))
-    sizes = sizes or padded_sizes(host)
-    timings = dict(host.timings)
-    dtype = np.dtype(config.precision)
-    with precision_scope(config.precision):
-        t = time.perf_counter()
-        problem = build_problem(host, settings.backend, dtype, sizes)
-        timings["to_device"] = time.perf_counter() - t
-        t = time.perf_counter()
-        trace = jax.block_until_ready(scf_loop(problem, settings))
-        timings["scf_loop"] = time.perf_counter() - t
-    t = time.perf_counter()
-    overlap, weights = final_inputs(host, sizes)
-    source = integral_source(config.integrals)
-    jk = source.final_jk(settings.backend, problem.jk)  # J and K on the device, or ()
-    final = final_density(settings.functional, problem.ao, weights, trace.density, overlap, *jk)
-    result = finalise(host, trace, final, config, problem.shapes)
-    timings["finalise"] = time.perf_counter() - t
-    profile = settings.backend.profile(host.eri_s8, host.nao, problem.shapes[0], dtype, result.iterations,
-                                       host.eri_kept)  # fmt: skip
-    plan = None if profile is None else source.eri_plan(config.basis, tuple(host.mol.elements))
-    if plan is not None:  # the device ERIs' own tile plan on the same IPUs
-        from .ipu.eri_tiles import plan_eri_tiles
-
-        profile = {**profile, "eri_tiles": plan_eri_tiles(plan, settings.backend.model).report()}
-    return dataclasses.replace(result, timings=timings, seconds=time.perf_counter() - start, jk_profile=profile)
+    hosts = [host] if host is not None else prepare([molecule], config)
+    (result,) = submit_batch(hosts, config, sizes=sizes, profile=profile).results()
+    return dataclasses.replace(result, seconds=time.perf_counter() - start)
 
 
 @dataclasses.dataclass
@@ -80,12 +60,12 @@ class BatchRun:
     final: FinalDensity  # stacked, queued behind the loop
     timings: dict[str, float]
     start: float
+    profile: bool = False
 
     def results(self) -> list[SCFResult]:
         t = time.perf_counter()
         trace, final = jax.device_get(jax.block_until_ready((self.trace, self.final)))
         wait = time.perf_counter() - t
-        dtype = np.dtype(self.config.precision)
         out = []
         for i, host in enumerate(self.hosts):
             t = time.perf_counter()
@@ -97,11 +77,24 @@ class BatchRun:
                 "scf_wait": wait / len(self.hosts),
                 "finalise": time.perf_counter() - t,
             }
-            profile = self.settings.backend.profile(host.eri_s8, host.nao, self.shapes[0], dtype, result.iterations,
-                                                    host.eri_kept)  # fmt: skip
-            out.append(dataclasses.replace(result, timings=timings, jk_profile=profile))
+            report = self._profile(host, result.iterations) if self.profile else None
+            out.append(dataclasses.replace(result, timings=timings, jk_profile=report))
         seconds = (time.perf_counter() - self.start) / len(out)
         return [dataclasses.replace(r, seconds=seconds) for r in out]
+
+    def _profile(self, host: HostProblem, iterations: int) -> dict | None:
+        """The J-K backend's report of how it spread one conformer's work, with the device ERIs' own
+        tile plan on the same IPUs where the integrals came from the device."""
+        backend = self.settings.backend
+        report = backend.profile(host.eri_s8, host.nao, self.shapes[0], np.dtype(self.config.precision), iterations,
+                                 host.eri_kept)  # fmt: skip
+        plan = None if report is None else integral_source(self.config.integrals).eri_plan(
+            self.config.basis, tuple(host.mol.elements))  # fmt: skip
+        if plan is None:
+            return report
+        from .ipu.eri_tiles import plan_eri_tiles
+
+        return {**report, "eri_tiles": plan_eri_tiles(plan, backend.model).report()}
 
 
 def submit_batch(
@@ -110,11 +103,12 @@ def submit_batch(
     *,
     sizes: tuple[int, int] | None = None,
     batch_size: int | None = None,
+    profile: bool = False,
 ) -> BatchRun:
-    """Start one vmapped SCF loop over ``hosts`` (conformers: same atoms, so the same AO count).
+    """Start one batched SCF loop over ``hosts`` (conformers of molecules of one size bucket).
 
-    ``sizes`` defaults to the largest padded shape of the batch; ``batch_size`` pads a short batch
-    so that it reuses the compiled loop of a full one.
+    ``sizes`` defaults to the bucket's padded shape; ``batch_size`` pads a short batch so that it
+    reuses the compiled loop of a full one; ``profile`` asks the results for the J-K backend's report.
     """
     start = time.perf_counter()
     settings = LoopSettings.from_config(config)
@@ -126,23 +120,21 @@ def submit_batch(
         problems = build_batch(members, settings.backend, dtype, sizes)
         to_device = time.perf_counter() - t
         t = time.perf_counter()
-        trace = scf_loop_batch(problems, settings)  # asynchronous: returns before the device is done
+        trace = scf_program(problems, settings)  # asynchronous: returns before the device is done
         final = batch_finalisation(config, settings, members, problems, sizes, trace)  # queued behind it
         dispatch = time.perf_counter() - t
-    return BatchRun(list(hosts), config, settings, sizes, trace, final, {"to_device": to_device, "dispatch": dispatch}, start)
+    timings = {"to_device": to_device, "dispatch": dispatch}
+    return BatchRun(list(hosts), config, settings, sizes, trace, final, timings, start, profile)
 
 
 def batch_finalisation(config: RKSConfig, settings: LoopSettings, members: list[HostProblem], problems,
                        sizes: tuple[int, int], trace: SCFTrace) -> FinalDensity:  # fmt: skip
     """Dispatch the float64 finalisation of a batch's loop ``trace`` (asynchronous; see
-    :func:`~pyscf_ipu.results.final_density`): ``members`` and ``problems`` as the loop had them."""
+    :func:`~pyscf_ipu.results.final_density`): ``members`` and ``problems`` as the loop had them.
+    J and K are contracted on the device where its integrals are as exact as the host's."""
     overlap, weights = (np.stack(a) for a in zip(*(final_inputs(h, sizes) for h in members)))
-    jk = integral_source(config.integrals).final_jk(settings.backend, problems.jk)  # J and K on the device, or ()
-    return final_density(settings.functional, problems.ao, weights, trace.density, overlap, *jk)
-
-
-def run_rks_batch(molecules: list[Molecule], config: RKSConfig = RKSConfig(), **kwargs) -> list[SCFResult]:
-    """Conformers of one molecule as one batch: host preparation, one vmapped loop, finalisation."""
-    needs_grid = bool(LoopSettings.from_config(config).functional.pieces)
-    hosts = prepare_conformers(molecules, config, needs_grid=needs_grid)
-    return submit_batch(hosts, config, **kwargs).results()
+    if integral_source(config.integrals).exact_on_device:
+        backend, jk = settings.backend, problems.jk
+    else:
+        backend, jk = HostContraction(), {}
+    return dispatch_final_density(settings.functional, backend, problems.ao, weights, trace.density, overlap, jk)

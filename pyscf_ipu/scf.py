@@ -160,15 +160,11 @@ def converged(changes, iterations, settings: LoopSettings):
     return (iterations >= QM1B_STD_WINDOW) & (std < settings.convergence_std_ev)
 
 
-@partial(jax.jit, static_argnames="settings")
-def scf_loop(problem: SCFProblem, settings: LoopSettings, grid_points=None) -> SCFTrace:
-    """Run the SCF iterations for ``problem``; jit-compiled once per (settings, padded shapes, dtype).
+def scf_loop(problem: SCFProblem, settings: LoopSettings, grid_points) -> SCFTrace:
+    """The SCF iterations of one conformer's ``problem`` (the kernel :data:`scf_program` batches).
 
-    ``grid_points``: the grid's points from it on have zero weight (default: found from the
-    weights); :func:`scf_loop_batch` passes its batch's largest.
+    ``grid_points``: the grid's points from it on have zero weight (the batch's largest).
     """
-    if grid_points is None:
-        grid_points = weighted_points(problem.weights)
     dm0 = problem.density_guess
     n = dm0.shape[0]
     dtype = dm0.dtype
@@ -233,19 +229,14 @@ def scf_loop(problem: SCFProblem, settings: LoopSettings, grid_points=None) -> S
 
 
 @partial(compiled, static_argnums=1)
-def scf_loop_batch(problems: SCFProblem, settings: LoopSettings) -> SCFTrace:
-    """:func:`scf_loop` vmapped over a leading batch axis (see ``problem.build_batch``).
+def scf_program(problems: SCFProblem, settings: LoopSettings) -> SCFTrace:
+    """:func:`scf_loop` over a batch of conformers (a leading axis; see ``problem.build_batch``), as
+    one compiled program per (settings, padded shapes, dtype).
 
     The batched while-loop runs until every member has stopped; members that stopped earlier keep
     their state (JAX's batched while_loop selects per member), so results equal unbatched runs.
-    Batches run one at a time. Two loops at once, from two threads (or one program sharded over two
-    CPU devices), hang: jaxlib 0.10.2 spreads a batched ``eigh`` (LAPACK) over XLA's intra-op pool
-    and blocks a pool thread until the pieces are done, so two such calls occupy both threads of a
-    2-core pool and wait for each other. With ``eigh`` mapped over the batch instead (one matrix per
-    call; a custom vmap rule), they ran: three 9-heavy-atom batches of 8 took 48.8 against 53.5 ms
-    per conformer one at a time, and beside the next batches' host preparation 101.7 against 108.1
-    (6%), the two cores being nearly saturated already. Not adopted: a hang of a weeks-long run on
-    the next jaxlib's scheduling is too high a price for 6%.
+    Batches run one at a time: two loops at once, from two threads, can deadlock XLA's CPU thread
+    pool on a batched ``eigh`` (``docs/decisions/one-loop-at-a-time.md``).
     """
     grid_points = jnp.max(weighted_points(problems.weights))  # one, unbatched: see xc_energy_and_potential
     return jax.vmap(lambda problem: scf_loop(problem, settings, grid_points))(problems)

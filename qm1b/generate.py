@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pyscf_ipu.buckets import SizeBucket
-from pyscf_ipu.config import RKSConfig, default_cache_dir, disable_numpy_huge_pages, enable_compilation_cache, option
+from pyscf_ipu.config import IPUConfig, RKSConfig, default_cache_dir, disable_numpy_huge_pages, enable_compilation_cache, option
 from pyscf_ipu.forces import nuclear_gradient
-from pyscf_ipu.host import HostProblem, prepare_conformers
+from pyscf_ipu.prepare import HostProblem, prepare
 from pyscf_ipu.molecule import Molecule, MoleculeError
 from pyscf_ipu.results import SCFResult
 from pyscf_ipu.rks import BatchRun, submit_batch
@@ -128,8 +128,10 @@ def package_versions() -> dict[str, str]:
 
 def label_settings(gen: GenerateConfig, dft: RKSConfig) -> dict:
     """Everything that defines the labels: a resumed run must use the same."""
+    own = {f.name: getattr(dft, f.name) for f in dataclasses.fields(dft) if f.name != "ipu"}
     return {
-        **dataclasses.asdict(dft),
+        **own,
+        "jk_strategy": dft.ipu.jk_strategy,  # the simulated IPU's placement options never change a label
         "stop_threshold": dft.stop_threshold,
         "conformers": gen.conformers,
         "seed": gen.seed,
@@ -249,7 +251,7 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[MoleculeIn
     summary = Summary(out=gen.out, shard=f"{shard}/{num_shards}", molecules=len(inputs))
     timings = summary.timings
     with ShardWriter(gen.out, shard, num_shards, settings=label_settings(gen, dft), versions=package_versions(),
-                     resume=resume) as writer:  # fmt: skip
+                     resume=resume, ignored_settings=IPUConfig.PLACEMENT) as writer:  # fmt: skip
         for path, aside in writer.set_aside:
             print(f"qm1b: {path} could not be read; set aside as {aside.name}, its rows are computed again",
                   file=sys.stderr)
@@ -287,7 +289,7 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[MoleculeIn
             # bucket then runs the same programs (their results are dropped)
             padded = batch.molecules + batch.molecules[-1:] * (gen.batch_size - len(batch.members))
             try:
-                hosts = prepare_conformers(padded, dft, needs_grid=dft.xc != "hf")
+                hosts = prepare(padded, dft)
             except MoleculeError as err:  # e.g. an element the basis lacks: the whole molecule fails
                 entries = {e.molecule_id: e for e, _, _ in batch.members}
                 writer.commit(None, [Failure(e.smiles, str(err), e.molecule_id, -1) for e in entries.values()])

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pyscf_ipu.config import RKSConfig, default_cache_dir, enable_compilation_cache
-from pyscf_ipu.host import HostProblem, prepare
+from pyscf_ipu.prepare import HostProblem, prepare
 from pyscf_ipu.molecule import Molecule
 from pyscf_ipu.reference import Reference, pyscf_reference
 
@@ -46,7 +46,7 @@ def host_of(qm9_nine_heavy):
             if len(cache) >= 8:
                 cache.pop(next(iter(cache)))
             config = RKSConfig(basis=basis, grid_level=grid_level)
-            cache[key] = prepare(molecule_by_name(name, qm9_nine_heavy), config)
+            cache[key] = prepare([molecule_by_name(name, qm9_nine_heavy)], config)[0]
         return cache[key]
 
     return get

@@ -90,7 +90,7 @@ def test_eleven_heavy_atoms_at_631gs_with_ipu(reference):
 
     molecule = from_name("paracetamol")  # C8H9NO2: 11 heavy atoms
     config = RKSConfig(basis="6-31g*")  # float32, ipu, up to 16 IPUs
-    result = run_rks(molecule, config)
+    result = run_rks(molecule, config, profile=True)
     assert result.nao == 172
     profile = result.jk_profile
     assert profile["ipus_used"] > 1 and profile["bytes_per_tile"]["max"] <= profile["bytes_per_tile"]["budget"]
@@ -105,14 +105,14 @@ def test_eleven_heavy_atoms_at_631gs_with_ipu(reference):
 def test_float32_labels_with_device_integrals_within_2_mev(case, reference, qm9_nine_heavy, name):
     """The whole SCF on the device's own integrals (pyscf_ipu.integrals, float32): energy, HOMO, LUMO
     and gap within 2 meV of PySCF, as with libcint's; B3LYP/STO-3G at grid level 0 (QM1B)."""
-    from pyscf_ipu.host import prepare
+    from pyscf_ipu.prepare import prepare
 
     from .molecules import molecule_by_name
 
     molecule = molecule_by_name(name, qm9_nine_heavy)
     config = RKSConfig(integrals="device")
     _, _, sizes = case(name, "sto-3g", 0)  # the group's shared shapes, as above
-    result = run_rks(molecule, config, host=prepare(molecule, config), sizes=sizes)
+    result = run_rks(molecule, config, host=prepare([molecule], config)[0], sizes=sizes)
     ref = reference(molecule, config)
     mev = {k: round((getattr(result, k) - getattr(ref, k)) * HARTREE_TO_MEV, 4)
            for k in ("energy", "homo", "lumo", "gap")}  # fmt: skip

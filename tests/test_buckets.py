@@ -13,7 +13,7 @@ import pytest
 
 from pyscf_ipu.buckets import SizeBucket
 from pyscf_ipu.config import RKSConfig
-from pyscf_ipu.host import prepare_conformers
+from pyscf_ipu.prepare import prepare
 from pyscf_ipu.molecule import from_atom_string
 from pyscf_ipu.rks import submit_batch
 
@@ -40,14 +40,14 @@ def test_molecules_of_one_bucket_share_a_batch_and_every_program():
     """A batch mixing ammonia and methane conformers runs the programs of a batch of methane alone,
     and each conformer's labels equal those of a batch of its own molecule (float32 round-off)."""
     from pyscf_ipu.integrals.eri_kernels import quartet_program
-    from pyscf_ipu.scf import scf_loop_batch
+    from pyscf_ipu.scf import scf_program
 
     config = RKSConfig(integrals="device")
     ammonia, methane = from_atom_string(AMMONIA), from_atom_string(METHANE)
-    alone = [submit_batch(prepare_conformers([m, m], config), config).results()[0] for m in (ammonia, methane)]
-    programs = (quartet_program.signatures, scf_loop_batch.signatures)
-    mixed = submit_batch(prepare_conformers([ammonia, methane], config), config).results()
-    assert (quartet_program.signatures, scf_loop_batch.signatures) == programs  # nothing new compiled
+    alone = [submit_batch(prepare([m, m], config), config).results()[0] for m in (ammonia, methane)]
+    programs = (quartet_program.signatures, scf_program.signatures)
+    mixed = submit_batch(prepare([ammonia, methane], config), config).results()
+    assert (quartet_program.signatures, scf_program.signatures) == programs  # nothing new compiled
     for single, member in zip(alone, mixed):
         assert member.nao == single.nao
         # float32 loops over differently padded batches: equal to well inside the 2 meV label tolerance
@@ -57,7 +57,7 @@ def test_molecules_of_one_bucket_share_a_batch_and_every_program():
 def test_a_batch_refuses_molecules_of_two_buckets():
     config = RKSConfig(integrals="device")
     with pytest.raises(ValueError, match="one size bucket"):
-        prepare_conformers([from_atom_string(METHANE), from_atom_string(ETHANE)], config)
+        prepare([from_atom_string(METHANE), from_atom_string(ETHANE)], config)
 
 
 def test_a_new_process_loads_stored_programs_without_tracing(tmp_path):
@@ -66,17 +66,17 @@ def test_a_new_process_loads_stored_programs_without_tracing(tmp_path):
     script = textwrap.dedent(f"""
         import json
         from pyscf_ipu.config import RKSConfig, enable_compilation_cache
-        from pyscf_ipu.host import prepare_conformers
+        from pyscf_ipu.prepare import prepare
         from pyscf_ipu.molecule import from_atom_string
         from pyscf_ipu.rks import submit_batch
-        from pyscf_ipu.scf import scf_loop_batch
+        from pyscf_ipu.scf import scf_program
         from pyscf_ipu.integrals.eri_kernels import quartet_program
         enable_compilation_cache({str(tmp_path / "jax")!r})
         config = RKSConfig(integrals="device")
         m = from_atom_string({METHANE!r})
-        r = submit_batch(prepare_conformers([m, m], config), config).results()[0]
-        print(json.dumps([r.energy, scf_loop_batch.traced + quartet_program.traced,
-                          scf_loop_batch.loaded + quartet_program.loaded]))
+        r = submit_batch(prepare([m, m], config), config).results()[0]
+        print(json.dumps([r.energy, scf_program.traced + quartet_program.traced,
+                          scf_program.loaded + quartet_program.loaded]))
     """)
     runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True) for _ in range(2)]
     (energy, traced, loaded), (energy2, traced2, loaded2) = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)

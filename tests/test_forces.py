@@ -18,7 +18,7 @@ from pyscf import dft, scf
 
 from pyscf_ipu.config import RKSConfig
 from pyscf_ipu.forces import nuclear_gradient, two_electron_coefficients
-from pyscf_ipu.host import prepare
+from pyscf_ipu.prepare import prepare
 from pyscf_ipu.molecule import Molecule, from_name
 from pyscf_ipu.rks import run_rks
 from pyscf_ipu.xc.functionals import get_functional
@@ -40,7 +40,7 @@ def pyscf_gradient(mol, config: RKSConfig) -> np.ndarray:
 
 
 def gradient_of(molecule: Molecule, config: RKSConfig):
-    host = prepare(molecule, config, needs_grid=config.xc != "hf")
+    host = prepare([molecule], config)[0]
     result = run_rks(molecule, config, host=host)
     return host, result, nuclear_gradient(host, result, get_functional(config.xc))
 
@@ -63,7 +63,7 @@ def test_water_gradient_matches_a_finite_difference_on_a_fixed_grid():
 
     def energy(positions: np.ndarray) -> float:
         moved = dataclasses.replace(molecule, positions=positions)
-        other = prepare(moved, config)
+        other = prepare([moved], config)[0]
         ao = dft.numint.eval_ao(other.mol, host.grid_coords, deriv=1)
         fixed = dataclasses.replace(other, grid_coords=host.grid_coords, grid_weights=host.grid_weights, ao=ao)
         return run_rks(moved, config, host=fixed).energy
@@ -79,7 +79,7 @@ def test_water_gradient_matches_a_finite_difference_on_a_fixed_grid():
 
 def test_two_electron_coefficients_give_the_coulomb_and_exchange_energies():
     """sum_u c_u (u) over the s8 ERIs equals E_J - a_x E_K / 2 from PySCF's J and K at the same density."""
-    mol = prepare(from_name("water"), RKSConfig(eri_expcutoff=0.0), needs_grid=False).mol
+    mol = prepare([from_name("water")], RKSConfig(eri_expcutoff=0.0, xc="hf"))[0].mol
     eri = mol.intor("int2e", aosym="s8")
     dm = np.random.default_rng(0).normal(size=(mol.nao, mol.nao))
     dm = dm + dm.T
@@ -106,7 +106,7 @@ def test_water_gradient_with_grid_response_matches_pyscf_and_a_plain_finite_diff
     against PySCF's grid_response=True and against central differences of the plain energy."""
     molecule = from_name("water")
     config = RKSConfig(**FLOAT64)
-    host = prepare(molecule, config)
+    host = prepare([molecule], config)[0]
     result = run_rks(molecule, config, host=host)
     ours = nuclear_gradient(host, result, get_functional(config.xc), grid_response=True)
     mf = dft.RKS(host.mol, xc=config.xc)
@@ -136,7 +136,7 @@ def test_jax_grid_is_pyscfs_grid():
     import jax
 
     from pyscf_ipu.grid import atom_grids, grid_points_and_weights
-    from pyscf_ipu.host import build_mole
+    from pyscf_ipu.mole import build_mole
     from pyscf_ipu.qm9 import qm9_molecules
 
     for molecule in (from_name("water"), qm9_molecules([21989])[0].molecule):

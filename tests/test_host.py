@@ -5,13 +5,14 @@ import pytest
 from pyscf import ao2mo, dft, scf
 
 from pyscf_ipu.config import ConfigError, RKSConfig
-from pyscf_ipu.host import build_mole, prepare, prepare_conformers
+from pyscf_ipu.mole import build_mole
+from pyscf_ipu.prepare import prepare
 from pyscf_ipu.molecule import MoleculeError, from_atom_string, from_name
 
 
 @pytest.fixture(scope="module")
 def benzene_host():
-    return prepare(from_name("benzene"), RKSConfig())
+    return prepare([from_name("benzene")], RKSConfig())[0]
 
 
 def test_sizes_and_grid_match_pyscf(benzene_host):
@@ -38,7 +39,7 @@ def test_minao_guess_equals_pyscf_for_cno_f_and_h():
     molecule = from_atom_string("C 0 0 0; N 0 0 1.16; O 1.2 0 -0.7; F -1.3 0 -0.7; H 0 1.0 -0.4; H 0 -1.0 -0.4")
     for basis in ("sto-3g", "6-31g*"):
         mol = build_mole(molecule, basis)
-        np.testing.assert_allclose(prepare(molecule, RKSConfig(basis=basis)).density_guess,
+        np.testing.assert_allclose(prepare([molecule], RKSConfig(basis=basis))[0].density_guess,
                                    scf.hf.init_guess_by_minao(mol), atol=1e-12)  # fmt: skip
 
 
@@ -56,8 +57,8 @@ def test_orthogonaliser_and_guess(benzene_host):
 
 def test_schwarz_screening_drops_small_integrals_only():
     molecule = from_atom_string("C 0 0 0; O 0 0 1.2; H 0 0.9 -0.6; H 0 -0.9 -0.6; Ne 0 0 6")
-    full = prepare(molecule, RKSConfig(eri_threshold=0.0))
-    screened = prepare(molecule, RKSConfig(eri_threshold=1e-6))
+    full = prepare([molecule], RKSConfig(eri_threshold=0.0))[0]
+    screened = prepare([molecule], RKSConfig(eri_threshold=1e-6))[0]
     dropped = (full.eri_s8 != 0) & (screened.eri_s8 == 0)
     assert screened.eri_kept < full.eri_kept and dropped.any()
     # Schwarz inequality: |(ij|kl)| <= sqrt((ij|ij)(kl|kl)) < threshold for every dropped integral.
@@ -68,7 +69,7 @@ def test_schwarz_screening_drops_small_integrals_only():
 
 @pytest.mark.parametrize("basis, nao", [("sto-3g", 7), ("6-31g", 13), ("6-31g*", 18)])
 def test_bases(basis, nao):
-    host = prepare(from_name("water"), RKSConfig(basis=basis))
+    host = prepare([from_name("water")], RKSConfig(basis=basis))[0]
     assert host.nao == nao
     mol = build_mole(from_name("water"), basis)
     np.testing.assert_allclose(ao2mo.restore(1, host.eri_s8, nao), mol.intor("int2e"), atol=1e-12)
@@ -83,16 +84,16 @@ def test_missing_elements_and_unknown_basis():
 
 
 def test_hartree_fock_skips_the_grid():
-    host = prepare(from_name("water"), RKSConfig(xc="hf"), needs_grid=False)
+    host = prepare([from_name("water")], RKSConfig(xc="hf"))[0]
     assert host.grid_points == 0 and host.ao.shape == (4, 0, 7)
 
 
 def test_eri_primitive_screening_is_below_float32_resolution():
     """libcint's primitive screening at the default exponent cutoff changes integrals by < 1e-7 Ha."""
     molecule = from_name("benzene")
-    exact = prepare(molecule, RKSConfig(eri_expcutoff=0.0), needs_grid=False).eri_s8
-    screened = prepare(molecule, RKSConfig(), needs_grid=False).eri_s8
-    coarse = prepare(molecule, RKSConfig(eri_expcutoff=15.0), needs_grid=False).eri_s8
+    exact = prepare([molecule], RKSConfig(eri_expcutoff=0.0, xc="hf"))[0].eri_s8
+    screened = prepare([molecule], RKSConfig(xc="hf"))[0].eri_s8
+    coarse = prepare([molecule], RKSConfig(eri_expcutoff=15.0, xc="hf"))[0].eri_s8
     assert RKSConfig().eri_expcutoff == 30.0
     np.testing.assert_allclose(screened, exact, rtol=0, atol=1e-7)
     assert np.max(np.abs(coarse - exact)) > 1e-7  # the cutoff really screens
@@ -105,8 +106,8 @@ def test_device_integrals_switch(precision, atol):
     float32: the ERIs within 1e-6 (tests/test_integrals.py), the core Hamiltonian within 2e-5 (its
     nuclear attraction on an O core is ~60 Hartree, where float32 resolves 4e-6)."""
     molecule = from_name("water")
-    host = prepare(molecule, RKSConfig(basis="6-31g*", precision=precision, eri_expcutoff=0.0), needs_grid=False)
-    device = prepare(molecule, RKSConfig(basis="6-31g*", precision=precision, integrals="device"), needs_grid=False)
+    host = prepare([molecule], RKSConfig(basis="6-31g*", precision=precision, eri_expcutoff=0.0, xc="hf"))[0]
+    device = prepare([molecule], RKSConfig(basis="6-31g*", precision=precision, integrals="device", xc="hf"))[0]
     np.testing.assert_allclose(device.overlap, host.overlap, rtol=0, atol=atol)
     np.testing.assert_allclose(device.hcore, host.hcore, rtol=0, atol=atol)
     np.testing.assert_allclose(device.eri_s8, host.eri_s8, rtol=0, atol=min(atol, 1e-6))
@@ -117,7 +118,7 @@ def test_device_integrals_switch(precision, atol):
 def test_integral_sources_are_the_config_choices():
     """Each choice of ``RKSConfig.integrals`` names one registered source, and no other name does."""
     from pyscf_ipu.config import INTEGRALS
-    from pyscf_ipu.host import INTEGRAL_SOURCES, JaxIntegrals, LibcintIntegrals, integral_source
+    from pyscf_ipu.integral_sources import INTEGRAL_SOURCES, JaxIntegrals, LibcintIntegrals, integral_source
 
     assert set(INTEGRAL_SOURCES) == set(INTEGRALS)
     assert all(integral_source(name).name == name for name in INTEGRALS)
@@ -127,17 +128,17 @@ def test_integral_sources_are_the_config_choices():
 
 
 def test_conformers_prepared_together_match_libcint_one_by_one():
-    """prepare_conformers: one device call for the integrals of three conformers (padded to a batch
+    """prepare: one device call for the integrals of three conformers (padded to a batch
     of four), each conformer's overlap and core Hamiltonian (float64 on the device) within 1e-10 and
     its ERIs (float32) within 1e-6 of libcint's at its own geometry; different atoms are refused."""
     water = from_name("water")
     rng = np.random.default_rng(3)
     conformers = [water.with_positions(water.positions + 0.1 * rng.normal(size=water.positions.shape))
                   for _ in range(3)]  # fmt: skip
-    hosts = prepare_conformers(conformers, RKSConfig(integrals="device"), needs_grid=False)
+    hosts = prepare(conformers, RKSConfig(integrals="device", xc="hf"))
     assert len(hosts) == 3
     for conformer, device in zip(conformers, hosts):
-        host = prepare(conformer, RKSConfig(eri_expcutoff=0.0), needs_grid=False)
+        host = prepare([conformer], RKSConfig(eri_expcutoff=0.0, xc="hf"))[0]
         np.testing.assert_allclose(device.overlap, host.overlap, rtol=0, atol=1e-10)
         np.testing.assert_allclose(device.hcore, host.hcore, rtol=0, atol=1e-10)
         # the device's s8 array is its size bucket's (water's 2 H padded to 4): the molecule's leads, zeros follow
@@ -147,7 +148,7 @@ def test_conformers_prepared_together_match_libcint_one_by_one():
         assert device.eri_kept == np.count_nonzero(device.eri_s8)  # counted on the device
     assert np.abs(hosts[0].eri_s8 - hosts[1].eri_s8).max() > 1e-3  # each at its own geometry
     with pytest.raises(ValueError, match="one size bucket"):  # water and benzene: two buckets
-        prepare_conformers([water, from_name("benzene")], RKSConfig(integrals="device"), needs_grid=False)
+        prepare([water, from_name("benzene")], RKSConfig(integrals="device", xc="hf"))
 
 
 def test_device_integrals_finalise_j_and_k_on_the_device():
@@ -165,7 +166,7 @@ def test_device_integrals_finalise_j_and_k_on_the_device():
     water = from_name("water")
     config = RKSConfig(integrals="device")
     distorted = water.with_positions(water.positions + 0.1 * np.random.default_rng(5).normal(size=(3, 3)))
-    hosts = prepare_conformers([water, distorted], config)
+    hosts = prepare([water, distorted], config)
     assert hosts[0].eri_s8.dtype == np.float32 and not hosts[0].eri_s8.flags.writeable  # the device's, no copy
     results = [run_rks(water, config, host=hosts[0]), *submit_batch(hosts, config, batch_size=4).results()]
     for host, result in zip([hosts[0], *hosts], results):
@@ -183,20 +184,20 @@ def test_device_grid_and_ao_values_match_pyscf(basis):
     """With device integrals the grid is partitioned and the AO values evaluated on the device.
 
     Each conformer's points and weights equal PySCF's level-0 RKS grid (its two zero-weight alignment
-    points aside) to float64 round-off (1e-12); the float32 AO values and gradients that build_problem
-    and build_batch evaluate equal PySCF's ``eval_ao`` within 3e-6 relative to max(1, |value|), the
+    points aside) to float64 round-off (1e-12); the float32 AO values and gradients that build_batch
+    evaluates, for one conformer or two, equal PySCF's ``eval_ao`` within 3e-6 relative to max(1, |value|), the
     bound of tests/test_integrals.py, with zeros on the padded points and AOs. 6-31G* has d shells,
     which go through the spherical transform; STO-3G has none, which skips it.
     """
     from pyscf_ipu.jk import get_jk_backend
-    from pyscf_ipu.problem import build_batch, build_problem
+    from pyscf_ipu.problem import build_batch
 
     water = from_name("water")
     rng = np.random.default_rng(5)
     conformers = [water.with_positions(water.positions + 0.1 * rng.normal(size=water.positions.shape))
                   for _ in range(2)]  # fmt: skip
     config = RKSConfig(basis=basis, integrals="device")
-    hosts = [prepare(c, config) for c in conformers]  # one conformer per call: the ERI program of the tests above
+    hosts = [prepare([c], config)[0] for c in conformers]  # one conformer per call: the ERI program of the tests above
     backend = get_jk_backend("dense")
     sizes = (hosts[0].nao + 3, 256 * (hosts[0].grid_points // 256 + 1))
     batch = build_batch(hosts, backend, np.float32, sizes)
@@ -210,7 +211,7 @@ def test_device_grid_and_ao_values_match_pyscf(basis):
         np.testing.assert_allclose(host.grid_weights, grids.weights[real], rtol=1e-12, atol=1e-12)
         np.testing.assert_array_equal(host.grid_owners, grids.atm_idx[real])
         reference = dft.numint.eval_ao(host.mol, host.grid_coords, deriv=1)
-        ao = np.asarray(build_problem(host, backend, np.float32, sizes).ao, np.float64)
+        ao = np.asarray(build_batch([host], backend, np.float32, sizes).ao[0], np.float64)
         n, g = host.nao, host.grid_points
         error = np.abs(ao[:, :g, :n] - reference) / np.maximum(1.0, np.abs(reference))
         assert error.max() <= 3e-6, error.max()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy.special import hyp1f1
 
-from pyscf_ipu.host import build_mole
+from pyscf_ipu.mole import build_mole
 from pyscf_ipu.integrals.basis import cartesian_powers, primitive_basis
 from pyscf_ipu.integrals.boys import MAX_ORDER, boys, boys_family
 from pyscf_ipu.integrals.eri import eri_s8
@@ -22,6 +22,11 @@ from pyscf_ipu.integrals.eri_plan import plan_eri
 from pyscf_ipu.integrals.one_electron import one_electron
 from pyscf_ipu.molecule import from_name
 from pyscf_ipu.qm9 import qm9_molecules
+
+def one_conformer(ints: dict) -> dict:
+    """The matrices of the first (only) conformer of a batch."""
+    return {key: value[0] for key, value in ints.items()}
+
 
 MOLECULES = {"water": lambda: from_name("water"), "benzene": lambda: from_name("benzene"),
              "qm9-21989": lambda: qm9_molecules([21989])[0].molecule,
@@ -77,8 +82,8 @@ def test_one_electron_integrals_match_libcint(name, basis_name):
     basis = primitive_basis(mol)
     refs = {"overlap": mol.intor("int1e_ovlp"), "kinetic": mol.intor("int1e_kin"), "nuclear": mol.intor("int1e_nuc")}
     with jax.enable_x64(True):
-        ours64 = one_electron(basis, jnp.float64)
-    ours32 = one_electron(basis, jnp.float32)
+        ours64 = one_conformer(one_electron([basis], basis.coords[None], jnp.float64))
+    ours32 = one_conformer(one_electron([basis], basis.coords[None], jnp.float32))
     for key, ref in refs.items():
         np.testing.assert_allclose(np.asarray(ours64[key]), ref, rtol=0, atol=1e-10, err_msg=key)
         assert ours32[key].dtype == jnp.float32
@@ -100,18 +105,24 @@ def test_ao_values_and_gradients_match_pyscf(name, basis_name):
     """(4, G, N) values and gradients against PySCF's eval_ao(deriv=1) on PySCF's own grid."""
     from pyscf import dft
 
-    from pyscf_ipu.integrals.ao_values import ao_values
+    from pyscf_ipu.integrals.ao_values import ao_tables, ao_values
 
     mol = build_mole(MOLECULES[name](), basis_name)
     grids = dft.gen_grid.Grids(mol)
     grids.level = 0
     grids.build(sort_grids=False)
-    coords, owners = grids.coords[::7], grids.atm_idx[::7]  # every 7th point: all regions, a fast test
+    coords, owners = grids.coords[::7], np.maximum(grids.atm_idx[::7], 0)  # every 7th point; -1 is padding
     ref = dft.numint.eval_ao(mol, coords, deriv=1)
     basis = primitive_basis(mol)
+
+    def ours(dtype):  # a batch of one conformer
+        offsets = coords - basis.coords[owners]  # float64, from each point's own atom
+        sizes = (mol.nao, len(coords))
+        return np.asarray(ao_values([ao_tables(basis)], basis.coords[None], [offsets], [owners], sizes, dtype)[0])
+
     with jax.enable_x64(True):
-        np.testing.assert_allclose(np.asarray(ao_values(basis, coords, owners, jnp.float64)), ref, rtol=0, atol=1e-12)
-    ours32 = np.asarray(ao_values(basis, coords, owners, jnp.float32), np.float64)
+        np.testing.assert_allclose(ours(jnp.float64), ref, rtol=0, atol=1e-12)
+    ours32 = ours(jnp.float32).astype(np.float64)
     error = np.abs(ours32 - ref) / np.maximum(1.0, np.abs(ref))
     assert error.max() <= 3e-6, error.max()  # float32 round-off (measured up to 1.5e-6 on whole grids)
 
@@ -134,11 +145,11 @@ def test_eris_match_libcint(name, basis_name):
     plan = plan_eri(mol)
     ref = mol.intor("int2e", aosym="s8")
     with jax.enable_x64(True):
-        ours64 = np.asarray(eri_s8(plan, mol.atom_coords(), jnp.float64))
+        ours64 = np.asarray(eri_s8(plan, mol.atom_coords()[None], jnp.float64)[0])
     assert ours64.shape == ref.shape
     np.testing.assert_allclose(ours64, ref, rtol=0, atol=1e-10)
     del ours64
-    ours32 = eri_s8(plan, mol.atom_coords(), jnp.float32)
+    ours32 = eri_s8(plan, mol.atom_coords()[None], jnp.float32)[0]
     assert ours32.dtype == jnp.float32
     error = np.abs(np.asarray(ours32, np.float64) - ref)
     print(f"{name}/{basis_name}: {ref.size:,} ERIs, float32 max error {error.max():.2e}")
@@ -178,7 +189,7 @@ def test_functions_sharing_exponents_form_one_eri_shell():
         assert sorted(aos) == list(range(mol.nao)), mol.basis
         assert sum(spherical_count(c) for c in shells.components) == mol.nao
     with jax.enable_x64(True):  # the general contraction's values, against libcint
-        ours = np.asarray(eri_s8(plan_eri(general), general.atom_coords(), jnp.float64))
+        ours = np.asarray(eri_s8(plan_eri(general), general.atom_coords()[None], jnp.float64)[0])
     np.testing.assert_allclose(ours, general.intor("int2e", aosym="s8"), rtol=0, atol=1e-10)
 
 
@@ -203,7 +214,7 @@ def test_eri_workers_share_the_tiles_exactly():
     coords = mol.atom_coords()[None] + np.random.default_rng(2).normal(scale=0.05, size=(2, mol.natm, 3))
     one = np.asarray(eri_s8(plan, coords, workers=1))
     np.testing.assert_array_equal(np.asarray(eri_s8(plan, coords, workers=2)), one)
-    np.testing.assert_array_equal(np.asarray(eri_s8(plan, coords[0], workers=3)), one[0])
+    np.testing.assert_array_equal(np.asarray(eri_s8(plan, coords[:1], workers=3)), one[:1])
 
 
 def test_molecules_of_similar_size_share_the_compiled_integral_programs():
@@ -212,7 +223,7 @@ def test_molecules_of_similar_size_share_the_compiled_integral_programs():
     compiled programs, each still equal to libcint."""
     from pyscf_ipu.integrals.eri import _static
     from pyscf_ipu.integrals.eri_kernels import quartet_program
-    from pyscf_ipu.integrals.one_electron import _one_electron_batch
+    from pyscf_ipu.integrals.one_electron import one_electron_program
 
     first, second = (build_mole(record.molecule, "sto-3g") for record in qm9_molecules([2, 3]))  # NH3, H2O
     plans = [plan_eri(first), plan_eri(second)]
@@ -220,13 +231,14 @@ def test_molecules_of_similar_size_share_the_compiled_integral_programs():
     assert _static(plans[0]) == _static(plans[1])
     compiled = []
     for mol, plan in zip((first, second), plans):
-        ours = np.asarray(eri_s8(plan, mol.atom_coords(), jnp.float32, workers=2), np.float64)
+        ours = np.asarray(eri_s8(plan, mol.atom_coords()[None], jnp.float32, workers=2)[0], np.float64)
         assert np.abs(ours - mol.intor("int2e", aosym="s8")).max() <= 1e-6
         with jax.enable_x64(True):
-            ints = one_electron(primitive_basis(mol), jnp.float64)
+            basis = primitive_basis(mol)
+            ints = one_conformer(one_electron([basis], basis.coords[None], jnp.float64))
         assert ints["overlap"].shape == (mol.nao, mol.nao)
         np.testing.assert_allclose(np.asarray(ints["nuclear"]), mol.intor("int1e_nuc"), rtol=0, atol=1e-10)
-        compiled.append((quartet_program.signatures, _one_electron_batch.signatures))
+        compiled.append((quartet_program.signatures, one_electron_program.signatures))
     assert compiled[1] == compiled[0]  # the second molecule compiled nothing new
 
 
@@ -245,7 +257,7 @@ def test_compiled_eri_programs_are_released_before_the_memory_mapping_limit(monk
     plans = [plan_eri(mol) for mol in mols]
     assert _static(plans[0]) != _static(plans[1])  # two programs
     for mol, plan in zip(mols, plans):
-        ours = np.asarray(eri_s8(plan, mol.atom_coords(), jnp.float32, workers=1), np.float64)
+        ours = np.asarray(eri_s8(plan, mol.atom_coords()[None], jnp.float32, workers=1)[0], np.float64)
         assert np.abs(ours - mol.intor("int2e", aosym="s8")).max() <= 1e-6
         assert quartet_program.signatures == 1  # the other program was released
 
@@ -256,7 +268,7 @@ def test_eri_input_is_checked():
     with pytest.raises(ValueError, match="expected"):
         eri_s8(plan, np.zeros((2, 3)))
     with pytest.raises(ValueError, match="workers = 0"):
-        eri_s8(plan, mol.atom_coords(), workers=0)
+        eri_s8(plan, mol.atom_coords()[None], workers=0)
     from pyscf import gto
 
     with pytest.raises(ValueError, match="only s, p and d shells"):

@@ -14,7 +14,7 @@ from pyscf import scf
 
 from pyscf_ipu.cli import main
 from pyscf_ipu.config import RKSConfig
-from pyscf_ipu.host import prepare
+from pyscf_ipu.prepare import prepare
 from pyscf_ipu.ipu import IPUJK, TileMemoryError, Workload, ipu_model, plan, plan_on
 from pyscf_ipu.ipu.contract import contract, layout, place
 from pyscf_ipu.ipu.plan import split_even
@@ -23,6 +23,11 @@ from pyscf_ipu.jk import get_jk_backend
 from pyscf_ipu.molecule import from_name
 from pyscf_ipu.rks import run_rks
 from pyscf_ipu.units import HARTREE_TO_MEV
+
+
+def member(stacked: dict) -> dict:
+    """The J-K arrays of the first (only) conformer of a prepared batch."""
+    return jax.tree.map(lambda a: a[0], stacked)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -117,11 +122,11 @@ def relative_error(a, b):
 @pytest.fixture(scope="module", params=[("benzene", "sto-3g"), ("water", "6-31g*"), ("h2", "sto-3g")])
 def eri_case(request):
     name, basis = request.param
-    host = prepare(from_name(name), RKSConfig(basis=basis), needs_grid=False)
+    host = prepare([from_name(name)], RKSConfig(basis=basis, xc="hf"))[0]
     c = np.random.default_rng(2).normal(size=(host.nao, max(1, host.nao // 2)))
     dm = c @ c.T / host.nao
     dense = get_jk_backend("dense")
-    data = dense.prepare(host.eri_s8, host.nao, host.nao, np.float32)
+    data = member(dense.prepare([host.eri_s8], host.nao, host.nao, np.float32, [host.eri_kept]))
     j, k = jax.jit(dense.contract)(data, jnp.asarray(dm, jnp.float32))
     return host, dm, np.asarray(j, np.float64), np.asarray(k, np.float64)
 
@@ -134,7 +139,7 @@ def test_ipu_matches_dense_within_1e5(eri_case, strategy, tiles):
     # a teaching chip: 1 GiB tiles, so that even one tile may hold a whole molecule's integrals
     backend = IPUJK(ipu_model(tiles=tiles).replace(tile_memory_bytes=2**30), strategy)
     npad = host.nao + 2  # padded AOs stay empty
-    data = backend.prepare(host.eri_s8, host.nao, npad, np.float32)
+    data = member(backend.prepare([host.eri_s8], host.nao, npad, np.float32, [host.eri_kept]))
     dm_pad = np.zeros((npad, npad), np.float32)
     dm_pad[: host.nao, : host.nao] = dm
     j, k = jax.jit(backend.contract)(data, jnp.asarray(dm_pad))
@@ -153,8 +158,8 @@ def test_four_ipus_on_four_devices():
     script = textwrap.dedent(
         """
         import jax, jax.numpy as jnp, numpy as np
-        from pyscf_ipu.config import RKSConfig
-        from pyscf_ipu.host import prepare
+        from pyscf_ipu.config import IPUConfig, RKSConfig
+        from pyscf_ipu.prepare import prepare
         from pyscf_ipu.ipu import ipu_model, plan_on, Workload
         from pyscf_ipu.ipu.contract import contract, layout, place
         from pyscf_ipu.jk import get_jk_backend
@@ -162,11 +167,11 @@ def test_four_ipus_on_four_devices():
         from pyscf_ipu.rks import run_rks
         assert jax.device_count() == 4
         for name, basis in [("benzene", "sto-3g"), ("water", "6-31g*")]:
-            host = prepare(from_name(name), RKSConfig(basis=basis), needs_grid=False)
+            host = prepare([from_name(name)], RKSConfig(basis=basis, xc="hf"))[0]
             n = host.nao
             c = np.random.default_rng(3).normal(size=(n, n // 2)); dm = jnp.asarray(c @ c.T / n, jnp.float32)
             dense = get_jk_backend("dense")
-            j0, k0 = (np.asarray(a, np.float64) for a in dense.contract(dense.prepare(host.eri_s8, n, n, np.float32), dm))
+            j0, k0 = (np.asarray(a, np.float64) for a in dense.contract(jax.tree.map(lambda a: a[0], dense.prepare([host.eri_s8], n, n, np.float32, [host.eri_kept])), dm))
             w = Workload(n, int(np.count_nonzero(host.eri_s8)))
             for strategy in ("rows", "s8"):
                 for ipus in (1, 4):
@@ -182,8 +187,8 @@ def test_four_ipus_on_four_devices():
         # a whole SCF whose plan must spread over IPUs: water/6-31g* (18 AOs, its own size bucket)
         # has 342 rows of 688 bytes; a 1-tile IPU with an 11% budget holds 70 KB, so 3 IPUs
         # (114 rows, 79 KB each) do not fit and 4 (86 rows, 60 KB) do
-        config = RKSConfig(basis="6-31g*", tiles=1, ipus=4, jk_strategy="rows", ipu_memory_proportion=0.11)
-        r = run_rks(from_name("water"), config)
+        config = RKSConfig(basis="6-31g*", ipu=IPUConfig(tiles=1, ipus=4, jk_strategy="rows", ipu_memory_proportion=0.11))
+        r = run_rks(from_name("water"), config, profile=True)
         assert r.jk_profile["ipus_used"] == 4, r.jk_profile["ipus_used"]
         print("OK", r.energy, r.jk_profile["ipus_used"])
         """
@@ -199,11 +204,12 @@ def test_scf_with_ipu_backend_matches_pyscf(qm9_nine_heavy, reference):
     molecule = qm9_nine_heavy[21989]
     config = RKSConfig()
     assert config.jk == "ipu"
-    result = run_rks(molecule, config)
+    result = run_rks(molecule, config, profile=True)
     ref = reference(molecule, config)
     for ours, theirs in ((result.energy, ref.energy), (result.homo, ref.homo), (result.lumo, ref.lumo)):
         assert abs(ours - theirs) * HARTREE_TO_MEV < 2.0
     assert result.jk_profile["strategy"] == "rows" and result.converged
+    assert run_rks(from_name("water"), config).jk_profile is None  # the profile only where asked for
 
 
 def test_memory_error_exits_2_from_the_cli(capsys):
@@ -233,20 +239,20 @@ def test_profile_report_and_tile_map(tmp_path):
 
 
 def test_profile_report_matches_plan():
-    host = prepare(from_name("water"), RKSConfig(), needs_grid=False)
+    host = prepare([from_name("water")], RKSConfig(xc="hf"))[0]
     p = IPUJK(ipu_model(tiles=7), "s8").plans(host.eri_s8, host.nao, host.nao, np.float32)[1]
     report = profile_report(p, iterations=12)
     assert report["tiles_used"] == 7 and report["load_imbalance"] == pytest.approx(p.imbalance)
     assert report["estimate"]["seconds_all_iterations"] == pytest.approx(12 * p.iteration_seconds)
     assert report["eri_unique_kept"] == np.count_nonzero(host.eri_s8)
     # screening shows up as sparsity
-    screened = prepare(from_name("water"), RKSConfig(eri_threshold=1e-2), needs_grid=False)
+    screened = prepare([from_name("water")], RKSConfig(eri_threshold=1e-2, xc="hf"))[0]
     p2 = IPUJK(ipu_model(tiles=7), "s8").plans(screened.eri_s8, screened.nao, screened.nao, np.float32)[1]
     assert profile_report(p2, 1)["eri_sparsity"] > report["eri_sparsity"]
 
 
 def test_layout_pads_only_the_last_tile():
-    host = prepare(from_name("water"), RKSConfig(), needs_grid=False)
+    host = prepare([from_name("water")], RKSConfig(xc="hf"))[0]
     w = Workload(host.nao, int(np.count_nonzero(host.eri_s8)))
     p = plan_on(w, ipu_model(tiles=7), "s8", 1)
     data = layout(p, p, host.eri_s8, host.nao, np.float32)
@@ -267,7 +273,7 @@ def test_rows_placement_puts_every_row_where_row_source_says(ipus):
     from pyscf_ipu.packed import row_matrix, s8_to_s4
     from pyscf_ipu.ipu.contract import _tiled_rows, row_placement, row_source, tile_shape
 
-    host = prepare(from_name("water"), RKSConfig(), needs_grid=False)
+    host = prepare([from_name("water")], RKSConfig(xc="hf"))[0]
     n, npad = host.nao, host.nao + 3
     p = plan_on(Workload(npad, int(np.count_nonzero(host.eri_s8))), ipu_model(num_ipus=4, tiles=4), "rows", ipus)
     source = row_source(p)
@@ -285,7 +291,7 @@ def test_eri_tile_plan_covers_every_quartet_once_balanced_and_within_memory():
     """The device ERIs' tile plan: every canonical shell quartet but the one-centre ones exactly once
     (counted here from PySCF's shells directly), balanced within 25% on a 9-heavy-atom molecule, every
     tile within its budget; a smaller budget spreads it over more IPUs, an impossible one is refused."""
-    from pyscf_ipu.host import build_mole
+    from pyscf_ipu.mole import build_mole
     from pyscf_ipu.integrals.eri_plan import plan_eri
     from pyscf_ipu.ipu.eri_tiles import plan_eri_tiles
     from pyscf_ipu.ipu.model import ipu_model

@@ -7,10 +7,15 @@ import pytest
 from pyscf import scf
 
 from pyscf_ipu.config import RKSConfig
-from pyscf_ipu.host import prepare
+from pyscf_ipu.prepare import prepare
 from pyscf_ipu.packed import degeneracy_weights, unique_quartets
 from pyscf_ipu.jk import JK_BACKENDS, get_jk_backend
 from pyscf_ipu.molecule import from_name
+
+
+def member(stacked: dict) -> dict:
+    """The J-K arrays of the first (only) conformer of a prepared batch."""
+    return jax.tree.map(lambda a: a[0], stacked)
 
 
 def random_density(n, rng):
@@ -21,7 +26,7 @@ def random_density(n, rng):
 @pytest.fixture(scope="module", params=[("benzene", "sto-3g"), ("water", "6-31g*")], ids=lambda p: "-".join(p))
 def case(request):
     name, basis = request.param
-    host = prepare(from_name(name), RKSConfig(basis=basis), needs_grid=False)
+    host = prepare([from_name(name)], RKSConfig(basis=basis, xc="hf"))[0]
     dm = random_density(host.nao, np.random.default_rng(1))
     vj, vk = scf.hf.dot_eri_dm(host.eri_s8, dm, hermi=1)  # float64 reference
     return host, dm, vj, vk
@@ -37,7 +42,7 @@ def test_backend_float64_matches_pyscf(case, name):
     backend = get_jk_backend(name)
     npad = host.nao + 3  # padding must not change the result
     with jax.enable_x64(True):
-        data = backend.prepare(host.eri_s8, host.nao, npad, np.float64)
+        data = member(backend.prepare([host.eri_s8], host.nao, npad, np.float64, [host.eri_kept]))
         dm_pad = np.zeros((npad, npad))
         dm_pad[: host.nao, : host.nao] = dm
         j, k = jax.jit(backend.contract)(data, jnp.asarray(dm_pad))
@@ -54,7 +59,7 @@ def test_float32_backends_agree_within_1e5(case):
     results = {}
     for name in JK_BACKENDS:
         backend = get_jk_backend(name)
-        data = backend.prepare(host.eri_s8, host.nao, host.nao, np.float32)
+        data = member(backend.prepare([host.eri_s8], host.nao, host.nao, np.float32, [host.eri_kept]))
         results[name] = jax.jit(backend.contract)(data, jnp.asarray(dm, jnp.float32))
         assert results[name][0].dtype == jnp.float32
     j_dense, k_dense = (np.asarray(a, np.float64) for a in results["dense"])
@@ -67,7 +72,7 @@ def test_float32_backends_agree_within_1e5(case):
 
 def test_degeneracy_weights_count_every_element_once():
     """Expanding unique quartets over their 8 permutations with these weights rebuilds the full tensor."""
-    host = prepare(from_name("water"), RKSConfig(), needs_grid=False)
+    host = prepare([from_name("water")], RKSConfig(xc="hf"))[0]
     n = host.nao
     values, index = unique_quartets(host.eri_s8, n)
     weights = degeneracy_weights(index)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from pyscf_ipu.config import RKSConfig
-from pyscf_ipu.host import prepare
+from pyscf_ipu.config import IPUConfig, RKSConfig
+from pyscf_ipu.prepare import prepare
 from pyscf_ipu.jk import jk_matrices
 from pyscf_ipu.molecule import from_name
 from pyscf_ipu.rks import run_rks
@@ -19,7 +19,7 @@ def assert_png(path):
 
 @pytest.fixture(scope="module")
 def water():
-    host = prepare(from_name("water"), RKSConfig())
+    host = prepare([from_name("water")], RKSConfig())[0]
     return host, run_rks(host.molecule, RKSConfig(), host=host)
 
 
@@ -51,7 +51,7 @@ def test_tile_owner_map_places_everything_once(water, strategy, tmp_path):
 
     host, _ = water
     n = host.nao
-    shape, real = get_jk_backend("ipu", RKSConfig(jk_strategy=strategy)).plans(host.eri_s8, n, n, np.float32)
+    shape, real = get_jk_backend("ipu", RKSConfig(ipu=IPUConfig(jk_strategy=strategy))).plans(host.eri_s8, n, n, np.float32)
     maps = tile_owner_map(shape, real, host.eri_s8, n)
     npair = n * (n + 1) // 2
     tiles = set()

@@ -1,6 +1,6 @@
 """The SCF loop against PySCF float64, and its mechanics (padding, recompilation, DIIS, dtypes).
 
-Tolerances (SCIENCE.md):
+Tolerances (docs/science.md):
 - float64: total energy within 1e-6 Hartree of tightly converged PySCF with the same settings;
 - float32: energy, HOMO, LUMO and gap within 2 meV of PySCF float64.
 """
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from pyscf_ipu.config import RKSConfig
-from pyscf_ipu.host import prepare
+from pyscf_ipu.prepare import prepare
 from pyscf_ipu.molecule import from_atom_string, from_name
-from pyscf_ipu.problem import VIRTUAL_SHIFT, build_problem
-from pyscf_ipu.rks import run_rks
-from pyscf_ipu.scf import LoopSettings, diis_extrapolate, energy_std_ev, scf_loop
+from pyscf_ipu.problem import VIRTUAL_SHIFT, build_batch
+from pyscf_ipu.rks import run_rks, submit_batch
+from pyscf_ipu.scf import LoopSettings, diis_extrapolate, energy_std_ev, scf_program
 from pyscf_ipu.units import HARTREE_TO_EV, HARTREE_TO_MEV
 
 TIGHT64 = dict(precision="float64", max_iterations=60, stop_commutator=1e-9)
@@ -70,7 +70,7 @@ def test_padding_changes_nothing():
     """Padded AOs stay empty virtuals and padded grid points weigh nothing (float64: to round-off)."""
     molecule = from_name("water")
     config = RKSConfig(**TIGHT64)
-    host = prepare(molecule, config)
+    host = prepare([molecule], config)[0]
     tight = run_rks(molecule, config, host=host, sizes=(host.nao, host.grid_points))
     padded = run_rks(molecule, config, host=host, sizes=(24, host.grid_points + 1000))
     assert padded.shapes == (24, host.grid_points + 1000)
@@ -87,7 +87,7 @@ def test_xc_loop_stops_at_the_last_weighted_point():
     from pyscf_ipu.numint import weighted_points, xc_energy_and_potential
     from pyscf_ipu.padding import pad_to
 
-    host = prepare(from_name("water"), RKSConfig(precision="float64"))
+    host = prepare([from_name("water")], RKSConfig(precision="float64"))[0]
     points = 1024 * -(-host.grid_points // 1024) + 2048  # two whole blocks of padding, at least
     ao, weights = pad_to(host.ao, (4, points, host.nao)), pad_to(host.grid_weights, (points,))
     functional = LoopSettings.from_config(RKSConfig()).functional
@@ -105,9 +105,10 @@ def test_xc_loop_stops_at_the_last_weighted_point():
 
 
 def test_padded_orbitals_sit_at_the_virtual_shift():
-    host = prepare(from_name("water"), RKSConfig())
-    problem = build_problem(host, LoopSettings.from_config(RKSConfig()).backend, np.float32, (16, 4096))
-    trace = scf_loop(problem, LoopSettings.from_config(RKSConfig()))
+    host = prepare([from_name("water")], RKSConfig())[0]
+    settings = LoopSettings.from_config(RKSConfig())
+    problems = build_batch([host], settings.backend, np.float32, (16, 4096))
+    trace = jax.tree.map(lambda a: a[0], scf_program(problems, settings))
     mo = np.asarray(trace.mo_energy)
     np.testing.assert_allclose(mo[host.nao :], VIRTUAL_SHIFT, atol=1e-4)
     assert mo[host.nao - 1] < 2.0  # the real virtuals stay where they are, far below
@@ -118,24 +119,24 @@ def test_second_molecule_with_same_shapes_does_not_recompile(reference):
     config = RKSConfig()
     sizes = (16, 4096)
     run_rks(from_name("water"), config, sizes=sizes)
-    compiled = scf_loop._cache_size()
+    compiled = scf_program.signatures
     # a different molecule (other atoms, electron count and grid) in the same padded shapes
     molecule = from_atom_string("N 0 0 0; H 0 0.94 0.38; H 0.81 -0.47 0.38; H -0.81 -0.47 0.38")
     result = run_rks(molecule, config, sizes=sizes)
-    assert scf_loop._cache_size() == compiled
+    assert scf_program.signatures == compiled
     assert_float32_close(result, reference(molecule, config))  # ... and is right
     run_rks(molecule, config, sizes=(24, 4096))  # the cache key really is the shape
-    assert scf_loop._cache_size() == compiled + 1
+    assert scf_program.signatures == compiled + 1
 
 
 def test_dtypes_are_kept_and_x64_does_not_leak():
-    host = prepare(from_name("water"), RKSConfig())
+    host = prepare([from_name("water")], RKSConfig())[0]
     for precision in ("float32", "float64"):
         config = RKSConfig(precision=precision)
         settings = LoopSettings.from_config(config)
         with jax.enable_x64(precision == "float64"):
-            problem = build_problem(host, settings.backend, np.dtype(precision), None)
-            trace = scf_loop(problem, settings)
+            problems = build_batch([host], settings.backend, np.dtype(precision))
+            trace = scf_program(problems, settings)
         for leaf in jax.tree.leaves(trace):
             if jnp.issubdtype(leaf.dtype, jnp.floating):
                 assert leaf.dtype == np.dtype(precision)
@@ -204,7 +205,7 @@ def test_purification_restores_idempotency():
     """McWeeny: a density perturbed at float32 level becomes idempotent with the right trace again."""
     from pyscf_ipu.results import purify
 
-    host = prepare(from_name("water"), RKSConfig())
+    host = prepare([from_name("water")], RKSConfig())[0]
     result = run_rks(from_name("water"), RKSConfig(**TIGHT64))
     s, dm = host.overlap, result.density
     noisy = dm + 1e-6 * np.random.default_rng(0).normal(size=dm.shape)
@@ -231,12 +232,10 @@ def test_trapezoid_energy_changes(xc, tol):
 
 def test_batched_conformers_equal_single_runs():
     """One vmapped loop over conformers (with a padded batch) gives each conformer's own result."""
-    from pyscf_ipu.rks import run_rks_batch
-
     water = from_name("water")
     shifted = [water.with_positions(water.positions * s) for s in (1.0, 1.03, 0.98)]
     sizes = (8, 4096)
-    batch = run_rks_batch(shifted, RKSConfig(), sizes=sizes, batch_size=4)
+    batch = submit_batch(prepare(shifted, RKSConfig()), RKSConfig(), sizes=sizes, batch_size=4).results()
     assert len(batch) == 3
     for molecule, result in zip(shifted, batch):
         single = run_rks(molecule, RKSConfig(), sizes=sizes)
@@ -256,22 +255,23 @@ def test_batched_conformers_equal_single_runs():
 @pytest.mark.parametrize("jk", ["ipu", "s8"])
 def test_build_batch_equals_problems_built_one_by_one(jk):
     """The batch's arrays, padded straight into their slots (and, for the ipu backend's rows layout,
-    gathered by one vmapped program), equal each conformer's own problem, the batch padding included."""
-    from pyscf_ipu.problem import batch_members, build_batch
+    gathered by one vmapped program), equal each conformer's own problem (a batch of one), the batch
+    padding included."""
+    from pyscf_ipu.problem import batch_members
 
     water = from_name("water")
     config = RKSConfig(jk=jk)
-    hosts = [prepare(water.with_positions(water.positions * s), config) for s in (1.0, 1.04)]
+    hosts = [prepare([water.with_positions(water.positions * s)], config)[0] for s in (1.0, 1.04)]
     backend = LoopSettings.from_config(config).backend
     sizes = (8, 4096)
     batch = build_batch(batch_members(hosts, 3), backend, np.dtype("float32"), sizes)
-    singles = [build_problem(h, backend, np.dtype("float32"), sizes) for h in hosts + hosts[-1:]]
+    singles = [build_batch([h], backend, np.dtype("float32"), sizes) for h in hosts + hosts[-1:]]
     assert jax.tree.structure(batch) == jax.tree.structure(singles[0])
     flat = [jax.tree.leaves(s) for s in singles]
     for k, stacked in enumerate(jax.tree.leaves(batch)):
         assert stacked.shape[0] == 3 and stacked.dtype == flat[0][k].dtype
         for member in range(3):
-            np.testing.assert_array_equal(np.asarray(stacked[member]), np.asarray(flat[member][k]))
+            np.testing.assert_array_equal(np.asarray(stacked[member]), np.asarray(flat[member][k][0]))
     assert not np.array_equal(np.asarray(batch.ao[0]), np.asarray(batch.ao[1]))  # the conformers differ
 
 
@@ -281,16 +281,19 @@ def test_final_pass_reads_the_float32_loops_ao_values():
     molecules, bounded here at 1e-6 Ha for E_xc (0.03 meV) and V_xc (a 0.03 meV orbital shift)."""
     from pyscf_ipu.padding import pad_to
     from pyscf_ipu.problem import final_inputs
-    from pyscf_ipu.results import final_density
+    from pyscf_ipu.jk import HostContraction
+    from pyscf_ipu.results import dispatch_final_density
 
     molecule = from_name("benzene")
-    host = prepare(molecule, RKSConfig())
+    host = prepare([molecule], RKSConfig())[0]
     dm = run_rks(molecule, RKSConfig(), host=host).density
     sizes = (host.nao, 256 * -(-host.grid_points // 256))
     overlap, weights = final_inputs(host, sizes)
     functional = LoopSettings.from_config(RKSConfig()).functional
     ao64 = pad_to(host.ao, (4, sizes[1], host.nao))
-    exact, rounded = (final_density(functional, ao, weights, dm, overlap) for ao in (ao64, ao64.astype(np.float32)))
+    exact, rounded = (jax.tree.map(lambda a: a[0], dispatch_final_density(
+        functional, HostContraction(), ao[None], weights[None], dm[None], overlap[None], {}))
+        for ao in (ao64, ao64.astype(np.float32)))  # fmt: skip
     assert exact.exc.dtype == rounded.exc.dtype == jnp.float64
     assert abs(float(rounded.exc - exact.exc)) < 1e-6
     assert np.abs(np.asarray(rounded.vxc - exact.vxc)).max() < 1e-6

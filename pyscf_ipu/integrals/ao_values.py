@@ -6,18 +6,15 @@ likewise in y and z. A contracted Cartesian AO shares its centre and powers amon
 so the kernel sums the primitives' Gaussians into a radial part R and its slope first and applies
 the polynomial once (:class:`AOTables` regroups :class:`~pyscf_ipu.integrals.basis.PrimitiveBasis`
 so); d shells are then transformed to spherical AOs. The result is the (4, G, N) array of PySCF's
-``eval_ao(mol, coords, deriv=1)``: values, then d/dx, d/dy, d/dz. Its float32 batch form
-(:func:`ao_values_batch`) gives the device-integrals generator its AO values: 8 conformers of a
-9-heavy-atom molecule at STO-3G in about the time the host's float64 ``eval_ao`` and the cast and
-padding of its result took.
+``eval_ao(mol, coords, deriv=1)``: values, then d/dx, d/dy, d/dz. :func:`ao_values` evaluates a
+batch of conformers in one program (:data:`ao_values_program`).
 
 Precision: a float32 position carries an absolute error of ~6e-7 Bohr at 10 Bohr from the origin,
 while a core primitive (exponent 5,000) changes by 1e-4 relative over that distance near its
 nucleus. So points are given as offsets from the atom whose Becke grid they belong to, and the
 primitive centres relative to each atom are formed in float64 on the host: near a nucleus, the
-displacement from it keeps full float32 relative precision. Measured on whole level-0 grids, error
-relative to max(1, |value|): water 6-31G* 1.2e-5 from absolute positions (an O 1s gradient), 6.5e-7
-this way; benzene STO-3G 1.3e-6, QM9 21989 6-31G* 1.5e-6.
+displacement from it keeps full float32 relative precision (the test suite holds the float32
+values within 3e-6 of PySCF's relative to max(1, |value|)).
 """
 
 from __future__ import annotations
@@ -64,19 +61,7 @@ def ao_tables(basis: PrimitiveBasis) -> AOTables:
     return AOTables(exponents, coefficients, powers, atom, None if identity else basis.cart2sph)
 
 
-def ao_values(basis: PrimitiveBasis, coords: np.ndarray, owners: np.ndarray, dtype=jnp.float32) -> jax.Array:
-    """(4, G, N): AO values and gradients at ``coords`` (G, 3) Bohr, in ``dtype`` (jit-compiled per shape).
-
-    ``owners`` (G,): the atom whose grid each point belongs to (PySCF's ``grids.atm_idx``; any atom,
-    e.g. the nearest, serves; negative entries, PySCF's padding, are taken as atom 0).
-    """
-    owners = np.maximum(np.asarray(owners), 0)
-    offsets = np.asarray(coords, np.float64) - basis.coords[owners]  # (G, 3), float64 on the host
-    sizes = (basis.cart2sph.shape[1], len(owners))
-    return ao_values_batch([ao_tables(basis)], basis.coords[None], [offsets], [owners], sizes, dtype)[0]
-
-
-def ao_values_batch(tables: list[AOTables], atom_coords: np.ndarray, offsets: list[np.ndarray],
+def ao_values(tables: list[AOTables], atom_coords: np.ndarray, offsets: list[np.ndarray],
                     owners: list[np.ndarray], sizes: tuple[int, int], dtype) -> jax.Array:  # fmt: skip
     """(C, 4, Gp, Np) for C conformers, each with its molecule's ``tables`` (molecules of one size
     bucket may mix): ``atom_coords`` (C, natm, 3) Bohr, ``offsets`` (G_c, 3) each point minus its
@@ -104,7 +89,7 @@ def ao_values_batch(tables: list[AOTables], atom_coords: np.ndarray, offsets: li
     count = np.array([len(o) for o in owners], np.int32)
     # one transfer of host arrays (jnp.asarray runs a small program per array)
     arrays = jax.device_put((*floats, padded.astype(dtype), shifts.astype(dtype), owner, count))
-    return _ao_kernel_batch(*arrays)
+    return ao_values_program(*arrays)
 
 
 def _constants(tables: AOTables, ncart: int, nprim: int, naos: int, transformed: bool) -> tuple:
@@ -124,9 +109,8 @@ def _constants(tables: AOTables, ncart: int, nprim: int, naos: int, transformed:
     return exponents, coefficients, -2.0 * exponents * coefficients, powers, cart2sph
 
 
-@jax.jit
 def ao_kernel(exponents, coefficients, derivative_coefficients, powers, cart2sph, offsets, shifts, owners, count):
-    r"""(4, G, N) values and x/y/z gradients (see :func:`_constants` and :func:`ao_values_batch`).
+    r"""(4, G, N) values and x/y/z gradients of one conformer (see :func:`_constants` and :func:`ao_values`).
 
     Per Cartesian AO :math:`\phi = x^i y^j z^l R(r^2)` with the contracted radial part
     :math:`R = \sum_k c_k e^{-a_k r^2}` and :math:`R' = \sum_k (-2 a_k c_k) e^{-a_k r^2}`:
@@ -134,15 +118,7 @@ def ao_kernel(exponents, coefficients, derivative_coefficients, powers, cart2sph
     from ``count`` on are padding: their values are zero.
 
     Every array is (G, Nc), one per coordinate and per primitive: XLA's CPU code vectorises along
-    the last axis only, and with the 3 coordinates or the K primitives there (or with points last,
-    which needs a transpose of the output) it ran 5-10x slower.
-
-    XLA makes the whole kernel one loop fusion that evaluates each of the four outputs from scratch
-    (so the Gaussians four times over), and a third of its time (8 conformers of a 53-AO molecule,
-    7.3 ms per conformer) is the kernel's first writes to its fresh 110 MB output. Measured and
-    slower: the radial parts materialised first (an optimisation barrier: no change; an identity
-    matmul: 4x), the Gaussians per shell row in a program of their own (1.45x), the four outputs as
-    a tuple (2.4x).
+    the last axis only (``docs/decisions/ao-values-layout.md``).
     """
     real = (jnp.arange(offsets.shape[0]) < count)[:, None]  # (G, 1)
     d = [offsets[:, k, None] + shifts[:, :, k][owners] for k in range(3)]  # (G, Nc) each: point minus AO centre
@@ -171,7 +147,7 @@ def ao_kernel(exponents, coefficients, derivative_coefficients, powers, cart2sph
     return out if cart2sph is None else out @ cart2sph
 
 
-_ao_kernel_batch = compiled(jax.vmap(ao_kernel), name="ao_values")
+ao_values_program = compiled(jax.vmap(ao_kernel), name="ao_values")
 
 
 def ao_values_at(basis: PrimitiveBasis, points, coords: jax.Array) -> jax.Array:

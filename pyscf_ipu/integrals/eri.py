@@ -25,35 +25,32 @@ from .eri_plan import NOWHERE, EriPlan, QuartetClass
 
 
 def eri_s8(plans, coords, dtype=jnp.float32, workers: int | None = None) -> jax.Array:
-    """The ERIs packed as PySCF's s8: (size,) for one plan (an :class:`EriPlan`) and atom positions
-    ``coords`` (natm, 3) in Bohr, or (C, size) for C conformers (C, natm, 3), computed as one batch.
-    ``plans`` is one plan for all conformers, or one per conformer: plans of one size bucket
-    (:func:`plan_eri` with the bucket's :class:`EriCapacity`), so that conformers of different
-    molecules share the batch; positions beyond a molecule's atoms are ignored.
+    """The ERIs packed as PySCF's s8, (C, size), of C conformers at atom positions ``coords``
+    (C, natm, 3) in Bohr, computed as one batch. ``plans`` is one :class:`EriPlan` for all
+    conformers, or one per conformer: plans of one size bucket (:func:`plan_eri` with the bucket's
+    :class:`EriCapacity`), so that conformers of different molecules share the batch; positions
+    beyond a molecule's atoms are ignored.
 
     Host (numpy) positions have their differences formed in float64 on the host: exact zeros within
     an atom, full precision between atoms, and the per-pair Hermite matrices are computed in
     float64 and rounded once (in float32 they carry a systematic error that shifts total energies
-    by meV). The quartet tiles are then
-    shared out over ``workers`` threads (default: :func:`default_workers`), each running its share
-    as its own program: XLA's CPU backend runs a loop fusion on one core.
+    by meV). The quartet tiles are then shared out over ``workers`` threads (default:
+    :func:`default_workers`), each running its share as its own program: XLA's CPU backend runs a
+    loop fusion on one core.
 
     JAX positions are differenced on the device and the whole computation runs in ``dtype`` as one
     program (no threads: it may be traced), so the result can be differentiated with respect to
     them (the forces do, in float64).
     """
-    single = coords.ndim == 2
-    plans = [plans] * (1 if single else coords.shape[0]) if isinstance(plans, EriPlan) else list(plans)
+    plans = [plans] * len(coords) if isinstance(plans, EriPlan) else list(plans)
     first = plans[0]
     natm = max(plan.natm for plan in plans)
-    if coords.ndim not in (2, 3) or coords.shape[-1] != 3 or not natm <= coords.shape[-2] <= first.padded_natm \
-            or len(plans) != (1 if single else coords.shape[0]):  # fmt: skip
-        raise ValueError(f"coords has shape {coords.shape}: expected ([conformers,] {natm}, 3), one plan per conformer")
+    if coords.ndim != 3 or coords.shape[-1] != 3 or not natm <= coords.shape[-2] <= first.padded_natm \
+            or len(plans) != coords.shape[0]:  # fmt: skip
+        raise ValueError(f"coords has shape {coords.shape}: expected (conformers, {natm}, 3), one plan per conformer")
     if any(_static(plan) != _static(first) or plan.padded_natm != first.padded_natm for plan in plans):
         raise ValueError("conformers computed together need plans of one size bucket")
     dtype = jnp.dtype(dtype)
-    if single:
-        coords = coords[None]
     extra_atoms = [(0, 0), (0, first.padded_natm - coords.shape[1]), (0, 0)]  # own no shell
     pair_arrays = _stacked(tuple(plans), "pairs", dtype.name if isinstance(coords, jax.Array) else "float64")
     if isinstance(coords, jax.Array):
@@ -87,7 +84,7 @@ def eri_s8(plans, coords, dtype=jnp.float32, workers: int | None = None) -> jax.
 
         with ThreadPoolExecutor(workers) as pool:
             out = _combine(tuple(pool.map(in_thread, range(workers))), first.size)
-    return out[0] if single else out
+    return out
 
 
 @partial(compiled, static_argnums=1, name="eri_combine")

@@ -53,25 +53,21 @@ from .hermite import PairFactors, hermite_coefficients, hermite_coulomb, hermite
 from ..programs import compiled
 
 
-def one_electron(basis, dtype=jnp.float32, coords: np.ndarray | None = None,
+def one_electron(bases: list[PrimitiveBasis], coords: np.ndarray, dtype=jnp.float32,
                  capacity: PrimitiveBasis | None = None) -> dict[str, jax.Array]:  # fmt: skip
-    """{"overlap", "kinetic", "nuclear"}: (N, N) spherical AO matrices in ``dtype``, at ``basis``'s
-    own positions.
-
-    With ``coords`` (B, natm, 3) Bohr, the matrices of B conformers, (B, N', N'), from one program:
-    ``basis`` is then one :class:`PrimitiveBasis` for all, or one per conformer (molecules of one
-    size bucket, positions beyond a molecule's atoms ignored), and N' counts the AOs of
-    ``capacity`` (the bucket's template basis, whose counts are the shapes: a molecule's matrices
-    are the leading blocks), or of the basis itself.
+    """{"overlap", "kinetic", "nuclear"}: (B, N', N') spherical AO matrices in ``dtype`` of B
+    conformers, one :class:`PrimitiveBasis` each (molecules of one size bucket may mix), at atom
+    positions ``coords`` (B, natm, 3) Bohr (positions beyond a molecule's atoms are ignored), from
+    one program. N' counts the AOs of ``capacity`` (the bucket's template basis, whose counts are the
+    shapes: a molecule's matrices are the leading blocks), or of the largest basis.
     """
-    if coords is None:
-        return {k: v[0] for k, v in one_electron(basis, dtype, basis.coords[None], capacity).items()}
     coords = np.asarray(coords, np.float64)
-    bases = list(basis) if isinstance(basis, (list, tuple)) else [basis] * len(coords)
+    if coords.ndim != 3 or len(bases) != len(coords):
+        raise ValueError(f"coords has shape {coords.shape}: expected (conformers, atoms, 3), one basis per conformer")
     centres = [c[b.atom] for b, c in zip(bases, coords)]  # (P, 3) each
     # A - C for every primitive centre A and nucleus C, in float64 on the host (see _nuclear)
     shifts = [centre[None, :, :] - c[: len(b.charges), None, :] for b, c, centre in zip(bases, coords, centres)]
-    return _call(bases, centres, shifts, dtype, capacity)
+    return _call(list(bases), centres, shifts, dtype, capacity)
 
 
 def one_electron_at(basis: PrimitiveBasis, coords: jax.Array) -> dict[str, jax.Array]:
@@ -137,7 +133,7 @@ def _call(bases: list[PrimitiveBasis], centres: list, centre_shifts: list, dtype
     rows = np.stack(np.triu_indices(nprim))
     site_pairs = np.stack(np.triu_indices(sites))
     cast = (lambda a: a.astype(dtype)) if xp is jnp else (lambda a: jax.device_put(np.asarray(a, dtype)))
-    return _one_electron_batch(*(cast(a) for a in floats), cast(centres), cast(centre_shifts),
+    return one_electron_program(*(cast(a) for a in floats), cast(centres), cast(centre_shifts),
                                *jax.device_put((*integers, rows, site_pairs)), lmax, n)  # fmt: skip
 
 
@@ -235,7 +231,7 @@ def _one_electron_members(exponents, contraction, cart2sph, charges, one_centre,
     return {key: value[..., :naos, :naos] for key, value in out.items()}
 
 
-_one_electron_batch = compiled(_one_electron_members, static_argnums=(13, 14))
+one_electron_program = compiled(_one_electron_members, static_argnums=(13, 14))
 
 
 def _nuclear_hermite(exponents, centres, charges, centre_shifts, atom, sites, site_pairs, order: int):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import jax
 import numpy as np
@@ -32,34 +33,41 @@ class IPUJK:
         the molecule's own plan on the same strategy and IPUs, which places the work and is profiled.
         ``kept`` is ``eri_s8``'s non-zero count where the caller knows it (counted here otherwise).
         """
-        value_bytes = np.dtype(dtype).itemsize
         kept = int(np.count_nonzero(eri_s8)) if kept is None else kept
-        shape = plan(Workload(nao_padded, bucket(kept, minimum=1024), value_bytes), self.model, self.strategy)
-        real = plan_on(Workload(nao, kept, value_bytes), self.model, shape.strategy.name, shape.num_ipus)
-        return shape, real
+        shape = self.shape_plan(nao_padded, kept, np.dtype(dtype).itemsize)
+        return shape, self.real_plan(shape, nao, kept)
 
-    def prepare(self, eri_s8, nao, nao_padded, dtype, kept=None):
-        shape, real = self.plans(eri_s8, nao, nao_padded, dtype, kept)
-        return place(layout(shape, real, eri_s8, nao, dtype), shape.num_ipus)
+    def shape_plan(self, nao_padded: int, kept: int, value_bytes: int) -> TilePlan:
+        """The plan of a shape bucket: it depends on sizes only, so it is made once per bucket."""
+        return _shape_plan(Workload(nao_padded, bucket(kept, minimum=1024), value_bytes), self.model, self.strategy)
 
-    def prepare_batch(self, eris, nao, nao_padded, dtype, kept=None):
-        """The conformers' layouts stacked. Where they share one ``rows`` layout on one device (the
+    def real_plan(self, shape: TilePlan, nao: int, kept: int) -> TilePlan:
+        """One molecule's own plan, on the strategy and IPUs of its bucket's ``shape`` plan."""
+        workload = Workload(nao, kept, shape.workload.value_bytes)
+        return plan_on(workload, self.model, shape.strategy.name, shape.num_ipus)
+
+    def prepare(self, eris, nao, nao_padded, dtype, kept):
+        """The conformers' layouts, stacked. Where they share one ``rows`` layout on one device (the
         usual case: conformers have the same AO count and nearly the same integral count), the row
-        matrices of the whole batch are gathered by one vmapped program, straight into the stack:
-        laid out one by one and then stacked, each conformer's 20 MB of rows (9 heavy atoms,
-        STO-3G) was written twice."""
-        kept = [None] * len(eris) if kept is None else kept
-        shapes = [self.plans(eri, nao, nao_padded, dtype, count)[0] for eri, count in zip(eris, kept)]
+        matrices of the whole batch are gathered by one vmapped program, straight into the stack."""
+        shapes = [self.shape_plan(nao_padded, count, np.dtype(dtype).itemsize) for count in kept]
         sharded = shapes[0].num_ipus > 1 and len(jax.devices()) >= shapes[0].num_ipus  # placed IPU by IPU
         batched = None if sharded else rows_layout_batch(shapes, eris, nao, dtype)
-        if batched is None:
-            return stack_members([self.prepare(eri, nao, nao_padded, dtype, count) for eri, count in zip(eris, kept)])
-        return batched
+        if batched is not None:
+            return batched
+        return stack_members([place(layout(shape, self.real_plan(shape, nao, count), eri, nao, dtype), shape.num_ipus)
+                              for shape, eri, count in zip(shapes, eris, kept)])  # fmt: skip
 
     def contract(self, data, dm):
         return contract(data, dm)
 
-    def profile(self, eri_s8, nao, nao_padded, dtype, iterations: int, kept=None) -> dict:
+    def profile(self, eri_s8, nao, nao_padded, dtype, iterations: int, kept: int) -> dict:
         from .profile import profile_report
 
         return profile_report(self.plans(eri_s8, nao, nao_padded, dtype, kept)[1], iterations)
+
+
+@lru_cache(maxsize=256)
+def _shape_plan(workload: Workload, model: IPUModel, strategy: str) -> TilePlan:
+    """:func:`~.plan.plan`, once per (bucketed workload, model, strategy)."""
+    return plan(workload, model, strategy)

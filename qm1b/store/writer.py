@@ -171,6 +171,9 @@ class ShardWriter:
             ...
             w.commit(batch, failures)
         # on normal exit the parts are merged into DIR/shard-....h5; on an exception they stay for --resume
+
+    On resume, the stored ``settings`` must equal the given ones but for ``ignored_settings``: keys
+    that earlier versions recorded and that no longer define a label.
     """
 
     def __init__(
@@ -182,6 +185,7 @@ class ShardWriter:
         settings: dict,
         versions: dict,
         resume: bool = False,
+        ignored_settings: tuple[str, ...] = (),
     ):
         if not 0 <= shard < num_shards:
             raise ValueError(f"shard {shard} is not in [0, {num_shards})")
@@ -189,6 +193,7 @@ class ShardWriter:
         self.path = shard_path(self.directory, shard, num_shards)
         self.settings = _normalize(settings)
         self.versions = _normalize(versions)
+        self.ignored_settings = frozenset(ignored_settings)  # stored by older versions; never define a label
         self.set_aside: list[tuple[Path, Path]] = []  # unreadable files renamed by --resume: redone
         with _writing(self.directory):
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -219,7 +224,7 @@ class ShardWriter:
         self._next_part = state.next_part
 
     def _check_stored(self, stored: dict) -> None:
-        settings = json.loads(stored["settings"])
+        settings = {k: v for k, v in json.loads(stored["settings"]).items() if k not in self.ignored_settings}
         if keys := _differing_keys(settings, self.settings):
             detail = "; ".join(f"{k}: stored {settings.get(k)!r}, given {self.settings.get(k)!r}" for k in keys)
             raise ValueError(

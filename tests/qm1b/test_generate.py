@@ -230,6 +230,18 @@ def test_existing_output_needs_resume(small_run, capsys):
     assert code == 2
 
 
+def test_resume_ignores_the_simulated_ipus_placement(small_run, capsys):
+    """The IPU placement options (tiles, IPUs, model, memory share) never change a label, so a resume
+    may change them; the tile strategy orders the float32 sums, so changing it is refused."""
+    gen, _ = small_run
+    common = ["generate", "--smiles", gen.smiles, "--out", gen.out, "--conformers", str(gen.conformers),
+              "--no-progress", "--resume"]  # fmt: skip
+    assert main([*common, "--tiles", "7", "--ipus", "2", "--ipu-model", "mk2", "--ipu-memory-proportion", "0.5"]) == 0
+    assert "0 conformers" in capsys.readouterr().out  # nothing left to do, nothing refused
+    assert main([*common, "--jk-strategy", "s8"]) == 2
+    assert "settings differ in jk_strategy" in capsys.readouterr().err
+
+
 def test_shards_partition_the_input(tmp_path):
     smiles = write_smiles(tmp_path / "in.smi", GOOD)
     ids = []
@@ -300,7 +312,7 @@ def test_forces_column_matches_pyscf_and_survives_resume_and_merge(tmp_path):
     Hartree/Bohr; stored, merged and read back intact; a resume with different --forces is refused."""
     from pyscf import dft
 
-    from pyscf_ipu.host import build_mole
+    from pyscf_ipu.mole import build_mole
     from pyscf_ipu.units import HARTREE_TO_EV
 
     smiles = write_smiles(tmp_path / "in.smi", ["O", "CO"])

@@ -251,6 +251,12 @@ def test_resume(tmp_path):
         ShardWriter(tmp_path, settings={**SETTINGS, "basis": "6-31g"}, versions=VERSIONS, resume=True)
     with pytest.raises(ValueError, match="extra"):
         ShardWriter(tmp_path, settings={**SETTINGS, "extra": 1}, versions=VERSIONS, resume=True)
+    # a key the stored settings hold but that no longer defines a label (an older version's)
+    older = tmp_path / "older"
+    ShardWriter(older, settings={**SETTINGS, "tiles": 7}, versions=VERSIONS).close()
+    with pytest.raises(ValueError, match="tiles"):
+        ShardWriter(older, settings=SETTINGS, versions=VERSIONS, resume=True)
+    ShardWriter(older, settings=SETTINGS, versions=VERSIONS, resume=True, ignored_settings=("tiles",)).close()
     writer = write(tmp_path, range(2, 4), close=False, resume=True)  # parts on top of a shard file
     writer = ShardWriter(tmp_path, settings=SETTINGS, versions=VERSIONS, resume=True)
     made = [make_batch(k) for k in range(4)]

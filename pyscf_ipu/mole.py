@@ -1,0 +1,64 @@
+"""PySCF ``Mole`` objects for our molecules, with each element's parsed basis cached.
+
+PySCF reads and parses a basis file for every molecule it builds; here each (basis, element) is
+parsed once per process, which matters for a stream of conformers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from functools import lru_cache
+
+from pyscf import gto
+from pyscf.lib.exceptions import BasisNotFoundError
+
+from .molecule import Molecule, MoleculeError
+
+
+@lru_cache(maxsize=None)
+def element_basis(basis: str, symbol: str) -> list:
+    """PySCF's parsed ``basis`` for one element (cached; treat as read-only). Raises as ``gto.basis.load``."""
+    with warnings.catch_warnings():  # PySCF suggests basis-set-exchange on every miss
+        warnings.simplefilter("ignore", UserWarning)
+        return gto.basis.load(basis, symbol)
+
+
+def build_mole(molecule: Molecule, basis: str) -> gto.Mole:
+    """A PySCF ``Mole`` for ``molecule`` in ``basis``; an unknown basis or a missing element is a MoleculeError."""
+    shells, missing = {}, []
+    for symbol in sorted(set(molecule.symbols)):
+        try:
+            shells[symbol] = element_basis(basis, symbol)
+        except (BasisNotFoundError, KeyError, OSError, RuntimeError):
+            missing.append(symbol)
+    if missing and _basis_unknown(basis):
+        raise MoleculeError(f"unknown basis {basis!r}: use a basis PySCF knows, such as sto-3g, 6-31g or def2-svp")
+    if missing:
+        raise MoleculeError(f"element(s) {', '.join(missing)} not in basis {basis!r}: choose another basis")
+    return gto.M(
+        atom=molecule.pyscf_atom(),
+        unit="Bohr",
+        basis=shells,
+        charge=molecule.charge,
+        spin=molecule.spin,
+        verbose=0,
+    )
+
+
+def _basis_unknown(basis: str) -> bool:
+    """True if PySCF has no basis of this name at all (judged by hydrogen and carbon)."""
+    for symbol in ("H", "C"):
+        try:
+            element_basis(basis, symbol)
+            return False
+        except (BasisNotFoundError, KeyError, OSError, RuntimeError):
+            continue
+    return True
+
+
+def placeholder_mole(basis: str, elements: tuple[str, ...]) -> gto.Mole:
+    """A Mole of ``elements`` in ``basis``, the atoms 3 Bohr apart on a line (geometry-independent uses)."""
+    atoms = [(e, (0.0, 0.0, 3.0 * k)) for k, e in enumerate(elements)]
+    shells = {e: element_basis(basis, e) for e in set(elements)}
+    electrons = sum(gto.charge(e) for e in elements)
+    return gto.M(atom=atoms, unit="Bohr", basis=shells, spin=electrons % 2, verbose=0)
