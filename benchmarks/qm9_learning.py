@@ -7,7 +7,7 @@ molecule; AdamW with the anchor schedule (lr 5e-4, 2,500 warm-up steps, x0.96 ev
 batch 32, L1 loss; validation MAE on the HOMO-LUMO gap every 1,000 steps. Prints the curve, the
 mean of the last three evaluations (the acceptance figure: at most 180 meV), the wall time, and
 the baselines: predicting the training mean (computed here) and torch_geometric's SchNet with the
-same sizes (measured on this machine, BENCHMARKS.md: 178 meV after about 24 minutes).
+same sizes (measured on this machine, docs/benchmarking.md: 178 meV after about 24 minutes).
 XLA uses its default CPU thread pool.
 """
 
@@ -56,7 +56,7 @@ def main() -> None:
           f"{minutes:.1f} min wall, {args.steps * 32 / summary['seconds']:.0f} molecules/s with evaluations; "
           f"load average at the end {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(f"baselines: predicting the training mean {mean_mae:.0f} meV; torch_geometric SchNet (same sizes, "
-          f"BENCHMARKS.md) {TORCH_GEOMETRIC_MEV:.0f} meV in about {TORCH_GEOMETRIC_MINUTES:.0f} min")  # fmt: skip
+          f"docs/benchmarking.md) {TORCH_GEOMETRIC_MEV:.0f} meV in about {TORCH_GEOMETRIC_MINUTES:.0f} min")  # fmt: skip
     print(f"target: at most 180 meV: {'met' if last3 <= 180 else 'NOT met'}; learning curve: {args.out}/learning_curve.png")
 
 

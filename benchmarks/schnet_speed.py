@@ -7,7 +7,7 @@ Both sides train the same configuration (features, filters, interactions, Gaussi
 neighbours; parameter counts printed and equal) on the same batches of 32 QM9 molecules (a random
 subset, packed by our batcher; torch gets the same molecules): forward, L1 loss, backward, AdamW.
 
-- torch: ``torch.set_num_threads(2)`` and ``torch.set_flush_denormal(True)`` (BENCHMARKS.md: the
+- torch: ``torch.set_num_threads(2)`` and ``torch.set_flush_denormal(True)`` (docs/benchmarking.md: the
   Gaussian expansion makes denormals that slow CPU torch 3-4x). torch_geometric's own radius graph
   needs pyg-lib or torch-cluster, which PyPI does not serve as wheels here, so its SchNet gets an
   ``interaction_graph`` in plain torch (dense distances within each molecule, the 28 nearest within

@@ -188,11 +188,9 @@ def precision_scope(precision: str):
 def disable_numpy_huge_pages() -> bool:
     """Stop numpy from asking the kernel for transparent huge pages for its large arrays.
 
-    With the kernel's THP in ``madvise`` mode (this machine, and many cloud VMs), numpy's
-    ``madvise(MADV_HUGEPAGE)`` on every large allocation made first writes to fresh arrays 5x slower
-    here: filling a new 110 MB batch of AO values took 330 ms instead of 60. Host preparation
-    allocates such arrays for every molecule (AO values, ERIs, padded copies); PySCF's own SCF is
-    unaffected (measured: 0.78 s per 9-heavy-atom molecule either way). This is numpy's documented
+    With the kernel's THP in ``madvise`` mode (common on cloud VMs), numpy's ``madvise(MADV_HUGEPAGE)``
+    on every large allocation makes first writes to fresh arrays several times slower, and host
+    preparation allocates such arrays for every batch (``docs/decisions/numpy-huge-pages.md``). This is numpy's documented
     ``NUMPY_MADVISE_HUGEPAGE=0``, applied after numpy is imported; it changes the process, so only
     the command-line entry points and the generator call it, never an import. Returns False when
     this numpy has no such switch.

@@ -13,20 +13,9 @@ potential matrix without writing its formula out twice.
 
 The grid is processed in blocks of :func:`grid_block` points, one after another in a
 ``lax.fori_loop``: each block's four (B, N) AO arrays stay in cache while the density, the functional
-and the potential are computed from them. Done over the whole grid at once, every one of those
-passes streams the full AO array from memory (14 MB per 9-heavy-atom molecule at STO-3G, times the
-batch), and the XC step took 1.7x as long on this machine.
-
-The two products per block, (B, N) x (N, N) for each conformer of a vmapped batch, are most of the
-step and run on one core: XLA's CPU backend splits a product over its threads only when it is
-larger (measured, 8 conformers x 15,360 points x 56 AOs: blocks of 1024 points 63 GFLOP/s on one
-core or two alike; the whole grid in one product 141 GFLOP/s on two, but the step with it 2x
-slower, the elementwise passes then streaming the whole AO array). XLA's flags for XNNPACK,
-oneDNN, 512-bit vectors and its concurrency scheduler changed nothing, and neither did two
-independent loops over the two halves of the grid. Screening AOs per block, as PySCF does, would
-shrink the products: spatially sorted 1024-point blocks of these molecules keep 74-77% of the
-N^2 work at 1e-8 on average, but 88-89% once padded to the largest block, which static shapes
-require.
+and the potential are computed from them, where passes over the whole grid would each stream the
+full AO array from memory. The alternatives measured and rejected (whole-grid products, XLA's
+backend flags, two loops, AO screening per block) are in ``docs/decisions/xc-grid-blocks.md``.
 """
 
 from __future__ import annotations
@@ -43,8 +32,7 @@ def density(ao: jnp.ndarray, dm: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]
     """rho (G,) and sigma = |grad rho|^2 (G,) from AO values/gradients ``ao`` (4, G, N), or the four
     (G, N) arrays as a sequence, and ``dm`` (N, N)."""
     half = ao[0] @ dm  # (G, N)  sum_mu phi_mu D_mu,nu
-    # four row sums, one per AO array: XLA's CPU code for the (3, G, N) -> (3, G) einsum took longer
-    # than the matmul (measured on one 53-AO molecule: the density 8.8 -> 4.7 ms, the XC step 1.2x)
+    # four row sums, one per AO array: XLA's CPU code for the (3, G, N) -> (3, G) einsum is slower
     rho, gx, gy, gz = (jnp.sum(half * ao[k], axis=-1) for k in range(4))
     return rho, 4.0 * (gx * gx + gy * gy + gz * gz)  # |2 sum_nu D phi grad phi|^2
 
@@ -62,9 +50,8 @@ def _xc_energy_and_electrons(functional: Functional, ao, weights, dm) -> tuple[j
 
 def grid_block(points: int) -> int:
     """Points per block: 1024 or the largest power of two below it that divides ``points``; padded
-    grids (multiples of 256, see ``padding.bucket``) get at least 256. Measured for N ~ 56 against
-    512: the float32 loop's XC step (8 conformers vmapped) 5.2 -> 5.0 ms per conformer, the float64
-    finalisation (conformers mapped) 14.5 -> 13.5; 256 was slower still."""
+    grids (multiples of 256, see ``padding.bucket``) get at least 256. Larger blocks stop fitting
+    in cache, smaller ones pay more loop overhead."""
     for size in (1024, 512, 256, 128, 64, 32, 16, 8):
         if points % size == 0:
             return size
@@ -101,9 +88,8 @@ def xc_energy_and_potential(functional: Functional, ao, weights, dm,
 
     def block(b, total):
         # four (B, N) blocks, one per AO array, each sliced out on its own: sliced as one (4, B, N)
-        # block, each array's block was copied out of it again for the matmuls that read it (vmapped
-        # over a batch, its rows are not contiguous), and the XC step took 1.14x as long (8 conformers,
-        # 15,360 points, 56 AOs: 4.9 against 4.3 ms per conformer; the float64 finalisation 1.05x).
+        # block, each array's block would be copied out of it again for the matmuls that read it
+        # (vmapped over a batch, its rows are not contiguous).
         # AO values stored in a lower precision than dm (the float64 finalisation reads the float32
         # loop's) are promoted block by block.
         ao_b = [jax.lax.dynamic_slice(ao, (k, b * size, 0), (1, size, n))[0].astype(dm.dtype) for k in range(4)]

@@ -75,8 +75,8 @@ def s8_to_s4(s8: jnp.ndarray, npair: int) -> jnp.ndarray:
     """PySCF's s8 packing (npair(npair+1)/2,) -> its 4-fold (npair, npair) matrix, on the device.
 
     Element (p, q) is s8[max(p, q)(max(p, q) + 1)/2 + min(p, q)]; the index is built from iotas, so
-    nothing of size npair^2 is transferred or baked into the compiled code (unpacking on the host
-    and sending the twice-as-large result took 10 ms per 9-heavy-atom molecule).
+    nothing of size npair^2 is transferred or baked into the compiled code (the host would unpack
+    and send twice as many bytes).
     """
     p = jnp.arange(npair, dtype=jnp.int32)[:, None]
     q = jnp.arange(npair, dtype=jnp.int32)[None, :]

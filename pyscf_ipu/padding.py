@@ -64,8 +64,8 @@ def stack_padded(arrays: list, dtype=None) -> jax.Array:
     is (``may_alias``), so the stack crosses to the device without a second copy; the buffer is new
     for every call and never written again, so the alias is safe. Arrays that already are the rows
     of one array, in order, of the right shape and dtype (the read-only views of a device batch that
-    :func:`~pyscf_ipu.integral_sources.device_eri_s8` hands out) are not copied at all: that array is the stack
-    (restacking the ERIs took 2.2 ms per 9-heavy-atom conformer).
+    :func:`~pyscf_ipu.integral_sources.device_eri_s8` hands out) are not copied at all: that array
+    is the stack.
     """
     whole = _rows_of(arrays)
     if whole is not None and whole.dtype == np.dtype(dtype or whole.dtype):

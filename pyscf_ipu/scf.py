@@ -106,9 +106,8 @@ def diis_extrapolate(focks, errors, count):
 
     The scaling gives B a unit diagonal. Unscaled, B spans the squared range of the buffered errors
     (1e-1 early, 1e-4 late: 1e6), and in float32 the pseudo-inverse's cutoff (100 eps of the
-    largest singular value) dropped the newest, smallest errors' directions: the loop stalled near
-    1e-4 for three or four iterations (9-heavy-atom molecules at STO-3G, B3LYP: 13-15 iterations
-    to the 1e-5 stop, 11-13 with the scaling; labels unchanged within 0.05 meV).
+    largest singular value) would drop the newest, smallest errors' directions and stall the loop
+    for a few iterations (``docs/decisions/stop-threshold.md``).
     """
     m = focks.shape[0]
     used = jnp.arange(m) < count
@@ -160,6 +159,24 @@ def converged(changes, iterations, settings: LoopSettings):
     return (iterations >= QM1B_STD_WINDOW) & (std < settings.convergence_std_ev)
 
 
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class LoopState:
+    """What one SCF iteration hands the next (the ``lax.while_loop`` carry)."""
+
+    iteration: jax.Array  # ()  iterations done
+    density: jax.Array  # (Np, Np)  D from the last diagonalisation
+    previous_density: jax.Array  # (Np, Np)  the D before it
+    previous_fock: jax.Array  # (Np, Np)  F[previous_density]
+    mo_energy: jax.Array  # (Np,)  of the last diagonalisation
+    energies: jax.Array  # (max_iterations,)  E[D] per iteration
+    energy_changes: jax.Array  # (max_iterations,)  E_k - E_{k-1} by the trapezoid rule
+    commutators: jax.Array  # (max_iterations,)  max|FDS - SDF| per iteration
+    focks: jax.Array  # (diis_space, Np, Np)  DIIS ring buffer of Fock matrices
+    errors: jax.Array  # (diis_space, Np, Np)  and of their commutators
+    done: jax.Array  # ()  the stop criterion held
+
+
 def scf_loop(problem: SCFProblem, settings: LoopSettings, grid_points) -> SCFTrace:
     """The SCF iterations of one conformer's ``problem`` (the kernel :data:`scf_program` batches).
 
@@ -171,61 +188,60 @@ def scf_loop(problem: SCFProblem, settings: LoopSettings, grid_points) -> SCFTra
     m, iters = settings.diis_space, settings.max_iterations
     s = problem.overlap
 
-    def step(carry):
-        it, dm, dm_prev, fock_prev, _, energies, changes, commutators, focks, errors, _ = carry
+    def step(state: LoopState) -> LoopState:
+        it, dm = state.iteration, state.density
         fock, energy = fock_and_energy(problem, settings, dm, grid_points)
         # E_k - E_{k-1} by the trapezoid rule: exact for the quadratic (one-electron, Coulomb,
         # exchange) part of E[D], third order in the step for E_xc. Unlike the difference of two
         # float32 totals of ~1e3 Hartree, it keeps the meV-scale convergence visible.
-        change = jnp.where(it > 0, 0.5 * jnp.sum((dm - dm_prev) * (fock + fock_prev)), 0.0)
+        change = jnp.where(it > 0, 0.5 * jnp.sum((dm - state.previous_density) * (fock + state.previous_fock)), 0.0)
         sdf = s @ dm @ fock
         error = sdf.T - sdf  # F D S - S D F
         commutator = jnp.max(jnp.abs(error))
         # PySCF's diis_start_cycle = 1: the guess's Fock matrix does not enter DIIS.
         slot = jnp.maximum(it - 1, 0) % m
         keep = it >= 1
-        focks = jnp.where(keep, focks.at[slot].set(fock), focks)
-        errors = jnp.where(keep, errors.at[slot].set(error), errors)
+        focks = jnp.where(keep, state.focks.at[slot].set(fock), state.focks)
+        errors = jnp.where(keep, state.errors.at[slot].set(error), state.errors)
         fock_used = jnp.where(keep, diis_extrapolate(focks, errors, jnp.minimum(it, m)), fock)
         mo_energy, coefficients = diagonalise(problem, fock_used)
-        changes = changes.at[it].set(change)
-        done = (commutator < settings.stop_threshold) & converged(changes, it + 1, settings)
-        return (
-            it + 1,
-            density_matrix(coefficients, problem.occupation),
-            dm,
-            fock,
-            mo_energy,
-            energies.at[it].set(energy),
-            changes,
-            commutators.at[it].set(commutator),
-            focks,
-            errors,
-            done,
+        changes = state.energy_changes.at[it].set(change)
+        return LoopState(
+            iteration=it + 1,
+            density=density_matrix(coefficients, problem.occupation),
+            previous_density=dm,
+            previous_fock=fock,
+            mo_energy=mo_energy,
+            energies=state.energies.at[it].set(energy),
+            energy_changes=changes,
+            commutators=state.commutators.at[it].set(commutator),
+            focks=focks,
+            errors=errors,
+            done=(commutator < settings.stop_threshold) & converged(changes, it + 1, settings),
         )
 
-    def keep_going(carry):
-        it, *_, done = carry
-        return (it < iters) & ~done
+    def keep_going(state: LoopState):
+        return (state.iteration < iters) & ~state.done
 
     zeros_nn = jnp.zeros((n, n), dtype)
     history = jnp.zeros(iters, dtype)
-    init = (
-        jnp.zeros((), jnp.int32),
-        dm0,
-        zeros_nn,
-        zeros_nn,
-        jnp.zeros(n, dtype),
-        history,
-        history,
-        history,
-        jnp.zeros((m, n, n), dtype),
-        jnp.zeros((m, n, n), dtype),
-        jnp.zeros((), bool),
+    init = LoopState(
+        iteration=jnp.zeros((), jnp.int32),
+        density=dm0,
+        previous_density=zeros_nn,
+        previous_fock=zeros_nn,
+        mo_energy=jnp.zeros(n, dtype),
+        energies=history,
+        energy_changes=history,
+        commutators=history,
+        focks=jnp.zeros((m, n, n), dtype),
+        errors=jnp.zeros((m, n, n), dtype),
+        done=jnp.zeros((), bool),
     )
-    it, dm, _, _, mo_energy, energies, changes, commutators, *_ = jax.lax.while_loop(keep_going, step, init)
-    std = energy_std_ev(changes, it)
-    return SCFTrace(dm, mo_energy, energies, changes, commutators, it, std, converged(changes, it, settings))
+    final = jax.lax.while_loop(keep_going, step, init)
+    it, changes = final.iteration, final.energy_changes
+    return SCFTrace(final.density, final.mo_energy, final.energies, changes, final.commutators, it,
+                    energy_std_ev(changes, it), converged(changes, it, settings))  # fmt: skip
 
 
 @partial(compiled, static_argnums=1)

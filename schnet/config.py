@@ -2,7 +2,7 @@
 
 Distances are in Angstrom. The layer structure is SchNet's (Schuett et al., J. Chem. Phys. 148,
 241722 (2018)) as torch_geometric implements it, so parameter counts match that baseline exactly:
-``schnet-9m`` has 9,088,513 parameters and ``small`` 238,465 (see BENCHMARKS.md).
+``schnet-9m`` has 9,088,513 parameters and ``small`` 238,465 (see docs/benchmarking.md).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class SchNetConfig:
 CONFIGS: dict[str, SchNetConfig] = {
     # The QM1B paper's baseline: 1024 features, 256 filters, 5 interactions, 200 Gaussians, k = 28.
     "schnet-9m": SchNetConfig(features=1024, filters=256, interactions=5, gaussians=200, cutoff=15.0, neighbours=28),
-    # torch_geometric's small anchor (BENCHMARKS.md): 128/128/3/50, cutoff 5 Angstrom.
+    # torch_geometric's small anchor (docs/benchmarking.md): 128/128/3/50, cutoff 5 Angstrom.
     "small": SchNetConfig(features=128, filters=128, interactions=3, gaussians=50, cutoff=5.0, neighbours=28),
     # For tests and quick CPU runs.
     "tiny": SchNetConfig(features=32, filters=32, interactions=2, gaussians=16, cutoff=5.0, neighbours=12),

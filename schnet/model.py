@@ -36,7 +36,7 @@ def shifted_softplus(x):
     """ssp(x) = log(1 + e^x) - log 2, as max(x, 0) + log(1 + e^-|x|) - log 2 (no overflow).
 
     log(1 + e) rather than log1p(e): e is in (0, 1], so the two differ by less than float32's
-    resolution of the result near log 2 (absolute error <= 6e-8), and XLA's CPU log is 1.4x faster.
+    resolution of the result near log 2 (absolute error <= 6e-8), and XLA's CPU log is faster.
     """
     return _ssp(x, jnp.exp(-jnp.abs(x)))
 
@@ -52,8 +52,7 @@ def _shifted_softplus_jvp(primals, tangents):
 
     ``jax.nn.softplus`` (logaddexp) evaluates its exponentials again for the derivative; on the
     (pairs, filters) arrays of the filter network that made the shifted softplus the largest
-    elementwise cost of a training step here (2.2 ms forward and 3.2 ms with its gradient per
-    (11328, 128) array, against 1.0 and 0.6 ms this way).
+    elementwise cost of a training step.
     """
     (x,), (dx,) = primals, tangents
     e = jnp.exp(-jnp.abs(x))

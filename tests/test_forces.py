@@ -2,7 +2,7 @@
 
 Both comparisons hold the quadrature grid fixed in space, as our gradient does: PySCF's default
 ``nuc_grad_method()`` has no grid response, and the finite difference re-solves the SCF at displaced
-atoms on the reference geometry's grid points and weights. Tolerance: the issue's 1e-4 Hartree/Bohr.
+atoms on the reference geometry's grid points and weights. Tolerance: 1e-4 Hartree/Bohr (docs/science.md).
 Measured: water 2.8e-9 (float64 SCF) against PySCF; benzene 7e-11; the float32 QM1B settings
 within 3e-6 on the 9-heavy-atom molecules (the orbitals come from the float64 Fock matrix of the
 float32 loop's density).

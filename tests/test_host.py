@@ -18,7 +18,7 @@ def benzene_host():
 def test_sizes_and_grid_match_pyscf(benzene_host):
     host = benzene_host
     assert host.nao == 36 and host.nocc == 21
-    # PySCF's RKS grid for benzene at level 0 after its small-density pruning (SCIENCE.md: 10,240).
+    # PySCF's RKS grid for benzene at level 0 after its small-density pruning (docs/science.md: 10,240).
     assert host.grid_points == 10240
     assert host.ao.shape == (4, host.grid_points, host.nao)
 
@@ -50,7 +50,7 @@ def test_orthogonaliser_and_guess(benzene_host):
     # MINAO is a projected atomic guess: its tr(DS) is near, not at, the electron count.
     electrons = np.trace(host.density_guess @ host.overlap)
     assert electrons == pytest.approx(42, rel=0.02)
-    # The grid integrates the same density to tr(DS) within ~1e-3 at level 0 (SCIENCE.md).
+    # The grid integrates the same density to tr(DS) within ~1e-3 at level 0 (docs/science.md).
     rho = np.einsum("gm,mn,gn->g", host.ao[0], host.density_guess, host.ao[0])
     assert np.dot(rho, host.grid_weights) == pytest.approx(electrons, rel=1e-3)
 

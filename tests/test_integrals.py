@@ -1,7 +1,7 @@
 """Device integrals (pyscf_ipu.integrals) against libcint and against the Boys function's definition.
 
-Tolerances: float64 within 1e-10 Hartree, the issue's bound (round-off is ~1e-13 here). float32:
-1e-6 absolute, the issue's bound, for the overlap, kinetic energy and ERIs. Not met for the
+Tolerances (docs/science.md): float64 within 1e-10 Hartree (round-off is ~1e-13 here). float32:
+1e-6 absolute for the overlap, kinetic energy and ERIs. Not met for the
 nuclear attraction: its elements reach 60-90 Hartree on a core orbital, where consecutive float32
 numbers are 4-8e-6 apart, so no float32 result is within 1e-6 there; and two-centre elements with
 d functions (C 3d x N 2p, |V| ~ 0.5-1) lose up to 2.3e-6 to cancellation between the nuclei's
@@ -135,7 +135,7 @@ ERI_CASES = [pytest.param(name, basis, marks=() if (name, basis) in ERI_CI_CASES
 @pytest.mark.parametrize("name, basis_name", ERI_CASES)
 def test_eris_match_libcint(name, basis_name):
     """The packed s8 ERIs against ``mol.intor("int2e", aosym="s8")``: float64 within 1e-10 and float32
-    within 1e-6 absolute, the issue's bounds (measured: 2e-14 and 2.3e-7; the one-centre integrals,
+    within 1e-6 absolute, the bounds of docs/science.md (measured: 2e-14 and 2.3e-7; the one-centre integrals,
     the largest, come from libcint in float64 and are only rounded to float32)."""
     # Each case compiles a plan of its own, and a 6-31G* plan's code takes ~16,000 memory mappings
     # (benzene: 231 classes); kept alive in the jit caches, a few of them passed the kernel's

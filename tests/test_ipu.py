@@ -278,7 +278,7 @@ def test_rows_placement_puts_every_row_where_row_source_says(ipus):
     p = plan_on(Workload(npad, int(np.count_nonzero(host.eri_s8))), ipu_model(num_ipus=4, tiles=4), "rows", ipus)
     source = row_source(p)
     s8 = np.stack([host.eri_s8, 2.0 * host.eri_s8]).astype(np.float32)
-    for eri in (s8[0], s8):
+    for eri in (s8[:1], s8):  # a batch of one, and of two
         placed = np.asarray(_tiled_rows(jnp.asarray(eri), row_placement(p), n, npad))
         assert placed.shape == eri.shape[:-1] + tile_shape(p) + (npad * (npad + 1) // 2,)
         for k, one in enumerate(eri.reshape(-1, eri.shape[-1])):

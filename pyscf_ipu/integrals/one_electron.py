@@ -26,7 +26,7 @@ Every primitive pair (alpha <= beta: the matrices are symmetric) is computed at 
 pairs, the recursions unrolled at trace time up to the basis's highest l), then contracted to
 Cartesian AOs and transformed to spherical ones. The nuclei enter as W_tuv = sum_C Z_C R_tuv, summed
 once per distinct pair of (atom, exponent) and contracted with the E's once (see
-:func:`_nuclear_hermite`; per nucleus and Cartesian pair it had cost 5x the time). In float64 the
+:func:`_nuclear_hermite`), not per nucleus and Cartesian pair. In float64 the
 result equals libcint's ``int1e_ovlp``, ``int1e_kin`` and ``int1e_nuc`` to ~1e-13. The one-centre
 parts (both primitives on one atom: their overlap, kinetic energy and attraction to that atom's
 nucleus) do not depend on the geometry and are the largest elements, so they come from libcint in
@@ -162,9 +162,8 @@ def _member_arrays(basis: PrimitiveBasis, nprim: int, ncart: int, naos: int, nat
 
 def _select(table, i, j, t: int):
     """``table[i[m]][j[m]][t][m]`` (M,) of the nested tables of :func:`hermite_coefficients` (zero
-    where t > i + j), with indices i, j (M,), by masks: indexing a stacked table with them was a
-    gather that took most of the kernel (8 conformers of a 9-heavy-atom molecule in float64: 8.5
-    against 4.9 ms per conformer)."""
+    where t > i + j), with indices i, j (M,), by masks: indexing a stacked table with them would be
+    a gather, which XLA's CPU backend runs as scalar code."""
     out = jnp.zeros_like(table[0][0][0])
     for a, row in enumerate(table):
         for b, entry in enumerate(row):

@@ -99,8 +99,8 @@ def layout(shape_plan: TilePlan, real_plan: TilePlan, eri_s8: np.ndarray, nao: i
     """
     if shape_plan.strategy.name == "rows":
         # Cast on the host: half the bytes to send; unpacked on the device. Padded AOs' pairs last.
-        rows = _tiled_rows(jnp.asarray(eri_s8.astype(dtype)), row_placement(shape_plan), nao, shape_plan.workload.nao)
-        return _rows_arrays(shape_plan, rows)
+        s8 = jnp.asarray(eri_s8.astype(dtype))[None]  # a batch of one
+        return _rows_arrays(shape_plan, _tiled_rows(s8, row_placement(shape_plan), nao, shape_plan.workload.nao)[0])
     values, index = unique_quartets(eri_s8, nao)
     values = (values * degeneracy_weights(index)).astype(dtype)
     return {
@@ -141,33 +141,25 @@ def rows_layout_batch(shape_plans: list[TilePlan], eris: list[np.ndarray], nao: 
 
 
 def _tiled_rows(s8, placement, nao: int, nao_padded: int) -> jax.Array:
-    """:func:`~pyscf_ipu.packed.row_matrix` of one s8 array (size,) or of a batch (B, size), laid out
-    ([B,] num_ipus, T, L, npair_pad) by the IPUs' row runs ``placement`` (:func:`row_placement`),
+    """:func:`~pyscf_ipu.packed.row_matrix` of a batch of s8 arrays (B, size), laid out
+    (B, num_ipus, T, L, npair_pad) by the IPUs' row runs ``placement`` (:func:`row_placement`),
     which fix the plan's :func:`tile_shape` too: T tiles for the longest run, L rows for the fullest tile.
 
-    Two programs: the s4 unpacking on its own, so that it is materialised once. In one program XLA
-    fused the whole layout into one loop that unpacked s8 again for every row element it wrote, and
-    placed the rows by a gather of ``row_source``; with s4 apart and the runs placed by slices and
-    pads, 8 conformers of a 53-AO molecule took 27.5 instead of 29.8 CPU-ms per conformer. A single
-    gather from s8 by precomputed indices was slower still (11.4 ms per conformer against 10.9 for
-    both programs), and most of the rest is the first writes to the fresh 52 and 160 MB outputs:
-    glibc maps every allocation above 32 MB anew (~10,000 page faults per conformer in the
-    generator, ~0.7 us each); one malloc arena with raised thresholds removed the faults but made
-    the whole pipeline 6% slower."""
+    Two programs: the s4 unpacking on its own, so that it is materialised once, and the rows placed
+    by slices and pads (``docs/decisions/rows-layout.md``)."""
     return _placed_rows(_unpacked(s8, nao * (nao + 1) // 2), placement, nao, nao_padded)
 
 
 @partial(compiled, static_argnums=1)
 def _unpacked(s8, npair: int) -> jax.Array:
-    """([B,] npair, npair) s4 of one s8 array or of a batch."""
-    return s8_to_s4(s8, npair) if s8.ndim == 1 else jax.vmap(s8_to_s4, in_axes=(0, None))(s8, npair)
+    """(B, npair, npair) s4 of a batch of s8 arrays."""
+    return jax.vmap(s8_to_s4, in_axes=(0, None))(s8, npair)
 
 
 @partial(compiled, static_argnums=(1, 2, 3))
 def _placed_rows(s4, placement, nao: int, nao_padded: int) -> jax.Array:
-    """The row matrix of ``s4`` ([B,] npair, npair) cut into the tiles' row blocks (see :func:`_tiled_rows`)."""
-    build = row_matrix if s4.ndim == 2 else jax.vmap(row_matrix, in_axes=(0, None, None))
-    matrix = build(s4, nao, nao_padded)  # ([B,] 2 npair_pad, npair_pad)
+    """The row matrices of ``s4`` (B, npair, npair) cut into the tiles' row blocks (see :func:`_tiled_rows`)."""
+    matrix = jax.vmap(row_matrix, in_axes=(0, None, None))(s4, nao, nao_padded)  # (B, 2 npair_pad, npair_pad)
     batch, width = matrix.shape[:-2], matrix.shape[-1]
     per_ipu = max(-(-count // per) for _, per, count in placement)  # T
     slots = max(per for _, per, _ in placement)  # L
@@ -195,8 +187,7 @@ def _rows_compute(rows, dm_pairs):
     """Compute step of one IPU: (T, L, npair) row blocks x replicated density pairs -> (T, L).
 
     Float32 rows with a float64 density (the finalisation's J and K) are widened as they are read,
-    in one fused multiply-and-sum: a matmul would first write a float64 copy of every row (measured,
-    53 AOs: 5.2 ms per conformer against 2.8).
+    in one fused multiply-and-sum: a matmul would first write a float64 copy of every row.
     """
     if rows.dtype != dm_pairs.dtype:
         return jnp.sum(rows.astype(dm_pairs.dtype) * dm_pairs, axis=-1)

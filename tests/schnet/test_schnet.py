@@ -43,7 +43,7 @@ def predict(model, batch, layout):
 
 
 def test_parameter_counts_match_torch_geometric():
-    """torch_geometric's SchNet has 9,088,513 (QM1B's 9M config) and 238,465 (small) parameters (BENCHMARKS.md)."""
+    """torch_geometric's SchNet has 9,088,513 (QM1B's 9M config) and 238,465 (small) parameters (docs/benchmarking.md)."""
     counts = {name: parameter_count(SchNet(CONFIGS[name], key=jax.random.key(0))) for name in ("schnet-9m", "small")}
     print(f"schnet-9m: {counts['schnet-9m']:,} parameters; small: {counts['small']:,}")
     assert counts == {"schnet-9m": 9_088_513, "small": 238_465}
