@@ -65,14 +65,14 @@ def main() -> None:
         runs, plans, prep = {}, {}, {}
         for label, backend in backends(n, args.skip_dense_above).items():
             t = time.perf_counter()
-            stacked = backend.prepare([host.eri_s8], n, n, np.float32, [host.eri_kept])  # a batch of one
+            stacked = backend.prepare([host.eri], n, np.float32)  # a batch of one
             data = jax.block_until_ready(jax.tree.map(lambda a: a[0], stacked))
             prep[label] = time.perf_counter() - t
             fn = jax.jit(backend.contract)
             jax.block_until_ready(fn(data, dm))  # compile
             runs[label] = (fn, data)
             if isinstance(backend, IPUJK):
-                real = backend.plans(host.eri_s8, n, n, np.float32)[1]
+                real = backend.plans(host.eri, n, np.float32)[1]
                 plans[label] = f"{real.strategy.name} {real.num_ipus} IPU {real.tiles_used} tiles"
         times = {label: [] for label in runs}
         for _ in range(args.repeats):

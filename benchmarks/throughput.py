@@ -51,8 +51,7 @@ from pyscf_ipu.config import RKSConfig, precision_scope  # noqa: E402
 from pyscf_ipu.mole import build_mole  # noqa: E402
 from pyscf_ipu.prepare import prepare  # noqa: E402
 from pyscf_ipu.problem import batch_members, build_batch, padded_sizes  # noqa: E402
-from pyscf_ipu.results import finalise  # noqa: E402
-from pyscf_ipu.rks import batch_finalisation  # noqa: E402
+from pyscf_ipu.results import dispatch_finalisation, finalise  # noqa: E402
 from pyscf_ipu.scf import LoopSettings, scf_program  # noqa: E402
 from pyscf_ipu.units import HARTREE_TO_EV  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
@@ -106,7 +105,7 @@ def stage_split(batches: list[list], config: RKSConfig, batch_size: int, repeats
                 problems = timed("AO values, J-K layout", lambda: build_batch(members, settings.backend, dtype, sizes))
                 trace = timed("SCF loop", lambda: scf_program(problems, settings))
                 final = timed("float64 finalisation",
-                              lambda: batch_finalisation(config, settings, members, problems, sizes, trace))
+                              lambda: dispatch_finalisation(config, settings, members, problems, sizes, trace))
             trace, final = jax.device_get((trace, final))
             timed("host finalise", lambda: [finalise(h, *jax.tree.map(lambda a: a[i], (trace, final)), config, sizes)
                                             for i, h in enumerate(hosts)])  # fmt: skip

@@ -5,12 +5,15 @@ The public API::
     from pyscf_ipu import RKSConfig, parse_molecule, run_rks
     result = run_rks(parse_molecule(mol="water"), RKSConfig(xc="b3lyp", basis="sto-3g"))
     result.energy, result.homo, result.lumo, result.gap_ev
+
+Batches of conformers: ``submit_batch(prepare(molecules, config), config).results()``.
 """
 
 from .config import RKSConfig
 from .molecule import Molecule, MoleculeError, from_atom_string, from_name, from_xyz, parse_molecule
 from .results import SCFResult
-from .rks import run_rks
+from .prepare import prepare
+from .rks import run_rks, submit_batch
 
 __all__ = [
     "Molecule",
@@ -21,6 +24,8 @@ __all__ = [
     "from_name",
     "from_xyz",
     "parse_molecule",
+    "prepare",
     "run_rks",
+    "submit_batch",
 ]
 __version__ = "0.1.0"

@@ -8,14 +8,14 @@ in einsum form ``J = einsum('ijkl,ij->kl', eri, D)`` and ``K = einsum('ijkl,jk->
 
 A backend is a frozen (hashable) object:
 
-- ``prepare(eris, nao, nao_padded, dtype, kept) -> dict of arrays``: once per batch of conformers,
-  outside the loop, their arrays stacked along a leading axis. ``eris`` are the conformers' s8 ERIs
-  of ``nao`` AOs, ``kept`` their non-zero counts (``HostProblem.eri_kept``). The arrays' shapes may
-  depend only on padded sizes, so molecules in one bucket share compiled code.
+- ``prepare(eris, nao_padded, dtype) -> dict of arrays``: once per batch of conformers, outside
+  the loop, their arrays stacked along a leading axis. ``eris`` are the conformers'
+  :class:`~pyscf_ipu.packed.PackedERI` records, laid out for ``nao_padded`` AOs in ``dtype``. The
+  arrays' shapes may depend only on padded sizes, so molecules in one bucket share compiled code.
 - ``contract(data, dm) -> (J, K)``: one conformer's, pure JAX, traced inside the SCF loop (which
   the loop's program vmaps over the batch).
-- ``profile(eri_s8, nao, nao_padded, dtype, iterations, kept) -> dict | None``: how the work of one
-  conformer is spread, computed only when asked for.
+- ``profile(eri, nao_padded, dtype, iterations) -> dict | None``: how the work of one conformer
+  (its ``PackedERI``) is spread, computed only when asked for.
 
 Backends are chosen by name from :data:`JK_BACKENDS` (each entry builds the backend from the run's
 :class:`RKSConfig`); nothing inspects array shapes to pick one. ``ipu`` (the default) is the
@@ -35,7 +35,7 @@ import numpy as np
 from pyscf import ao2mo
 
 from .config import RKSConfig, precision_scope
-from .packed import degeneracy_weights, s8_accumulate, symmetrise, unique_quartets
+from .packed import PackedERI, degeneracy_weights, s8_accumulate, symmetrise, unique_quartets
 from .ipu import IPUJK, ipu_model
 from .padding import bucket, pad_to, stack_members
 
@@ -43,13 +43,11 @@ from .padding import bucket, pad_to, stack_members
 class JKBackend(Protocol):
     name: str
 
-    def prepare(self, eris: list[np.ndarray], nao: int, nao_padded: int, dtype,
-                kept: list[int]) -> dict[str, jax.Array]: ...  # fmt: skip
+    def prepare(self, eris: list[PackedERI], nao_padded: int, dtype) -> dict[str, jax.Array]: ...
 
     def contract(self, data: dict, dm: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]: ...
 
-    def profile(self, eri_s8: np.ndarray, nao: int, nao_padded: int, dtype, iterations: int,
-                kept: int) -> dict | None:  # fmt: skip
+    def profile(self, eri: PackedERI, nao_padded: int, dtype, iterations: int) -> dict | None:
         """A report of how the backend spreads the work (None if it has nothing to say)."""
 
 
@@ -73,12 +71,12 @@ class DenseJK:
 
     name: str = "dense"
 
-    def prepare(self, eris, nao, nao_padded, dtype, kept):
+    def prepare(self, eris, nao_padded, dtype):
         # device integrals come in float32; ao2mo reads doubles
-        members = [ao2mo.restore(1, np.asarray(eri, np.float64), nao).astype(dtype) for eri in eris]  # (N,)*4 each
+        members = [ao2mo.restore(1, np.asarray(e.s8, np.float64), e.nao).astype(dtype) for e in eris]  # (N,)*4 each
         return stack_members([_dense_matrices(jnp.asarray(eri), nao_padded) for eri in members])
 
-    def profile(self, eri_s8, nao, nao_padded, dtype, iterations, kept):
+    def profile(self, eri, nao_padded, dtype, iterations):
         return None
 
     def contract(self, data, dm):
@@ -107,13 +105,13 @@ class S8JK:
 
     name: str = "s8"
 
-    def prepare(self, eris, nao, nao_padded, dtype, kept):
-        quartets = [unique_quartets(eri, nao) for eri in eris]
+    def prepare(self, eris, nao_padded, dtype):
+        quartets = [unique_quartets(e.s8, e.nao) for e in eris]
         size = bucket(max(len(values) for values, _ in quartets), minimum=1024)  # one shape for the batch
         return stack_members([{"values": pad_to(values * degeneracy_weights(index), (size,), dtype),
                                "index": pad_to(index, (size, 4))} for values, index in quartets])  # fmt: skip
 
-    def profile(self, eri_s8, nao, nao_padded, dtype, iterations, kept):
+    def profile(self, eri, nao_padded, dtype, iterations):
         return None
 
     def contract(self, data, dm):
@@ -138,7 +136,7 @@ def jk_matrices(name: str, eri_s8: np.ndarray, nao: int, dm: np.ndarray, dtype=n
     """J and K (each (N, N), numpy) of the symmetric density ``dm`` by the backend ``name``, in ``dtype``."""
     backend = get_jk_backend(name, config)
     with precision_scope(np.dtype(dtype).name):
-        data = backend.prepare([eri_s8], nao, nao, dtype, [int(np.count_nonzero(eri_s8))])
+        data = backend.prepare([PackedERI(eri_s8, nao, int(np.count_nonzero(eri_s8)))], nao, dtype)
         j, k = jax.jit(jax.vmap(backend.contract))(data, jnp.asarray(dm, dtype)[None])
         return np.asarray(j[0]), np.asarray(k[0])
 

@@ -16,6 +16,8 @@ matrix of pairs p = ij (i >= j), npair = N(N+1)/2. From it we derive
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,6 +30,27 @@ def s8_aos(length: int) -> int:
     """The AO count N of an s8 array of ``length`` = P(P+1)/2 entries, P = N(N+1)/2."""
     npair = int(round((np.sqrt(8.0 * length + 1.0) - 1.0) / 2.0))
     return int(round((np.sqrt(8.0 * npair + 1.0) - 1.0) / 2.0))
+
+
+def s8_size(nao: int) -> int:
+    """Entries of the s8 array of ``nao`` AOs: P(P+1)/2, P = N(N+1)/2."""
+    npair = nao * (nao + 1) // 2
+    return npair * (npair + 1) // 2
+
+
+@dataclass(frozen=True, eq=False)
+class PackedERI:
+    """One conformer's ERIs as the J-K backends take them: PySCF's s8 packing of ``nao`` AOs and the
+    count of its non-zero entries (which the planners size their work by)."""
+
+    s8: np.ndarray  # (s8_size(nao),)
+    nao: int
+    kept: int
+
+    @classmethod
+    def of(cls, s8: np.ndarray) -> PackedERI:
+        """The record of ``s8``, its AO count and non-zero entries found from it."""
+        return cls(s8, s8_aos(len(s8)), int(np.count_nonzero(s8)))
 
 
 def tril_unpack(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -24,7 +24,7 @@ from .integral_sources import ao_template, integral_source
 from .integrals.ao_values import AOTables
 from .mole import build_mole, element_basis
 from .molecule import Molecule
-from .packed import s8_aos
+from .packed import PackedERI, s8_aos, s8_size
 from .xc.functionals import get_functional
 
 # Eigenvalues of S below this are treated as linear dependence and projected out (PySCF's lindep).
@@ -71,6 +71,12 @@ class HostProblem:
     @property
     def eri_unique(self) -> int:
         return self.eri_s8.shape[0]
+
+    @property
+    def eri(self) -> PackedERI:
+        """The molecule's own ERIs as the J-K backends take them (the leading part of a bucket's s8
+        array: a view, not a copy)."""
+        return PackedERI(self.eri_s8[: s8_size(self.nao)], self.nao, self.eri_kept)
 
 
 def schwarz_screen(eri_s8: np.ndarray, npair: int, threshold: float) -> np.ndarray:

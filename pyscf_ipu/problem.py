@@ -21,6 +21,7 @@ import numpy as np
 from .buckets import pad_atoms
 from .prepare import HostProblem
 from .jk import JKBackend
+from .packed import PackedERI, s8_size
 from .padding import aligned_empty, pad_into, pad_to, stack_padded
 
 VIRTUAL_SHIFT = 10.0  # Hartree; above any real orbital energy of the supported bases
@@ -96,12 +97,13 @@ def build_batch(hosts: list[HostProblem], backend: JKBackend, dtype, sizes: tupl
         for slot, host in zip(ao, hosts):
             pad_into(slot, host.ao)
         ao = jax.device_put(ao, may_alias=True)  # new and never written again: the device may adopt it
-    npair = npad * (npad + 1) // 2
-    eris = [h.eri_s8 if h.eri_nao == npad else pad_to(h.eri_s8, (npair * (npair + 1) // 2,)) for h in hosts]
+    # each conformer's integrals as the bucket's s8 array: the device's already are (no copy)
+    eris = [PackedERI(h.eri_s8 if h.eri_nao == npad else pad_to(h.eri_s8, (s8_size(npad),)), npad, h.eri_kept)
+            for h in hosts]  # fmt: skip
     return SCFProblem(
         **{k: stack_padded([np.asarray(a[k], dtype) for a in arrays]) for k in arrays[0]},
         ao=ao,
-        jk=backend.prepare(eris, npad, npad, dtype, [h.eri_kept for h in hosts]),
+        jk=backend.prepare(eris, npad, dtype),
     )
 
 
@@ -130,11 +132,3 @@ def padded_overlap(overlap: np.ndarray, npad: int) -> np.ndarray:
     out = pad_to(overlap, (npad, npad))
     out[n:, n:] = np.eye(npad - n)
     return out
-
-
-def final_inputs(host: HostProblem, sizes: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """What the float64 finalisation (:func:`~pyscf_ipu.results.final_density`) takes from the
-    host besides the loop's arrays: the overlap (Np, Np) and the grid weights (Gp,), in float64,
-    padded to the loop's ``sizes``."""
-    npad, gpad = sizes
-    return padded_overlap(host.overlap, npad), pad_to(host.grid_weights, (gpad,))

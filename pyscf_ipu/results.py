@@ -9,7 +9,7 @@ purification in float64 restores idempotency to round-off first. Orbital energie
 diagonalising the float64 Fock matrix of the purified density (``docs/decisions/float64-finalisation.md``).
 
 The work is split where its data lives. On the device, queued right behind the loop so that the
-host need not wait for it (:func:`dispatch_final_density`, one program for a whole batch): the
+host need not wait for it (:func:`dispatch_finalisation`, one program for a whole batch): the
 purification and the float64 pass over the grid, which reads the loop's own AO values (in the
 loop's precision, promoted to float64 block by block, so no float64 copy of the largest array is
 made). J and K are contracted there too when the loop's integrals are as exact as any the host
@@ -28,9 +28,13 @@ import scipy.linalg
 from pyscf import scf as pyscf_scf
 
 from .config import RKSConfig
-from .prepare import HostProblem
+from .integral_sources import integral_source
+from .jk import HostContraction
 from .numint import weighted_points, xc_energy_and_potential
-from .scf import SCFTrace
+from .padding import pad_to
+from .prepare import HostProblem
+from .problem import SCFProblem, padded_overlap
+from .scf import LoopSettings, SCFTrace
 from .units import HARTREE_TO_EV
 from .xc.functionals import Functional, get_functional
 from .programs import compiled
@@ -145,13 +149,28 @@ final_density_program = compiled(
     static_argnums=(0, 1), name="final_density")
 
 
-def dispatch_final_density(functional: Functional, backend, ao, weights, density, overlap: np.ndarray,
-                           jk: dict) -> FinalDensity:  # fmt: skip
-    """:func:`final_density` of a batch (a leading axis on every array), dispatched as one program
-    (asynchronous: returns before it is done)."""
+def final_inputs(host: HostProblem, sizes: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """What the float64 finalisation takes from the host besides the loop's arrays: the overlap
+    (Np, Np) with a unit diagonal on padded AOs and the grid weights (Gp,), in float64, padded to
+    the loop's ``sizes``."""
+    npad, gpad = sizes
+    return padded_overlap(host.overlap, npad), pad_to(host.grid_weights, (gpad,))
+
+
+def dispatch_finalisation(config: RKSConfig, settings: LoopSettings, members: list[HostProblem], problems: SCFProblem,
+                          sizes: tuple[int, int], trace: SCFTrace) -> FinalDensity:  # fmt: skip
+    """Dispatch the device's float64 finalisation of a batch's loop ``trace`` (asynchronous: it
+    queues behind the loop): ``members`` and ``problems`` as the loop had them. J and K are
+    contracted on the device where its integrals are as exact as the host's; else
+    :class:`~pyscf_ipu.jk.HostContraction` leaves them to :func:`finalise`."""
+    overlap, weights = (np.stack(a) for a in zip(*(final_inputs(h, sizes) for h in members)))
+    if integral_source(config.integrals).exact_on_device:
+        backend, jk = settings.backend, problems.jk
+    else:
+        backend, jk = HostContraction(), {}
     with jax.enable_x64(True):  # the float64 arrays stay float64 inside
-        overlap = jax.device_put(np.asarray(overlap, np.float64))  # a transfer, not a conversion program
-        return final_density_program(functional, backend, ao, weights, density, overlap, jk)
+        overlap = jax.device_put(overlap)  # a transfer, not a conversion program
+        return final_density_program(settings.functional, backend, problems.ao, weights, trace.density, overlap, jk)
 
 
 def finalise(

@@ -20,11 +20,10 @@ import numpy as np
 
 from .config import RKSConfig, precision_scope
 from .integral_sources import integral_source
-from .jk import HostContraction
 from .molecule import Molecule
 from .prepare import HostProblem, prepare
-from .problem import batch_members, build_batch, final_inputs, padded_sizes
-from .results import FinalDensity, SCFResult, dispatch_final_density, finalise
+from .problem import batch_members, build_batch, padded_sizes
+from .results import FinalDensity, SCFResult, dispatch_finalisation, finalise
 from .scf import LoopSettings, SCFTrace, scf_program
 
 
@@ -86,8 +85,7 @@ class BatchRun:
         """The J-K backend's report of how it spread one conformer's work, with the device ERIs' own
         tile plan on the same IPUs where the integrals came from the device."""
         backend = self.settings.backend
-        report = backend.profile(host.eri_s8, host.nao, self.shapes[0], np.dtype(self.config.precision), iterations,
-                                 host.eri_kept)  # fmt: skip
+        report = backend.profile(host.eri, self.shapes[0], np.dtype(self.config.precision), iterations)
         plan = None if report is None else integral_source(self.config.integrals).eri_plan(
             self.config.basis, tuple(host.mol.elements))  # fmt: skip
         if plan is None:
@@ -121,20 +119,7 @@ def submit_batch(
         to_device = time.perf_counter() - t
         t = time.perf_counter()
         trace = scf_program(problems, settings)  # asynchronous: returns before the device is done
-        final = batch_finalisation(config, settings, members, problems, sizes, trace)  # queued behind it
+        final = dispatch_finalisation(config, settings, members, problems, sizes, trace)  # queued behind it
         dispatch = time.perf_counter() - t
     timings = {"to_device": to_device, "dispatch": dispatch}
     return BatchRun(list(hosts), config, settings, sizes, trace, final, timings, start, profile)
-
-
-def batch_finalisation(config: RKSConfig, settings: LoopSettings, members: list[HostProblem], problems,
-                       sizes: tuple[int, int], trace: SCFTrace) -> FinalDensity:  # fmt: skip
-    """Dispatch the float64 finalisation of a batch's loop ``trace`` (asynchronous; see
-    :func:`~pyscf_ipu.results.final_density`): ``members`` and ``problems`` as the loop had them.
-    J and K are contracted on the device where its integrals are as exact as the host's."""
-    overlap, weights = (np.stack(a) for a in zip(*(final_inputs(h, sizes) for h in members)))
-    if integral_source(config.integrals).exact_on_device:
-        backend, jk = settings.backend, problems.jk
-    else:
-        backend, jk = HostContraction(), {}
-    return dispatch_final_density(settings.functional, backend, problems.ao, weights, trace.density, overlap, jk)

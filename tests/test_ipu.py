@@ -126,7 +126,7 @@ def eri_case(request):
     c = np.random.default_rng(2).normal(size=(host.nao, max(1, host.nao // 2)))
     dm = c @ c.T / host.nao
     dense = get_jk_backend("dense")
-    data = member(dense.prepare([host.eri_s8], host.nao, host.nao, np.float32, [host.eri_kept]))
+    data = member(dense.prepare([host.eri], host.nao, np.float32))
     j, k = jax.jit(dense.contract)(data, jnp.asarray(dm, jnp.float32))
     return host, dm, np.asarray(j, np.float64), np.asarray(k, np.float64)
 
@@ -139,14 +139,14 @@ def test_ipu_matches_dense_within_1e5(eri_case, strategy, tiles):
     # a teaching chip: 1 GiB tiles, so that even one tile may hold a whole molecule's integrals
     backend = IPUJK(ipu_model(tiles=tiles).replace(tile_memory_bytes=2**30), strategy)
     npad = host.nao + 2  # padded AOs stay empty
-    data = member(backend.prepare([host.eri_s8], host.nao, npad, np.float32, [host.eri_kept]))
+    data = member(backend.prepare([host.eri], npad, np.float32))
     dm_pad = np.zeros((npad, npad), np.float32)
     dm_pad[: host.nao, : host.nao] = dm
     j, k = jax.jit(backend.contract)(data, jnp.asarray(dm_pad))
     n = host.nao
     assert relative_error(j[:n, :n], j_ref) < 1e-5 and relative_error(k[:n, :n], k_ref) < 1e-5
     assert np.all(np.asarray(j)[n:] == 0) and np.all(np.asarray(k)[n:] == 0)
-    shape, p = backend.plans(host.eri_s8, host.nao, npad, np.float32)
+    shape, p = backend.plans(host.eri, npad, np.float32)
     assert p.tiles_used <= tiles and p.items.sum() == p.strategy.total_items(p.workload)
     # the profiled (real) plan counts the molecule's own work, not the bucket's padding
     assert p.workload.nao == host.nao and p.workload.unique_integrals == np.count_nonzero(host.eri_s8)
@@ -171,12 +171,12 @@ def test_four_ipus_on_four_devices():
             n = host.nao
             c = np.random.default_rng(3).normal(size=(n, n // 2)); dm = jnp.asarray(c @ c.T / n, jnp.float32)
             dense = get_jk_backend("dense")
-            j0, k0 = (np.asarray(a, np.float64) for a in dense.contract(jax.tree.map(lambda a: a[0], dense.prepare([host.eri_s8], n, n, np.float32, [host.eri_kept])), dm))
+            j0, k0 = (np.asarray(a, np.float64) for a in dense.contract(jax.tree.map(lambda a: a[0], dense.prepare([host.eri], n, np.float32)), dm))
             w = Workload(n, int(np.count_nonzero(host.eri_s8)))
             for strategy in ("rows", "s8"):
                 for ipus in (1, 4):
                     p = plan_on(w, ipu_model(num_ipus=4, tiles=7), strategy, ipus)
-                    data = place(layout(p, p, host.eri_s8, n, np.float32), ipus)
+                    data = place(layout(p, p, host.eri, np.float32), ipus)
                     if ipus == 4:
                         leaf = data["rows"] if strategy == "rows" else data["values"]
                         assert len(leaf.sharding.device_set) == 4
@@ -240,14 +240,14 @@ def test_profile_report_and_tile_map(tmp_path):
 
 def test_profile_report_matches_plan():
     host = prepare([from_name("water")], RKSConfig(xc="hf"))[0]
-    p = IPUJK(ipu_model(tiles=7), "s8").plans(host.eri_s8, host.nao, host.nao, np.float32)[1]
+    p = IPUJK(ipu_model(tiles=7), "s8").plans(host.eri, host.nao, np.float32)[1]
     report = profile_report(p, iterations=12)
     assert report["tiles_used"] == 7 and report["load_imbalance"] == pytest.approx(p.imbalance)
     assert report["estimate"]["seconds_all_iterations"] == pytest.approx(12 * p.iteration_seconds)
     assert report["eri_unique_kept"] == np.count_nonzero(host.eri_s8)
     # screening shows up as sparsity
     screened = prepare([from_name("water")], RKSConfig(eri_threshold=1e-2, xc="hf"))[0]
-    p2 = IPUJK(ipu_model(tiles=7), "s8").plans(screened.eri_s8, screened.nao, screened.nao, np.float32)[1]
+    p2 = IPUJK(ipu_model(tiles=7), "s8").plans(screened.eri, screened.nao, np.float32)[1]
     assert profile_report(p2, 1)["eri_sparsity"] > report["eri_sparsity"]
 
 
@@ -255,7 +255,7 @@ def test_layout_pads_only_the_last_tile():
     host = prepare([from_name("water")], RKSConfig(xc="hf"))[0]
     w = Workload(host.nao, int(np.count_nonzero(host.eri_s8)))
     p = plan_on(w, ipu_model(tiles=7), "s8", 1)
-    data = layout(p, p, host.eri_s8, host.nao, np.float32)
+    data = layout(p, p, host.eri, np.float32)
     real = np.count_nonzero(data["values"], axis=-1)[0]  # non-zero values per tile
     np.testing.assert_array_equal(real, p.items[0, : len(real)])
     assert np.all(p.items[0, :-1][p.items[0, :-1] > 0] == p.max_items)

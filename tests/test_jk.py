@@ -42,7 +42,7 @@ def test_backend_float64_matches_pyscf(case, name):
     backend = get_jk_backend(name)
     npad = host.nao + 3  # padding must not change the result
     with jax.enable_x64(True):
-        data = member(backend.prepare([host.eri_s8], host.nao, npad, np.float64, [host.eri_kept]))
+        data = member(backend.prepare([host.eri], npad, np.float64))
         dm_pad = np.zeros((npad, npad))
         dm_pad[: host.nao, : host.nao] = dm
         j, k = jax.jit(backend.contract)(data, jnp.asarray(dm_pad))
@@ -59,7 +59,7 @@ def test_float32_backends_agree_within_1e5(case):
     results = {}
     for name in JK_BACKENDS:
         backend = get_jk_backend(name)
-        data = member(backend.prepare([host.eri_s8], host.nao, host.nao, np.float32, [host.eri_kept]))
+        data = member(backend.prepare([host.eri], host.nao, np.float32))
         results[name] = jax.jit(backend.contract)(data, jnp.asarray(dm, jnp.float32))
         assert results[name][0].dtype == jnp.float32
     j_dense, k_dense = (np.asarray(a, np.float64) for a in results["dense"])

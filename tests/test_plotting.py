@@ -51,7 +51,7 @@ def test_tile_owner_map_places_everything_once(water, strategy, tmp_path):
 
     host, _ = water
     n = host.nao
-    shape, real = get_jk_backend("ipu", RKSConfig(ipu=IPUConfig(jk_strategy=strategy))).plans(host.eri_s8, n, n, np.float32)
+    shape, real = get_jk_backend("ipu", RKSConfig(ipu=IPUConfig(jk_strategy=strategy))).plans(host.eri, n, np.float32)
     maps = tile_owner_map(shape, real, host.eri_s8, n)
     npair = n * (n + 1) // 2
     tiles = set()

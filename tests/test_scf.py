@@ -280,9 +280,8 @@ def test_final_pass_reads_the_float32_loops_ao_values():
     V_xc by far less than the labels' 2 meV (7e-5 Ha): measured 2e-7 Ha and 7e-8 on 9-heavy-atom
     molecules, bounded here at 1e-6 Ha for E_xc (0.03 meV) and V_xc (a 0.03 meV orbital shift)."""
     from pyscf_ipu.padding import pad_to
-    from pyscf_ipu.problem import final_inputs
     from pyscf_ipu.jk import HostContraction
-    from pyscf_ipu.results import dispatch_final_density
+    from pyscf_ipu.results import final_density_program, final_inputs
 
     molecule = from_name("benzene")
     host = prepare([molecule], RKSConfig())[0]
@@ -291,9 +290,10 @@ def test_final_pass_reads_the_float32_loops_ao_values():
     overlap, weights = final_inputs(host, sizes)
     functional = LoopSettings.from_config(RKSConfig()).functional
     ao64 = pad_to(host.ao, (4, sizes[1], host.nao))
-    exact, rounded = (jax.tree.map(lambda a: a[0], dispatch_final_density(
-        functional, HostContraction(), ao[None], weights[None], dm[None], overlap[None], {}))
-        for ao in (ao64, ao64.astype(np.float32)))  # fmt: skip
+    with jax.enable_x64(True):  # a batch of one, as the generator dispatches it
+        exact, rounded = (jax.tree.map(lambda a: a[0], final_density_program(
+            functional, HostContraction(), ao[None], weights[None], dm[None], overlap[None], {}))
+            for ao in (ao64, ao64.astype(np.float32)))  # fmt: skip
     assert exact.exc.dtype == rounded.exc.dtype == jnp.float64
     assert abs(float(rounded.exc - exact.exc)) < 1e-6
     assert np.abs(np.asarray(rounded.vxc - exact.vxc)).max() < 1e-6

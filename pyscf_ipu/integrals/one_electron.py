@@ -1,26 +1,19 @@
 r"""Overlap, kinetic-energy and nuclear-attraction matrices by McMurchie-Davidson, in JAX.
 
-A product of two Cartesian Gaussians on centres A and B (exponents a, b; p = a + b, P the weighted
-centre, mu = ab/p) expands in Hermite Gaussians about P with coefficients E^{ij}_t per axis
-(T. Helgaker, P. Jorgensen, J. Olsen, *Molecular Electronic-Structure Theory*, Wiley 2000, 9.5):
-
-.. math::
-
-    E^{00}_0 = e^{-\mu X_{AB}^2}, \quad
-    E^{i+1,j}_t = \tfrac{1}{2p} E^{ij}_{t-1} + X_{PA} E^{ij}_t + (t+1) E^{ij}_{t+1},
-
-and likewise for j + 1 with X_PB. Then, per axis, the overlap is S_ij = E^{ij}_0 sqrt(pi/p); the
-kinetic energy (with the other two axes' overlaps), in the symmetric form T = 1/2 <grad a|grad b>, whose 1-D terms
+With the Hermite expansion coefficients E^{ij}_t of a primitive pair per axis (:mod:`.hermite`;
+T. Helgaker, P. Jorgensen, J. Olsen, *Molecular Electronic-Structure Theory*, Wiley 2000, 9.5),
+the overlap per axis is S_ij = E^{ij}_0 sqrt(pi/p); the kinetic energy (with the other two axes'
+overlaps) takes the symmetric form T = 1/2 <grad a|grad b>, whose 1-D terms
 D_ij = ij S_{i-1,j-1} - 2aj S_{i+1,j-1} - 2bi S_{i-1,j+1} + 4ab S_{i+1,j+1} do not cancel for a
 tight and a diffuse primitive on one atom, as the textbook -2b^2 S_{i,j+2} + b(2j+1) S_ij - ... does
-(that cost float32 a factor p/a ~ 1e4 in relative precision); and the nuclear attraction to a charge Z at C is
+(that would cost float32 a factor p/a ~ 1e4 in relative precision); and the nuclear attraction to a
+charge Z at C is
 
 .. math::
 
     V = -Z \frac{2\pi}{p} \sum_{tuv} E^{ij}_t E^{kl}_u E^{mn}_v R_{tuv}(p, R_{PC}),
 
-with the Hermite Coulomb integrals R^{n}_{000} = (-2p)^n F_n(p R_{PC}^2) raised by
-R^{n}_{t+1,u,v} = t R^{n+1}_{t-1,u,v} + X_{PC} R^{n+1}_{tuv} (and in u, v alike).
+with the Hermite Coulomb integrals R of :mod:`.hermite`.
 
 Every primitive pair (alpha <= beta: the matrices are symmetric) is computed at once (arrays over
 pairs, the recursions unrolled at trace time up to the basis's highest l), then contracted to
@@ -31,11 +24,10 @@ result equals libcint's ``int1e_ovlp``, ``int1e_kin`` and ``int1e_nuc`` to ~1e-1
 parts (both primitives on one atom: their overlap, kinetic energy and attraction to that atom's
 nucleus) do not depend on the geometry and are the largest elements, so they come from libcint in
 float64 (:func:`.basis.one_centre_one_electron`) and the kernel computes the rest; the sum over
-nuclei is Kahan-compensated. In float32, overlap and kinetic energy then agree to 5.9e-7 absolute
-and the nuclear attraction to 2.3e-6 relative to max(1, |element|) (tests/test_integrals.py).
+nuclei is Kahan-compensated, so the float32 matrices meet the bounds of ``docs/science.md``.
 Geometry enters through differences (A - B, and A - C from the host in float64), so a pair of
-primitives on one atom sees exactly zero displacement: forming P and then P - A in float32 had
-cost 1e-4 relative on core-valence elements.
+primitives on one atom sees exactly zero displacement (forming P and then P - A in float32 would
+lose relative precision on core-valence elements).
 """
 
 from __future__ import annotations

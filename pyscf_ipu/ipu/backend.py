@@ -12,6 +12,7 @@ from .contract import contract, layout, place, rows_layout_batch
 from .model import IPUModel
 from ..padding import bucket, stack_members
 from .plan import TilePlan, Workload, plan, plan_on
+from ..packed import PackedERI
 
 
 @dataclass(frozen=True)
@@ -26,16 +27,13 @@ class IPUJK:
     strategy: str = "auto"
     name: str = "ipu"
 
-    def plans(self, eri_s8: np.ndarray, nao: int, nao_padded: int, dtype,
-              kept: int | None = None) -> tuple[TilePlan, TilePlan]:  # fmt: skip
+    def plans(self, eri: PackedERI, nao_padded: int, dtype) -> tuple[TilePlan, TilePlan]:
         """(shape plan, real plan): the padded problem's plan, which picks the strategy, the IPUs and
         the array shapes shared by a shape bucket (and raises TileMemoryError if nothing fits), and
         the molecule's own plan on the same strategy and IPUs, which places the work and is profiled.
-        ``kept`` is ``eri_s8``'s non-zero count where the caller knows it (counted here otherwise).
         """
-        kept = int(np.count_nonzero(eri_s8)) if kept is None else kept
-        shape = self.shape_plan(nao_padded, kept, np.dtype(dtype).itemsize)
-        return shape, self.real_plan(shape, nao, kept)
+        shape = self.shape_plan(nao_padded, eri.kept, np.dtype(dtype).itemsize)
+        return shape, self.real_plan(shape, eri.nao, eri.kept)
 
     def shape_plan(self, nao_padded: int, kept: int, value_bytes: int) -> TilePlan:
         """The plan of a shape bucket: it depends on sizes only, so it is made once per bucket."""
@@ -46,25 +44,25 @@ class IPUJK:
         workload = Workload(nao, kept, shape.workload.value_bytes)
         return plan_on(workload, self.model, shape.strategy.name, shape.num_ipus)
 
-    def prepare(self, eris, nao, nao_padded, dtype, kept):
+    def prepare(self, eris, nao_padded, dtype):
         """The conformers' layouts, stacked. Where they share one ``rows`` layout on one device (the
         usual case: conformers have the same AO count and nearly the same integral count), the row
         matrices of the whole batch are gathered by one vmapped program, straight into the stack."""
-        shapes = [self.shape_plan(nao_padded, count, np.dtype(dtype).itemsize) for count in kept]
+        shapes = [self.shape_plan(nao_padded, eri.kept, np.dtype(dtype).itemsize) for eri in eris]
         sharded = shapes[0].num_ipus > 1 and len(jax.devices()) >= shapes[0].num_ipus  # placed IPU by IPU
-        batched = None if sharded else rows_layout_batch(shapes, eris, nao, dtype)
+        batched = None if sharded else rows_layout_batch(shapes, eris, dtype)
         if batched is not None:
             return batched
-        return stack_members([place(layout(shape, self.real_plan(shape, nao, count), eri, nao, dtype), shape.num_ipus)
-                              for shape, eri, count in zip(shapes, eris, kept)])  # fmt: skip
+        return stack_members([place(layout(shape, self.real_plan(shape, eri.nao, eri.kept), eri, dtype), shape.num_ipus)
+                              for shape, eri in zip(shapes, eris)])  # fmt: skip
 
     def contract(self, data, dm):
         return contract(data, dm)
 
-    def profile(self, eri_s8, nao, nao_padded, dtype, iterations: int, kept: int) -> dict:
+    def profile(self, eri: PackedERI, nao_padded: int, dtype, iterations: int) -> dict:
         from .profile import profile_report
 
-        return profile_report(self.plans(eri_s8, nao, nao_padded, dtype, kept)[1], iterations)
+        return profile_report(self.plans(eri, nao_padded, dtype)[1], iterations)
 
 
 @lru_cache(maxsize=256)

@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ..packed import degeneracy_weights, pair_index, row_matrix, s8_accumulate, s8_to_s4, symmetrise, tril_unpack
-from ..packed import unique_quartets, unpack_pairs
+from ..packed import PackedERI, unique_quartets, unpack_pairs
 from ..padding import stack_padded
 from ..programs import compiled
 from .plan import TilePlan
@@ -89,8 +89,8 @@ def row_source(plan: TilePlan) -> np.ndarray:
     return source
 
 
-def layout(shape_plan: TilePlan, real_plan: TilePlan, eri_s8: np.ndarray, nao: int, dtype) -> dict[str, np.ndarray]:
-    """The arrays that :func:`contract` reads, for ``eri_s8`` (PySCF's s8 ERI of ``nao`` AOs).
+def layout(shape_plan: TilePlan, real_plan: TilePlan, eri: PackedERI, dtype) -> dict[str, np.ndarray]:
+    """The arrays that :func:`contract` reads, for one conformer's ``eri``.
 
     ``shape_plan`` plans the padded problem (``nao_padded`` AOs; for s8 a bucketed integral count)
     and fixes every array's shape; ``real_plan`` (same strategy and IPUs, the molecule's own sizes)
@@ -99,9 +99,10 @@ def layout(shape_plan: TilePlan, real_plan: TilePlan, eri_s8: np.ndarray, nao: i
     """
     if shape_plan.strategy.name == "rows":
         # Cast on the host: half the bytes to send; unpacked on the device. Padded AOs' pairs last.
-        s8 = jnp.asarray(eri_s8.astype(dtype))[None]  # a batch of one
-        return _rows_arrays(shape_plan, _tiled_rows(s8, row_placement(shape_plan), nao, shape_plan.workload.nao)[0])
-    values, index = unique_quartets(eri_s8, nao)
+        s8 = jnp.asarray(eri.s8.astype(dtype))[None]  # a batch of one
+        rows = _tiled_rows(s8, row_placement(shape_plan), eri.nao, shape_plan.workload.nao)[0]
+        return _rows_arrays(shape_plan, rows)
+    values, index = unique_quartets(eri.s8, eri.nao)
     values = (values * degeneracy_weights(index)).astype(dtype)
     return {
         "values": _tile_blocks(shape_plan, real_plan.items, values),
@@ -126,16 +127,16 @@ def _rows_arrays(shape_plan: TilePlan, rows: jax.Array) -> dict:
     return {"rows": rows, **shared}
 
 
-def rows_layout_batch(shape_plans: list[TilePlan], eris: list[np.ndarray], nao: int, dtype) -> dict | None:
-    """:func:`layout` of a batch of conformers that share one ``rows`` plan, stacked, with the row
-    blocks of all of them built by one vmapped program; None if their plans differ."""
-    first = shape_plans[0]
-    if any(p.strategy.name != "rows" for p in shape_plans):
+def rows_layout_batch(shape_plans: list[TilePlan], eris: list[PackedERI], dtype) -> dict | None:
+    """:func:`layout` of a batch of conformers that share one ``rows`` plan and AO count, stacked,
+    with the row blocks of all of them built by one vmapped program; None if they do not."""
+    first, nao = shape_plans[0], eris[0].nao
+    if any(p.strategy.name != "rows" for p in shape_plans) or any(e.nao != nao for e in eris):
         return None
     placement = row_placement(first)  # with one padded AO count (the caller's), equal placements mean one layout
     if any(row_placement(p) != placement for p in shape_plans[1:]):
         return None
-    stacked = stack_padded(eris, dtype)  # libcint's float64 cast on the host: half the bytes to send
+    stacked = stack_padded([e.s8 for e in eris], dtype)  # libcint's float64 cast on the host: half the bytes to send
     rows = _tiled_rows(stacked, placement, nao, first.workload.nao)
     return jax.device_put(_rows_arrays(first, rows))
 
