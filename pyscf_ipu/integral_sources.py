@@ -51,7 +51,7 @@ def device_one_electron(mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple[
     bases = [primitive_template(bucket.basis, tuple(mol.elements)) for mol in mols]
     capacity = primitive_template(bucket.basis, bucket.template_elements)
     with precision_scope("float64"):
-        ints = one_electron(bases, _conformer_coords(mols, bucket), np.dtype("float64"), capacity)
+        ints = one_electron(bases, conformer_coords(mols, bucket), np.dtype("float64"), capacity)
         overlap, hcore = np.asarray(ints["overlap"]), np.asarray(ints["kinetic"]) + np.asarray(ints["nuclear"])
     return [(overlap[k, : mol.nao, : mol.nao], hcore[k, : mol.nao, : mol.nao]) for k, mol in enumerate(mols)]
 
@@ -66,7 +66,7 @@ def device_eri_s8(mols: list[gto.Mole], bucket: SizeBucket, precision: str) -> t
 
     plans = [eri_plan(bucket.basis, tuple(mol.elements), bucket) for mol in mols]
     with precision_scope(precision):
-        eris = device_eris(plans, _conformer_coords(mols, bucket), precision)
+        eris = device_eris(plans, conformer_coords(mols, bucket), precision)
         counts = np.asarray(_count_nonzero(eris))
         eris = np.asarray(eris)
     return list(eris), [int(c) for c in counts]
@@ -78,7 +78,7 @@ def _count_nonzero(eris: jax.Array) -> jax.Array:
     return jnp.count_nonzero(eris, axis=-1)
 
 
-def _conformer_coords(mols: list[gto.Mole], bucket: SizeBucket) -> np.ndarray:
+def conformer_coords(mols: list[gto.Mole], bucket: SizeBucket) -> np.ndarray:
     """(C, natm, 3) Bohr: the conformers' positions, padded to the bucket's atoms with dummies."""
     return np.stack([pad_atoms(mol.atom_coords(), bucket.natm) for mol in mols])
 
@@ -135,7 +135,7 @@ def device_grids(mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple[np.ndar
     grids = [_atom_grids(tuple(mol.elements), bucket) for mol in mols]
     stacked = jax.tree.map(lambda *xs: np.stack(xs), *[g for g, _ in grids])
     with jax.enable_x64(True):
-        points, weights = grid_program(stacked, jax.device_put(_conformer_coords(mols, bucket)))
+        points, weights = grid_program(stacked, jax.device_put(conformer_coords(mols, bucket)))
         points, weights = np.asarray(points), np.asarray(weights)
     return [(points[k, :count], weights[k, :count], g.owner[:count]) for k, (g, count) in enumerate(grids)]
 

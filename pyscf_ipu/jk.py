@@ -136,7 +136,7 @@ def jk_matrices(name: str, eri_s8: np.ndarray, nao: int, dm: np.ndarray, dtype=n
     """J and K (each (N, N), numpy) of the symmetric density ``dm`` by the backend ``name``, in ``dtype``."""
     backend = get_jk_backend(name, config)
     with precision_scope(np.dtype(dtype).name):
-        data = backend.prepare([PackedERI(eri_s8, nao, int(np.count_nonzero(eri_s8)))], nao, dtype)
+        data = backend.prepare([PackedERI.of(eri_s8)], nao, dtype)
         j, k = jax.jit(jax.vmap(backend.contract))(data, jnp.asarray(dm, dtype)[None])
         return np.asarray(j[0]), np.asarray(k[0])
 

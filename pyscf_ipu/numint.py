@@ -66,14 +66,13 @@ def weighted_points(weights) -> jax.Array:
     return jnp.max(jnp.where(weights != 0, index, 0), axis=-1, initial=0)  # 0 without a grid (Hartree-Fock)
 
 
-def xc_energy_and_potential(functional: Functional, ao, weights, dm,
-                            points=None) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:  # fmt: skip
+def xc_energy_and_potential(functional: Functional, ao, weights, dm, points) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(E_xc, V_xc, electrons): V_xc = dE_xc/dD (N, N), symmetrised, and the integral of rho on the
     grid (a free check of the grid and of D: it should be the electron count; NaN without a grid).
     The grid in blocks (see the module doc); the electron count comes from each block's own rho,
     which spares a second pass over the AO values.
 
-    ``points`` (a scalar, possibly traced; default all): the points after it have zero weight, so
+    ``points`` (a scalar, possibly traced; ``len(weights)`` for all): the points after it have zero weight, so
     only the blocks up to it are evaluated. A vmapped batch passes one unbatched value for all its
     members (their largest :func:`weighted_points`): the loop's trip count and block offsets then
     stay scalars, where a per-member count would turn every block's slices into gathers.
@@ -82,8 +81,7 @@ def xc_energy_and_potential(functional: Functional, ao, weights, dm,
         return jnp.zeros((), dm.dtype), jnp.zeros_like(dm), jnp.full((), jnp.nan, dm.dtype)
     size = grid_block(weights.shape[0])
     blocks = weights.shape[0] // size
-    if points is not None:
-        blocks = jnp.minimum((points + size - 1) // size, blocks)
+    blocks = jnp.minimum((points + size - 1) // size, blocks)
     n = ao.shape[-1]
 
     def block(b, total):

@@ -69,10 +69,6 @@ class HostProblem:
         return self.grid_weights.shape[0]
 
     @property
-    def eri_unique(self) -> int:
-        return self.eri_s8.shape[0]
-
-    @property
     def eri(self) -> PackedERI:
         """The molecule's own ERIs as the J-K backends take them (the leading part of a bucket's s8
         array: a view, not a copy)."""

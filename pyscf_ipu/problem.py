@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from .buckets import pad_atoms
+from .integral_sources import conformer_coords
 from .prepare import HostProblem
 from .jk import JKBackend
 from .packed import PackedERI, s8_size
@@ -62,8 +62,7 @@ def device_ao_values(hosts: list[HostProblem], dtype, sizes: tuple[int, int]) ->
     padded with zeros."""
     from .integrals.ao_values import ao_values
 
-    natm = hosts[0].bucket.natm
-    coords = np.stack([pad_atoms(h.mol.atom_coords(), natm) for h in hosts])  # (C, natm, 3)
+    coords = conformer_coords([h.mol for h in hosts], hosts[0].bucket)  # (C, natm, 3)
     offsets = [h.grid_coords - c[h.grid_owners] for h, c in zip(hosts, coords)]  # float64
     return ao_values([h.ao_tables for h in hosts], coords, offsets, [h.grid_owners for h in hosts], sizes, dtype)
 

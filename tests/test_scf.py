@@ -96,7 +96,7 @@ def test_xc_loop_stops_at_the_last_weighted_point():
         # the molecule's own last points may weigh nothing too (Becke's partition): then it stops before them
         assert weights[int(extent) - 1] != 0 and not weights[int(extent) :].any()
         assert host.grid_points - 1024 < int(extent) <= host.grid_points
-        full = xc_energy_and_potential(functional, ao, weights, host.density_guess)
+        full = xc_energy_and_potential(functional, ao, weights, host.density_guess, len(weights))
         stopped = jax.jit(partial(xc_energy_and_potential, functional))(ao, weights, host.density_guess, extent)
         short = xc_energy_and_potential(functional, ao, weights, host.density_guess, extent - 1024)
     for a, b in zip(full, stopped):

@@ -32,6 +32,7 @@ import numpy as np
 import scipy.linalg
 from pyscf import gto
 
+from ..packed import s8_size
 from ..padding import bucket
 from .basis import cartesian_powers, contracted_shells
 
@@ -221,8 +222,7 @@ def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None) -> EriPlan:
     """
     shells = shells_of(mol)
     nao = mol.nao_nr() if capacity is None else capacity.nao
-    npair = nao * (nao + 1) // 2
-    size = npair * (npair + 1) // 2
+    size = s8_size(nao)
     if padded_s8_size(size) >= NOWHERE:
         raise ValueError(f"{nao} AOs: the s8 ERI array ({size:,} entries) exceeds 32-bit indexing")
     by_class = _pair_classes(shells)
