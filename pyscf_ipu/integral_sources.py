@@ -151,8 +151,8 @@ class IntegralSource(Protocol):
         """(overlap, core Hamiltonian) of each conformer, float64 at the molecule's size."""
 
     def eris(self, mols: list[gto.Mole], bucket: SizeBucket,
-             config: RKSConfig) -> tuple[list[np.ndarray], list[int | None]]:  # fmt: skip
-        """The s8 ERIs of each conformer and their non-zero counts (None where not counted)."""
+             config: RKSConfig) -> tuple[list[np.ndarray], list[int]]:  # fmt: skip
+        """The s8 ERIs of each conformer and their non-zero counts."""
 
     def grids(self, mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple | None]:
         """Each conformer's (points, weights, owners), whose AO values the device then evaluates;
@@ -177,7 +177,8 @@ class LibcintIntegrals:
         return [(mol.intor("int1e_ovlp"), mol.intor("int1e_kin") + mol.intor("int1e_nuc")) for mol in mols]
 
     def eris(self, mols, bucket, config):
-        return [eri_s8(mol, config.eri_expcutoff) for mol in mols], [None] * len(mols)
+        eris = [eri_s8(mol, config.eri_expcutoff) for mol in mols]
+        return eris, [int(np.count_nonzero(eri)) for eri in eris]
 
     def grids(self, mols, bucket):
         return [None] * len(mols)

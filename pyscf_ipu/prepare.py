@@ -51,12 +51,16 @@ class HostProblem:
     ao: np.ndarray | None  # (4, G, N)  values and x/y/z derivatives; None: evaluated on the device (ao_tables)
     nuclear_repulsion: float
     timings: dict[str, float]
-    bucket: SizeBucket | None = None  # the size bucket whose shapes the problem is padded to
-    ao_tables: AOTables | None = field(default=None, repr=False)  # the basis, for the device's AO values
+    bucket: SizeBucket  # the size bucket whose shapes the problem is padded to
 
     @property
     def nao(self) -> int:
         return self.overlap.shape[0]
+
+    @property
+    def ao_tables(self) -> AOTables:
+        """The basis as the device's AO-value kernel takes it (cached per basis and elements)."""
+        return ao_template(self.bucket.basis, tuple(self.mol.elements))
 
     @property
     def eri_nao(self) -> int:
@@ -183,11 +187,11 @@ def prepare(molecules: list[Molecule], config: RKSConfig) -> list[HostProblem]:
 
 
 def _prepare_one(molecule: Molecule, mol: gto.Mole, overlap: np.ndarray, hcore: np.ndarray, eri: np.ndarray,
-                 nonzero: int | None, grid: tuple | None, dm0: np.ndarray, config: RKSConfig, needs_grid: bool,
+                 nonzero: int, grid: tuple | None, dm0: np.ndarray, config: RKSConfig, needs_grid: bool,
                  bucket: SizeBucket, timings: dict[str, float]) -> HostProblem:  # fmt: skip
     """The rest of one conformer's preparation, from its integrals and its initial density ``dm0``:
-    orthogonaliser, screening, grid. ``nonzero`` counts the non-zero entries of ``eri`` where they
-    are known (None: counted here). ``grid`` (points, weights, owners) from the JAX integral source
+    orthogonaliser, screening, grid. ``nonzero`` counts the non-zero entries of ``eri`` (counted
+    again after a Schwarz screening). ``grid`` (points, weights, owners) from the JAX integral source
     leaves the AO values to the device (``ao`` None); without it, PySCF builds the grid and
     evaluates the AO values here."""
     t = time.perf_counter()
@@ -196,17 +200,15 @@ def _prepare_one(molecule: Molecule, mol: gto.Mole, overlap: np.ndarray, hcore: 
 
     t = time.perf_counter()
     nao = mol.nao_nr()
-    if config.eri_threshold > 0 or nonzero is None:  # screening zeroes more: count what is left
+    if config.eri_threshold > 0:  # screening zeroes more: count what is left
         n = s8_aos(eri.shape[0])  # the molecule's AOs (libcint) or its bucket's (device)
         eri = schwarz_screen(eri, n * (n + 1) // 2, config.eri_threshold)
         nonzero = int(np.count_nonzero(eri))
     timings["eri"] += time.perf_counter() - t
 
     t = time.perf_counter()
-    tables = None
     if grid is not None:
         (coords, weights, owners), ao = grid, None
-        tables = ao_template(config.basis, tuple(mol.elements))
     elif needs_grid:
         grids = dft.gen_grid.Grids(mol)
         grids.level = config.grid_level
@@ -236,5 +238,4 @@ def _prepare_one(molecule: Molecule, mol: gto.Mole, overlap: np.ndarray, hcore: 
         nuclear_repulsion=float(mol.energy_nuc()),
         timings=timings,
         bucket=bucket,
-        ao_tables=tables,
     )

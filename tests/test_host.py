@@ -18,7 +18,7 @@ def benzene_host():
 def test_sizes_and_grid_match_pyscf(benzene_host):
     host = benzene_host
     assert host.nao == 36 and host.nocc == 21
-    # PySCF's RKS grid for benzene at level 0 after its small-density pruning (docs/science.md: 10,240).
+    # PySCF's RKS grid for benzene at level 0, which PySCF 2.14 does not prune (docs/science.md: 10,240).
     assert host.grid_points == 10240
     assert host.ao.shape == (4, host.grid_points, host.nao)
 
