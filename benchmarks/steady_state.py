@@ -1,21 +1,24 @@
-"""The generator's in-process steady state of two source trees, side by side.
+"""The generator's in-process steady state of two source trees, side by side, window by window.
 
-    python benchmarks/steady_state.py --against DIR [--pairs 3] [--windows 6] [--molecules 3]
-                                      [--conformers 8] [--integrals device] [--xc b3lyp5]
+    python benchmarks/steady_state.py --against DIR [--rounds 16] [--molecules 3] [--conformers 8]
+                                      [--integrals device] [--xc b3lyp5]
 
-``DIR`` is another checkout of this repository (``git worktree add /tmp/old REV``). Each pair runs
-one process on this tree, then one on ``DIR`` (``PYTHONPATH`` picks the tree); each process calls
-the generator's :func:`qm1b.generate.run_shard` ``--windows`` times over the same conformers (the
-first ``--molecules`` 9-heavy-atom molecules of the built-in sample, ``--conformers`` each), every
-window into a fresh output directory. The first window of a process loads or compiles its programs
-and is left out; the others are its warm windows. Each side keeps its own compilation cache across
-its processes, so only its first process compiles.
+``DIR`` is another checkout of this repository (``git worktree add /tmp/old REV``). One worker
+process runs on each tree (``PYTHONPATH`` picks it), both alive at once, and they take turns: each
+window is one call of the generator's :func:`qm1b.generate.run_shard` over the same conformers
+(the first ``--molecules`` 9-heavy-atom molecules of the built-in sample, ``--conformers`` each)
+into a fresh output directory, while the other worker waits. Each worker's first window loads or
+compiles its programs and is left out; then ``--rounds`` rounds of one window each, in the order
+this tree, the other; the other, this tree; and so on. Each worker is set up as its tree's
+``qm1b generate`` sets up its own process.
 
 Both sides label the same conformers with the same settings (``--integrals``, ``--xc``; STO-3G,
-grid level 0, float32). Nothing else runs in between: unlike ``throughput.py``, no PySCF window
-interrupts ours, so two trees' warm throughput compares directly. The machine's speed drifts, so
-only the pairs' ratios compare: printed per pair (the median of each process's warm windows) and
-as their median. Threads: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=2, XLA's default.
+grid level 0, float32), and nothing else runs in between. The machine's speed drifts over minutes,
+so only neighbouring windows compare: printed per round (the two windows' throughputs) and as
+the median of the rounds' ratios. The first window of a round tends to be the slower one, so the
+ratios of a round and the next, each side first once, are also combined (their geometric mean)
+and their median printed: that is the figure to quote. Threads: OPENBLAS_NUM_THREADS=1
+OMP_NUM_THREADS=2, XLA's default.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import resource  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -40,7 +44,14 @@ REPOSITORY = HERE.parent
 
 
 def worker(args: argparse.Namespace) -> None:
-    """One process: ``--windows`` generator runs over the same conformers; prints one JSON line."""
+    """One side: a generator window over the same conformers for each ``go`` line on stdin, one JSON
+    line on stdout for each (wall and CPU seconds, conformers); ends at end of input."""
+    try:
+        from pyscf_ipu.config import MemoryReuse
+    except ImportError:  # a tree from before it: its generator ran without
+        pass
+    else:
+        MemoryReuse().apply()  # first, as the tree's `qm1b generate` does
     warnings.simplefilter("ignore", UserWarning)
     import pyscf_ipu
     from pyscf_ipu.config import RKSConfig
@@ -52,37 +63,50 @@ def worker(args: argparse.Namespace) -> None:
     smiles = work / "molecules.smi"
     smiles.write_text("".join(f"{m.smiles} {m.name}\n" for m in chosen))
     dft = RKSConfig(integrals=args.integrals, xc=args.xc)
-    walls, cpus = [], []
-    for window in range(args.windows):
-        wall, cpu = time.perf_counter(), time.process_time()
+    for window, _ in enumerate(sys.stdin):
+        wall, cpu, faults = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         summary = run_shard(GenerateConfig(smiles=str(smiles), out=str(work / f"w{window}"),
                                            conformers=args.conformers, progress=False), dft)  # fmt: skip
-        walls.append(time.perf_counter() - wall)
-        cpus.append(time.process_time() - cpu)
-    print(json.dumps({"conformers": summary.conformers, "wall": walls, "cpu": cpus,
-                      "package": str(Path(pyscf_ipu.__file__).parent)}))  # fmt: skip
+        print(json.dumps({"conformers": summary.conformers, "wall": time.perf_counter() - wall,
+                          "cpu": time.process_time() - cpu,
+                          "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults, "package": str(Path(pyscf_ipu.__file__).parent)}),
+              flush=True)  # fmt: skip
 
 
-def run_side(tree: Path, cache: Path, args: argparse.Namespace) -> dict:
-    """One worker process on ``tree``'s packages, with ``cache`` as its compilation cache."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "PYSCF_IPU_CACHE": str(cache)}
-    command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--windows", str(args.windows),
-               "--molecules", str(args.molecules), "--conformers", str(args.conformers),
-               "--integrals", args.integrals, "--xc", args.xc]  # fmt: skip
-    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"steady_state: the worker on {tree} failed:\n{done.stderr[-2000:]}")
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    if Path(out["package"]).resolve() != (tree / "pyscf_ipu").resolve():
-        raise SystemExit(f"steady_state: the worker imported {out['package']}, not {tree}'s package")
-    return out
+class Side:
+    """A worker process on ``tree``'s packages, with ``cache`` as its compilation cache."""
+
+    def __init__(self, name: str, tree: Path, cache: Path, args: argparse.Namespace):
+        self.name, self.tree = name, tree
+        env = {**os.environ, "PYTHONPATH": str(tree), "PYSCF_IPU_CACHE": str(cache)}
+        command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--molecules", str(args.molecules),
+                   "--conformers", str(args.conformers), "--integrals", args.integrals, "--xc", args.xc]  # fmt: skip
+        self.log = tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen(command, env=env, cwd=tree, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=self.log, text=True)  # fmt: skip
+
+    def window(self) -> dict:
+        """Run one window and return its JSON record."""
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            self.log.seek(0)
+            raise SystemExit(f"steady_state: the worker on {self.tree} failed:\n{self.log.read()[-2000:]}")
+        out = json.loads(line)
+        if Path(out["package"]).resolve() != (self.tree / "pyscf_ipu").resolve():
+            raise SystemExit(f"steady_state: the worker imported {out['package']}, not {self.tree}'s package")
+        return out
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--against", type=Path, help="the other source tree (a checkout of this repository)")
-    parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--windows", type=int, default=6, help="generator runs per process; the first is left out")
+    parser.add_argument("--rounds", type=int, default=16, help="timed windows per side, after one that loads")
     parser.add_argument("--molecules", type=int, default=3)
     parser.add_argument("--conformers", type=int, default=8)
     parser.add_argument("--integrals", choices=("host", "device"), default="device")
@@ -93,29 +117,44 @@ def main() -> None:
         return worker(args)
     if args.against is None or not (args.against / "pyscf_ipu").is_dir():
         parser.error("--against must name another checkout of this repository (with a pyscf_ipu folder)")
-    if args.windows < 2:
-        parser.error("--windows must be at least 2: the first window of each process is left out")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
 
     caches = Path(tempfile.mkdtemp(prefix="qm1b-steady-caches-"))
-    sides = {"this tree": REPOSITORY, "against": args.against.resolve()}
-    print(f"this tree: {REPOSITORY}\nagainst:   {sides['against']}")
-    print(f"{args.molecules} molecules x {args.conformers} conformers per window, {args.windows - 1} warm "
-          f"windows per process; integrals {args.integrals}, {args.xc}/STO-3G, grid level 0\n")  # fmt: skip
-    print(f"{'pair':>4s} {'side':10s} {'load':>5s} {'warm s (median [min-max])':>28s} {'CPU s':>6s} {'conformers/h':>12s}")
-    ratios = []
-    for pair in range(1, args.pairs + 1):
-        rate = {}
-        for name, tree in sides.items():
+    trees = {"this tree": REPOSITORY, "against": args.against.resolve()}
+    print(f"this tree: {REPOSITORY}\nagainst:   {trees['against']}")
+    print(f"{args.molecules} molecules x {args.conformers} conformers per window, {args.rounds} rounds; "
+          f"integrals {args.integrals}, {args.xc}/STO-3G, grid level 0\n")  # fmt: skip
+    sides = [Side(name, tree, caches / name.replace(" ", "-"), args) for name, tree in trees.items()]
+    try:
+        for side in sides:
+            side.window()  # loads or compiles the programs: left out
+        print(f"{'round':>5s} {'first':10s} {'this tree s':>11s} {'CPU s':>6s} {'against s':>9s} {'CPU s':>6s} "
+              f"{'load':>5s} {'ratio':>6s}")  # fmt: skip
+        ratios, walls = [], {side.name: [] for side in sides}
+        for r in range(1, args.rounds + 1):
             load = os.getloadavg()[0]
-            out = run_side(tree, caches / name.replace(" ", "-"), args)
-            warm, cpu = out["wall"][1:], out["cpu"][1:]
-            rate[name] = 3600 * out["conformers"] / statistics.median(warm)
-            spread = f"{statistics.median(warm):.2f} [{min(warm):.2f}-{max(warm):.2f}]"
-            print(f"{pair:4d} {name:10s} {load:5.2f} {spread:>28s} {statistics.median(cpu):6.2f} {rate[name]:12,.0f}", flush=True)
-        ratios.append(rate["this tree"] / rate["against"])
-        print(f"{'':4s} ratio (this tree / against): {ratios[-1]:.3f}", flush=True)
-    print(f"\nper-pair ratios {', '.join(f'{r:.2f}' for r in ratios)}; median {statistics.median(ratios):.3f}")
-
+            order = sides if r % 2 else sides[::-1]
+            out = {side.name: side.window() for side in order}
+            mine, theirs = out["this tree"], out["against"]
+            for name in walls:
+                walls[name].append(out[name]["wall"])
+            # throughput ratio: the same conformers on both sides
+            ratios.append((theirs["wall"] / theirs["conformers"]) / (mine["wall"] / mine["conformers"]))
+            print(f"{r:5d} {order[0].name:10s} {mine['wall']:11.2f} {mine['cpu']:6.2f} {theirs['wall']:9.2f} "
+                  f"{theirs['cpu']:6.2f} {load:5.2f} {ratios[-1]:6.3f} {mine['faults']:8d} {theirs['faults']:8d}", flush=True)  # fmt: skip
+    finally:
+        for side in sides:
+            side.close()
+    print("\nwindows, median [min-max] s: " + "; ".join(
+        f"{name} {statistics.median(w):.2f} [{min(w):.2f}-{max(w):.2f}]" for name, w in walls.items()))
+    # the first window of a round tends to be the slower: pairs of rounds, each side first once, cancel that
+    blocks = [(a * b) ** 0.5 for a, b in zip(ratios[0::2], ratios[1::2])]
+    print(f"ratios (this tree / against, throughput) {', '.join(f'{r:.2f}' for r in ratios)}; median "
+          f"{statistics.median(ratios):.3f}, {sum(r >= 1 for r in ratios)} of {len(ratios)} at least 1")
+    if blocks:
+        print(f"pairs of rounds (geometric means) {', '.join(f'{b:.2f}' for b in blocks)}; median "
+              f"{statistics.median(blocks):.3f}, {sum(b >= 1 for b in blocks)} of {len(blocks)} at least 1")
 
 if __name__ == "__main__":
     main()

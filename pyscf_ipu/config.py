@@ -203,3 +203,44 @@ def disable_numpy_huge_pages() -> bool:
         return False
     switch(False)
     return True
+
+
+@dataclass(frozen=True)
+class MemoryReuse:
+    """Process settings under which each run of a compiled program reuses the memory of the last.
+
+    XLA's CPU runtime allocates the arrays of a batch (AO values, the J-K row blocks, each program's
+    temporaries: tens of MB) anew every time it runs a program. By default glibc gives every block
+    above its mmap threshold (at most 32 MB) fresh pages from the kernel and hands them back when it
+    is freed, so each run writes those arrays into new pages, which the kernel faults in 4 KB at a
+    time (``docs/decisions/memory-reuse.md``). Two settings keep them instead:
+
+    - glibc's mmap threshold above any one array, and a trim threshold that keeps freed memory, so
+      a freed block stays in its thread's heap for the next allocation;
+    - XLA's CPU programs run on the thread that calls them (``jax_cpu_enable_async_dispatch``
+      off): the main thread's heap grows without limit, while XLA's own threads allocate from heaps
+      of at most 64 MB, which larger blocks bypass.
+
+    The process keeps its peak memory.
+    """
+
+    mmap_threshold: int = 2**30  # bytes: smaller blocks come from the thread's heap
+    trim_threshold: int = 2**31 - 1  # bytes of free memory a heap keeps (mallopt takes a C int)
+
+    def apply(self) -> bool:
+        """Set them in this process; call it before JAX runs anything (XLA's CPU client reads the
+        dispatch setting when it starts). Where the C library is not glibc, or glibc refuses a
+        setting, returns False and leaves the dispatch alone; True once every setting holds."""
+        import ctypes
+        import platform
+
+        import jax
+
+        if platform.libc_ver()[0] != "glibc":
+            return False
+        mallopt = ctypes.CDLL(None).mallopt
+        # M_MMAP_THRESHOLD and M_TRIM_THRESHOLD (malloc.h); mallopt returns 1 on success
+        if mallopt(-3, self.mmap_threshold) != 1 or mallopt(-1, self.trim_threshold) != 1:
+            return False
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
+        return True

@@ -118,7 +118,7 @@ def submit_batch(
         problems = build_batch(members, settings.backend, dtype, sizes)
         to_device = time.perf_counter() - t
         t = time.perf_counter()
-        trace = scf_program(problems, settings)  # asynchronous: returns before the device is done
+        trace = scf_program(problems, settings)  # returns before the device is done where dispatch is asynchronous
         final = dispatch_finalisation(config, settings, members, problems, sizes, trace)  # queued behind it
         dispatch = time.perf_counter() - t
     timings = {"to_device": to_device, "dispatch": dispatch}
