@@ -14,11 +14,11 @@ this tree, the other; the other, this tree; and so on. Each worker is set up as 
 
 Both sides label the same conformers with the same settings (``--integrals``, ``--xc``; STO-3G,
 grid level 0, float32), and nothing else runs in between. The machine's speed drifts over minutes,
-so only neighbouring windows compare: printed per round (the two windows' throughputs) and as
-the median of the rounds' ratios. The first window of a round tends to be the slower one, so the
-ratios of a round and the next, each side first once, are also combined (their geometric mean)
-and their median printed: that is the figure to quote. Threads: OPENBLAS_NUM_THREADS=1
-OMP_NUM_THREADS=2, XLA's default.
+so only neighbouring windows compare: printed per round (the two windows' seconds, CPU seconds and
+page faults) and as the median of the rounds' ratios. The first window of a round tends to be the
+slower one, so the ratios of a round and the next, each side first once, are also combined (their
+geometric mean) and their median printed: that is the figure to quote. Threads:
+OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=2, XLA's default.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ REPOSITORY = HERE.parent
 
 def worker(args: argparse.Namespace) -> None:
     """One side: a generator window over the same conformers for each ``go`` line on stdin, one JSON
-    line on stdout for each (wall and CPU seconds, conformers); ends at end of input."""
+    line on stdout for each (wall and CPU seconds, minor page faults, conformers); ends at end of input."""
     try:
         from pyscf_ipu.config import MemoryReuse
     except ImportError:  # a tree from before it: its generator ran without
@@ -69,8 +69,8 @@ def worker(args: argparse.Namespace) -> None:
                                            conformers=args.conformers, progress=False), dft)  # fmt: skip
         print(json.dumps({"conformers": summary.conformers, "wall": time.perf_counter() - wall,
                           "cpu": time.process_time() - cpu,
-                          "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults, "package": str(Path(pyscf_ipu.__file__).parent)}),
-              flush=True)  # fmt: skip
+                          "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
+                          "package": str(Path(pyscf_ipu.__file__).parent)}), flush=True)  # fmt: skip
 
 
 class Side:
@@ -130,7 +130,7 @@ def main() -> None:
         for side in sides:
             side.window()  # loads or compiles the programs: left out
         print(f"{'round':>5s} {'first':10s} {'this tree s':>11s} {'CPU s':>6s} {'against s':>9s} {'CPU s':>6s} "
-              f"{'load':>5s} {'ratio':>6s}")  # fmt: skip
+              f"{'load':>5s} {'ratio':>6s} {'page faults (this tree, against)':>33s}")  # fmt: skip
         ratios, walls = [], {side.name: [] for side in sides}
         for r in range(1, args.rounds + 1):
             load = os.getloadavg()[0]
@@ -142,7 +142,8 @@ def main() -> None:
             # throughput ratio: the same conformers on both sides
             ratios.append((theirs["wall"] / theirs["conformers"]) / (mine["wall"] / mine["conformers"]))
             print(f"{r:5d} {order[0].name:10s} {mine['wall']:11.2f} {mine['cpu']:6.2f} {theirs['wall']:9.2f} "
-                  f"{theirs['cpu']:6.2f} {load:5.2f} {ratios[-1]:6.3f} {mine['faults']:8d} {theirs['faults']:8d}", flush=True)  # fmt: skip
+                  f"{theirs['cpu']:6.2f} {load:5.2f} {ratios[-1]:6.3f} {mine['faults']:16,d} {theirs['faults']:16,d}",
+                  flush=True)  # fmt: skip
     finally:
         for side in sides:
             side.close()
