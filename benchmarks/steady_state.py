@@ -47,11 +47,11 @@ def worker(args: argparse.Namespace) -> None:
     """One side: a generator window over the same conformers for each ``go`` line on stdin, one JSON
     line on stdout for each (wall and CPU seconds, minor page faults, conformers); ends at end of input."""
     try:
-        from pyscf_ipu.config import MemoryReuse
+        from pyscf_ipu.config import reuse_freed_memory
     except ImportError:  # a tree from before it: its generator ran without
         pass
     else:
-        MemoryReuse().apply()  # first, as the tree's `qm1b generate` does
+        reuse_freed_memory()  # first, as the tree's `qm1b generate` does
     warnings.simplefilter("ignore", UserWarning)
     import pyscf_ipu
     from pyscf_ipu.config import RKSConfig
@@ -99,8 +99,10 @@ class Side:
         return out
 
     def close(self) -> None:
+        """End the worker (end of its input) and wait for it."""
         self.process.stdin.close()
         self.process.wait()
+        self.log.close()
 
 
 def main() -> None:

@@ -16,8 +16,9 @@ B3LYP (with VWN5, QM1B's)/STO-3G at grid level 0:
 
 Threads: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=2 for both sides (our host preparation and
 finalisation use PySCF too), set before numpy is imported; XLA uses its default CPU thread pool.
-The process is set up as ``qm1b generate`` sets up its own (:class:`pyscf_ipu.config.MemoryReuse`:
-glibc's malloc thresholds, which the PySCF side runs under too, and XLA's synchronous dispatch).
+The process is set up as ``qm1b generate`` sets up its own
+(:func:`pyscf_ipu.config.reuse_freed_memory`: glibc's malloc thresholds, which the PySCF side runs
+under too, and XLA's synchronous dispatch).
 "cold" is the first window of ours, in a process with an empty persistent compilation cache; the
 timed windows follow, interleaved ours, PySCF, ours, PySCF, ... with the 1-minute load average of
 each. Conformers per hour are medians over the windows with [min-max]; the ratio is the median of
@@ -49,7 +50,7 @@ from common import median_range, print_label_differences  # noqa: E402
 from pyscf import dft  # noqa: E402
 
 import jax  # noqa: E402
-from pyscf_ipu.config import MemoryReuse, RKSConfig, precision_scope  # noqa: E402
+from pyscf_ipu.config import RKSConfig, precision_scope, reuse_freed_memory  # noqa: E402
 from pyscf_ipu.mole import build_mole  # noqa: E402
 from pyscf_ipu.prepare import prepare  # noqa: E402
 from pyscf_ipu.problem import batch_members, build_batch, padded_sizes  # noqa: E402
@@ -128,7 +129,7 @@ def stage_split(batches: list[list], config: RKSConfig, batch_size: int, repeats
 
 
 def main() -> None:
-    MemoryReuse().apply()  # as `qm1b generate` does, before JAX runs anything
+    reuse_freed_memory()  # as `qm1b generate` does, before JAX runs anything
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--molecules", type=int, default=3)
     parser.add_argument("--conformers", type=int, default=8)

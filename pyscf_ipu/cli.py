@@ -20,8 +20,8 @@ import time
 import warnings
 from pathlib import Path
 
-from .config import (ConfigError, MemoryReuse, RKSConfig, add_config_arguments, config_from_arguments,
-                     disable_numpy_huge_pages, enable_compilation_cache)
+from .config import (ConfigError, RKSConfig, add_config_arguments, config_from_arguments, disable_numpy_huge_pages,
+                     enable_compilation_cache, reuse_freed_memory)
 from .ipu.plan import TileMemoryError
 from .molecule import NAMED_MOLECULES, Molecule, MoleculeError, parse_molecule
 from .units import HARTREE_TO_EV, HARTREE_TO_MEV
@@ -134,7 +134,7 @@ def check_lines(result, reference) -> list[str]:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    MemoryReuse().apply()  # first: before JAX runs anything
+    reuse_freed_memory()  # first: before JAX runs anything
     from .ipu.profile import plot_tile_map, summary_lines  # imported here: importing JAX takes a moment
     from .jk import get_jk_backend
     from .prepare import prepare

@@ -205,9 +205,13 @@ def disable_numpy_huge_pages() -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class MemoryReuse:
-    """Process settings under which each run of a compiled program reuses the memory of the last.
+MMAP_THRESHOLD = 2**30  # bytes: smaller blocks come from the allocating thread's heap
+TRIM_THRESHOLD = 2**31 - 1  # bytes of free memory a heap keeps (mallopt takes a C int)
+
+
+def reuse_freed_memory() -> bool:
+    """Let each run of a compiled program reuse the memory of the last; call it before JAX runs
+    anything (XLA's CPU client reads the dispatch setting when it starts).
 
     XLA's CPU runtime allocates the arrays of a batch (AO values, the J-K row blocks, each program's
     temporaries: tens of MB) anew every time it runs a program. By default glibc gives every block
@@ -218,29 +222,23 @@ class MemoryReuse:
     - glibc's mmap threshold above any one array, and a trim threshold that keeps freed memory, so
       a freed block stays in its thread's heap for the next allocation;
     - XLA's CPU programs run on the thread that calls them (``jax_cpu_enable_async_dispatch``
-      off): the main thread's heap grows without limit, while XLA's own threads allocate from heaps
-      of at most 64 MB, which larger blocks bypass.
+      off): the main thread's heap grows without limit, while XLA's own threads, which otherwise
+      allocate some of a program's blocks, have heaps of at most 64 MB, which larger blocks bypass.
 
-    The process keeps its peak memory.
+    The process then keeps its peak memory. It changes the process, so only the command-line entry
+    points and Ray tasks call it, never an import. Returns False where the C library is not glibc or
+    glibc refuses a setting (the dispatch is then left alone); True once every setting holds.
     """
+    import ctypes
+    import platform
 
-    mmap_threshold: int = 2**30  # bytes: smaller blocks come from the thread's heap
-    trim_threshold: int = 2**31 - 1  # bytes of free memory a heap keeps (mallopt takes a C int)
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    mallopt = ctypes.CDLL(None).mallopt
+    # M_MMAP_THRESHOLD and M_TRIM_THRESHOLD (malloc.h); mallopt returns 1 on success
+    if mallopt(-3, MMAP_THRESHOLD) != 1 or mallopt(-1, TRIM_THRESHOLD) != 1:
+        return False
+    import jax
 
-    def apply(self) -> bool:
-        """Set them in this process; call it before JAX runs anything (XLA's CPU client reads the
-        dispatch setting when it starts). Where the C library is not glibc, or glibc refuses a
-        setting, returns False and leaves the dispatch alone; True once every setting holds."""
-        import ctypes
-        import platform
-
-        import jax
-
-        if platform.libc_ver()[0] != "glibc":
-            return False
-        mallopt = ctypes.CDLL(None).mallopt
-        # M_MMAP_THRESHOLD and M_TRIM_THRESHOLD (malloc.h); mallopt returns 1 on success
-        if mallopt(-3, self.mmap_threshold) != 1 or mallopt(-1, self.trim_threshold) != 1:
-            return False
-        jax.config.update("jax_cpu_enable_async_dispatch", False)
-        return True
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+    return True

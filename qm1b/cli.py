@@ -23,7 +23,7 @@ import sys
 import warnings
 
 from pyscf_ipu.cli import EXIT_BAD_INPUT, Parser, closed_pipe, reports_missing_extras
-from pyscf_ipu.config import ConfigError, MemoryReuse, RKSConfig, add_config_arguments, config_from_arguments
+from pyscf_ipu.config import ConfigError, RKSConfig, add_config_arguments, config_from_arguments, reuse_freed_memory
 
 
 EXIT_STORAGE = 3  # the output directory cannot be written
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _generate(args) -> int:
-    MemoryReuse().apply()  # first: before JAX runs anything
+    reuse_freed_memory()  # first: before JAX runs anything
     from .generate import GenerateConfig, generate
 
     try:

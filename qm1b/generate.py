@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pyscf_ipu.buckets import SizeBucket
-from pyscf_ipu.config import (IPUConfig, MemoryReuse, RKSConfig, default_cache_dir, disable_numpy_huge_pages,
-                              enable_compilation_cache, option)
+from pyscf_ipu.config import (IPUConfig, RKSConfig, default_cache_dir, disable_numpy_huge_pages,
+                              enable_compilation_cache, option, reuse_freed_memory)
 from pyscf_ipu.forces import nuclear_gradient
 from pyscf_ipu.prepare import HostProblem, prepare
 from pyscf_ipu.molecule import Molecule, MoleculeError
@@ -361,7 +361,7 @@ def _ray_task(gen: GenerateConfig, dft: RKSConfig, inputs: list[MoleculeInput], 
     memory reuse (both before JAX starts), then label ``inputs`` into their shard, continuing what
     an earlier attempt committed."""
     claim_cores(gen.task_threads)
-    MemoryReuse().apply()
+    reuse_freed_memory()
     return label_molecules(gen, dft, inputs, shard, num_shards, resume=True)
 
 
