@@ -135,7 +135,7 @@ def device_grids(mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple[np.ndar
     grids = [_atom_grids(tuple(mol.elements), bucket) for mol in mols]
     stacked = jax.tree.map(lambda *xs: np.stack(xs), *[g for g, _ in grids])
     with jax.enable_x64(True):
-        points, weights = grid_program(stacked, jax.device_put(conformer_coords(mols, bucket)))
+        points, weights = grid_program(stacked, conformer_coords(mols, bucket))
         points, weights = np.asarray(points), np.asarray(weights)
     return [(points[k, :count], weights[k, :count], g.owner[:count]) for k, (g, count) in enumerate(grids)]
 

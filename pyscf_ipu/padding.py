@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .programs import on_device
+
 
 def bucket(n: int, minimum: int = 8, steps_per_octave: int = 8) -> int:
     """Round ``n`` up to a multiple of ``2**floor(log2 n) / steps_per_octave`` (at least ``minimum``).
@@ -69,7 +71,7 @@ def stack_padded(arrays: list, dtype=None) -> jax.Array:
     """
     whole = _rows_of(arrays)
     if whole is not None and whole.dtype == np.dtype(dtype or whole.dtype):
-        return jax.device_put(whole, may_alias=True)
+        return on_device(whole, may_alias=True)
     shape = tuple(int(s) for s in np.max([np.shape(a) for a in arrays], axis=0)) if np.ndim(arrays[0]) else ()
     if all(isinstance(a, np.ndarray) for a in arrays):
         out = aligned_empty((len(arrays),) + shape, dtype or arrays[0].dtype)
@@ -78,7 +80,7 @@ def stack_padded(arrays: list, dtype=None) -> jax.Array:
                 pad_into(out[i], a)
             else:
                 out[i] = a
-        return jax.device_put(out, may_alias=True)
+        return on_device(out, may_alias=True)
     return jnp.stack([jnp.pad(jnp.asarray(a, dtype), [(0, s - d) for s, d in zip(shape, np.shape(a))]) for a in arrays])
 
 

@@ -23,6 +23,7 @@ from .prepare import HostProblem
 from .jk import JKBackend
 from .packed import PackedERI, s8_size
 from .padding import aligned_empty, pad_into, pad_to, stack_padded
+from .programs import on_device
 
 VIRTUAL_SHIFT = 10.0  # Hartree; above any real orbital energy of the supported bases
 
@@ -95,7 +96,7 @@ def build_batch(hosts: list[HostProblem], backend: JKBackend, dtype, sizes: tupl
         ao = aligned_empty((len(hosts), 4, gpad, npad), dtype)
         for slot, host in zip(ao, hosts):
             pad_into(slot, host.ao)
-        ao = jax.device_put(ao, may_alias=True)  # new and never written again: the device may adopt it
+        ao = on_device(ao, may_alias=True)  # new and never written again: the device may adopt it
     # each conformer's integrals as the bucket's s8 array: the device's already are (no copy)
     eris = [PackedERI(h.eri_s8 if h.eri_nao == npad else pad_to(h.eri_s8, (s8_size(npad),)), npad, h.eri_kept)
             for h in hosts]  # fmt: skip

@@ -128,6 +128,8 @@ class CompiledFunction:
                         self._programs.clear()
                     program = self._programs[key] = self._load_or_export(key, static, tree, leaves)
         run, out_tree = program
+        if any(isinstance(leaf, np.ndarray) for leaf in leaves):
+            leaves = on_device(leaves)  # host arrays copied before the program runs: see on_device
         return out_tree.unflatten(run(*leaves))
 
     def clear(self) -> None:
@@ -177,6 +179,23 @@ class CompiledFunction:
         if path is not None:
             _write_atomically(path, pickle.dumps((exported.serialize(), out_trees[0])))
         return jax.jit(exported.call), out_trees[0]
+
+
+def on_device(tree, may_alias: bool | None = None):
+    """``jax.device_put(tree, may_alias=...)``, returned once the copies of its host (numpy) arrays
+    are done, so that the programs that read them run on the calling thread; device arrays pass as
+    they are, without waiting for the programs that make them.
+
+    XLA's CPU client copies a large host array on one of its own threads, and a program called on
+    the copy before it is done runs on that thread once it is: its outputs and temporaries then come
+    from that thread's malloc heap, of at most 64 MB, which larger blocks bypass for fresh pages
+    every time. Run on the calling thread, a program reuses the memory its last run freed
+    (:func:`pyscf_ipu.config.reuse_freed_memory`, ``docs/decisions/memory-reuse.md``).
+    """
+    out = jax.device_put(tree, may_alias=may_alias)
+    copies = [o for o, leaf in zip(jax.tree.leaves(out), jax.tree.leaves(tree)) if isinstance(leaf, np.ndarray)]
+    jax.block_until_ready(copies)
+    return out
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

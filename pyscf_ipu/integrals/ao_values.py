@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..programs import compiled
+from ..programs import compiled, on_device
 from .basis import PrimitiveBasis
 
 
@@ -88,7 +88,7 @@ def ao_values(tables: list[AOTables], atom_coords: np.ndarray, offsets: list[np.
     owner = np.stack([np.pad(np.asarray(o, np.int32), (0, points - len(o))) for o in owners])
     count = np.array([len(o) for o in owners], np.int32)
     # one transfer of host arrays (jnp.asarray runs a small program per array)
-    arrays = jax.device_put((*floats, padded.astype(dtype), shifts.astype(dtype), owner, count))
+    arrays = on_device((*floats, padded.astype(dtype), shifts.astype(dtype), owner, count))
     return ao_values_program(*arrays)
 
 

@@ -1,7 +1,8 @@
 """The ERIs of a batch of conformers from their :mod:`.eri_plan`: the runner of the :mod:`.eri_kernels`.
 
-From host positions, the quartet tiles are dealt out to worker threads (:func:`_parts`), each
-running its share as one program, because XLA's CPU backend runs each loop fusion on one core;
+From host positions, the quartet tiles are dealt out in shares (:func:`_parts`), the first run on
+the calling thread and the others on worker threads, each share as one program, because XLA's CPU
+backend runs each loop fusion on one core;
 every share has the same shapes, so the shares and molecules of similar size run one compiled
 program. From JAX positions (the forces differentiate the ERIs), everything is one traced program.
 The inputs of each plan are laid out on the device once per batch (:func:`_stacked`).
@@ -19,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..padding import bucket
-from ..programs import compiled
+from ..programs import compiled, on_device
 from .eri_kernels import pair_factors, pair_program, quartet_program
 from .eri_plan import NOWHERE, EriPlan, QuartetClass
 
@@ -35,8 +36,10 @@ def eri_s8(plans, coords, dtype=jnp.float32, workers: int | None = None) -> jax.
     an atom, full precision between atoms, and the per-pair Hermite matrices are computed in
     float64 and rounded once (in float32 they carry a systematic error that shifts total energies
     by meV). The quartet tiles are then shared out over ``workers`` threads (default:
-    :func:`default_workers`), each running its share as its own program: XLA's CPU backend runs a
-    loop fusion on one core.
+    :func:`default_workers`), the calling thread and ``workers - 1`` others, each running its share
+    as its own program: XLA's CPU backend runs a loop fusion on one core. A share's output comes
+    from the heap of the thread that runs it, and only the calling thread's keeps large freed
+    blocks for the next batch (``docs/decisions/memory-reuse.md``).
 
     JAX positions are differenced on the device and the whole computation runs in ``dtype`` as one
     program (no threads: it may be traced), so the result can be differentiated with respect to
@@ -64,9 +67,9 @@ def eri_s8(plans, coords, dtype=jnp.float32, workers: int | None = None) -> jax.
             raise ValueError(f"workers = {workers}: need at least 1")
         coords = np.pad(np.asarray(coords, np.float64), extra_atoms)
         difference = coords[..., :, None, :] - coords[..., None, :, :]  # (C, natm, natm, 3)
-        shifts = jax.device_put(difference.astype(dtype))
+        shifts = on_device(difference.astype(dtype))
         with jax.enable_x64(True):
-            data = pair_program(_static(first)[0], pair_arrays, jax.device_put(difference), dtype.name)
+            data = pair_program(_static(first)[0], pair_arrays, difference, dtype.name)
     shares = _stacked(tuple(plans), ("quartets", workers), dtype.name)  # (share k's arrays, ...)
     static = _static(first)  # the shares' too: each keeps every quartet class, in order
 
@@ -82,8 +85,9 @@ def eri_s8(plans, coords, dtype=jnp.float32, workers: int | None = None) -> jax.
             with jax.enable_x64(x64):  # worker threads do not inherit the caller's context
                 return run(k).block_until_ready()  # in this thread: the point is to keep the cores busy at once
 
-        with ThreadPoolExecutor(workers) as pool:
-            out = _combine(tuple(pool.map(in_thread, range(workers))), first.size)
+        with ThreadPoolExecutor(workers - 1) as pool:  # the first share on this thread
+            others = pool.map(in_thread, range(1, workers))
+            out = _combine((run(0).block_until_ready(), *others), first.size)
     return out
 
 
@@ -167,4 +171,4 @@ def _stacked(plans: tuple[EriPlan, ...], what, dtype: str):
     per batch of plans (a batch of one molecule's conformers reuses them)."""
     per_plan = {id(plan): _host_arrays(plan, what, dtype) for plan in plans}
     members = [per_plan[id(plan)] for plan in plans]
-    return jax.device_put(jax.tree.map(lambda *xs: np.stack(xs), *members))  # one transfer, no per-array program
+    return on_device(jax.tree.map(lambda *xs: np.stack(xs), *members))  # one transfer, no per-array program

@@ -124,9 +124,9 @@ def _call(bases: list[PrimitiveBasis], centres: list, centre_shifts: list, dtype
                               for s, i in zip(centre_shifts, source)])  # (B, natm', P', 3)  # fmt: skip
     rows = np.stack(np.triu_indices(nprim))
     site_pairs = np.stack(np.triu_indices(sites))
-    cast = (lambda a: a.astype(dtype)) if xp is jnp else (lambda a: jax.device_put(np.asarray(a, dtype)))
+    cast = (lambda a: a.astype(dtype)) if xp is jnp else (lambda a: np.asarray(a, dtype))  # host: one transfer
     return one_electron_program(*(cast(a) for a in floats), cast(centres), cast(centre_shifts),
-                               *jax.device_put((*integers, rows, site_pairs)), lmax, n)  # fmt: skip
+                               *integers, rows, site_pairs, lmax, n)  # fmt: skip
 
 
 def _site_count(basis: PrimitiveBasis) -> int:

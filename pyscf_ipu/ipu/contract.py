@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 from ..packed import degeneracy_weights, pair_index, row_matrix, s8_accumulate, s8_to_s4, symmetrise, tril_unpack
 from ..packed import PackedERI, unique_quartets, unpack_pairs
 from ..padding import stack_padded
-from ..programs import compiled
+from ..programs import compiled, on_device
 from .plan import TilePlan
 
 IPU_AXIS = "ipu"
@@ -138,7 +138,7 @@ def rows_layout_batch(shape_plans: list[TilePlan], eris: list[PackedERI], dtype)
         return None
     stacked = stack_padded([e.s8 for e in eris], dtype)  # libcint's float64 cast on the host: half the bytes to send
     rows = _tiled_rows(stacked, placement, nao, first.workload.nao)
-    return jax.device_put(_rows_arrays(first, rows))
+    return on_device(_rows_arrays(first, rows))
 
 
 def _tiled_rows(s8, placement, nao: int, nao_padded: int) -> jax.Array:
@@ -178,7 +178,7 @@ def place(data: dict, num_ipus: int) -> dict:
     """Put the per-IPU arrays on their devices when there are enough; else leave them uncommitted."""
     devices = jax.devices()
     if num_ipus == 1 or len(devices) < num_ipus:
-        return jax.device_put(data)
+        return on_device(data)
     sharding = NamedSharding(Mesh(devices[:num_ipus], (IPU_AXIS,)), P(IPU_AXIS))
     per_ipu = {"rows", "values", "index"}
     return {k: jax.device_put(v, sharding if k in per_ipu else None) for k, v in data.items()}
