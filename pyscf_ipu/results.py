@@ -37,7 +37,7 @@ from .problem import SCFProblem, padded_overlap
 from .scf import LoopSettings, SCFTrace
 from .units import HARTREE_TO_EV
 from .xc.functionals import Functional, get_functional
-from .programs import compiled, on_device
+from .programs import compiled
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,8 +168,7 @@ def dispatch_finalisation(config: RKSConfig, settings: LoopSettings, members: li
         backend, jk = settings.backend, problems.jk
     else:
         backend, jk = HostContraction(), {}
-    with jax.enable_x64(True):  # the float64 arrays stay float64 inside
-        overlap = on_device(overlap)  # a transfer, not a conversion program
+    with jax.enable_x64(True):  # the float64 host arrays stay float64 on the device
         return final_density_program(settings.functional, backend, problems.ao, weights, trace.density, overlap, jk)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from pyscf_ipu.programs import on_device
 
-pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
 
 # MB: above glibc's largest dynamic mmap threshold (32 MB); on a thread other than the main one,
 # within the 64 MB its heap can hold
@@ -83,6 +83,7 @@ def default_faults() -> dict[str, list[int]]:
     return faults
 
 
+@glibc_only
 def test_by_default_every_large_array_faults_in_new_pages(default_faults):
     """The premise: without the settings, every array faults in (nearly) every page, every way."""
     for where in SIZES:
@@ -94,6 +95,7 @@ def fresh(faults: list[int], where: str) -> int:
     return sum(f > 0.5 * pages(where) for f in faults[1:])
 
 
+@glibc_only
 def test_apply_lets_later_arrays_reuse_the_pages_of_earlier_ones(default_faults):
     out = probe("apply")
     faults = out["faults"]

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..programs import compiled, on_device
+from ..programs import compiled
 from .basis import PrimitiveBasis
 
 
@@ -87,9 +87,8 @@ def ao_values(tables: list[AOTables], atom_coords: np.ndarray, offsets: list[np.
     floats = [a.astype(dtype) for a in stacked[:3]] + [stacked[3]] + [stacked[4].astype(dtype) if transformed else None]
     owner = np.stack([np.pad(np.asarray(o, np.int32), (0, points - len(o))) for o in owners])
     count = np.array([len(o) for o in owners], np.int32)
-    # one transfer of host arrays (jnp.asarray runs a small program per array)
-    arrays = on_device((*floats, padded.astype(dtype), shifts.astype(dtype), owner, count))
-    return ao_values_program(*arrays)
+    # host arrays: the compiled program copies them in one transfer (jnp.asarray runs a small program per array)
+    return ao_values_program(*floats, padded.astype(dtype), shifts.astype(dtype), owner, count)
 
 
 def _constants(tables: AOTables, ncart: int, nprim: int, naos: int, transformed: bool) -> tuple:
