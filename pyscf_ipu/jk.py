@@ -38,6 +38,7 @@ from .config import RKSConfig, precision_scope
 from .packed import PackedERI, degeneracy_weights, s8_accumulate, symmetrise, unique_quartets
 from .ipu import IPUJK, ipu_model
 from .padding import bucket, pad_to, stack_members
+from .programs import full_precision
 
 
 class JKBackend(Protocol):
@@ -137,7 +138,7 @@ def jk_matrices(name: str, eri_s8: np.ndarray, nao: int, dm: np.ndarray, dtype=n
     backend = get_jk_backend(name, config)
     with precision_scope(np.dtype(dtype).name):
         data = backend.prepare([PackedERI.of(eri_s8)], nao, dtype)
-        j, k = jax.jit(jax.vmap(backend.contract))(data, jnp.asarray(dm, dtype)[None])
+        j, k = jax.jit(full_precision(jax.vmap(backend.contract)))(data, jnp.asarray(dm, dtype)[None])
         return np.asarray(j[0]), np.asarray(k[0])
 
 

@@ -8,17 +8,21 @@ integral kernels and the finalisation is the slow part of a new process's start)
 persistent compilation cache supplies its compiled code. The directory sits beside JAX's cache
 (:func:`pyscf_ipu.config.enable_compilation_cache`); where none is set, programs live in memory only.
 
-An exported module is valid only for the code that made it, so its key includes a fingerprint of
-this package's source, the versions of jax and jaxlib, the backend, the device count and the x64
-mode. A file that cannot be read back (truncated, or from an incompatible jax) is exported anew
-and replaced. Inside a transformation (``jax.grad`` of the forces) the function is traced as usual.
+Every program is traced with full float32 precision in its products (:func:`full_precision`):
+left to itself, JAX lets an NVIDIA GPU compute float32 matrix products in TF32, with a 10-bit
+mantissa, which no SCF loop survives. An exported module is valid only for the code that made it,
+so its key includes a fingerprint of this package's source, the matmul precision, the versions of
+jax and jaxlib, the backend, the device count and the x64 mode. A file that cannot be read back
+(truncated, or from an incompatible jax) is exported anew and replaced. Inside a transformation (``jax.grad`` of the forces) the function is traced as usual.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
+import platform
 import re
 import tempfile
 import threading
@@ -30,6 +34,24 @@ import jax
 import numpy as np
 
 PROGRAM_DIRECTORY_SUFFIX = "-programs"
+MATMUL_PRECISION = "highest"  # jax.default_matmul_precision of every program: full float32 products
+
+
+def full_precision(fun):
+    """``fun``, traced with every matrix product at full precision (:data:`MATMUL_PRECISION`).
+
+    JAX's default lets a backend pick a faster, lower precision for float32 products (TF32 on NVIDIA
+    GPUs, bfloat16 passes on TPUs); a float32 SCF loop needs every bit of float32. The setting holds
+    while ``fun`` is traced, so it is written into the program (each dot product's precision
+    attribute), whatever the caller's setting.
+    """
+
+    @functools.wraps(fun)
+    def traced(*args, **kwargs):
+        with jax.default_matmul_precision(MATMUL_PRECISION):
+            return fun(*args, **kwargs)
+
+    return traced
 
 
 @lru_cache(maxsize=1)
@@ -102,11 +124,11 @@ class CompiledFunction:
 
     def __init__(self, fun, static_argnums: int | tuple[int, ...] = (), name: str | None = None,
                  budget: MappingBudget | None = None):  # fmt: skip
-        self.fun = fun
+        self.fun = full_precision(fun)
         self.budget = budget
         self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         self.name = name or f"{fun.__module__}.{fun.__qualname__}"
-        self._jitted = jax.jit(fun, static_argnums=self.static_argnums)
+        self._jitted = jax.jit(self.fun, static_argnums=self.static_argnums)
         self._programs: dict = {}
         self._lock = threading.Lock()
         self.traced = 0  # signatures this process traced and exported (not loaded)
@@ -146,8 +168,8 @@ class CompiledFunction:
         directory = program_directory()
         if directory is None:
             return None
-        text = "\n".join([self.name, repr(key), source_fingerprint(), jax.__version__, jax.lib.__version__,
-                          jax.default_backend(), str(jax.device_count())])  # fmt: skip
+        text = "\n".join([self.name, repr(key), source_fingerprint(), MATMUL_PRECISION, jax.__version__,
+                          jax.lib.__version__, jax.default_backend(), str(jax.device_count())])  # fmt: skip
         digest = hashlib.sha256(text.encode()).hexdigest()[:32]
         return directory / f"{self.name.rsplit('.', 1)[-1].strip('_<>')}-{digest}.program"
 
@@ -179,6 +201,22 @@ class CompiledFunction:
         if path is not None:
             _write_atomically(path, pickle.dumps((exported.serialize(), out_trees[0])))
         return jax.jit(exported.call), out_trees[0]
+
+
+def device_description() -> str:
+    """What the programs run on, for the record: the accelerator's name, or the CPU's model and the
+    cores this process may use."""
+    device, count = jax.devices()[0], jax.device_count()
+    if device.platform != "cpu":
+        return f"{device.platform}: {device.device_kind}" + (f" x{count}" if count > 1 else "")
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), model)
+    except OSError:  # not Linux
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"cpu: {model or platform.machine()} ({cores} cores)"
 
 
 def on_device(tree, may_alias: bool | None = None):

@@ -32,6 +32,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from pyscf_ipu.config import option
+from pyscf_ipu.programs import full_precision
 
 from .config import SchNetConfig, get_config
 from .data import Batch, GraphSet, Layout, batches, pair_count, layout_for, pack, pad_batch, split_by_group
@@ -154,7 +155,7 @@ def make_train_step(tx: optax.GradientTransformation, static: SchNet, norm: Norm
         return optax.apply_updates(params, updates), opt_state, reduce(total) / count, wanted
 
     if devices == 1:
-        return jax.jit(lambda params, opt_state, batch: body(params, opt_state, batch, None))
+        return jax.jit(full_precision(lambda params, opt_state, batch: body(params, opt_state, batch, None)))
     mesh = Mesh(np.asarray(jax.local_devices()[:devices]), (DATA_AXIS,))
     sharded = jax.shard_map(
         lambda params, opt_state, batch: body(params, opt_state, jax.tree.map(lambda x: x[0], batch), DATA_AXIS),
@@ -163,7 +164,7 @@ def make_train_step(tx: optax.GradientTransformation, static: SchNet, norm: Norm
         out_specs=P(),
         check_vma=False,
     )
-    return jax.jit(sharded)
+    return jax.jit(full_precision(sharded))
 
 
 def device_batches(stream, devices: int):
@@ -182,6 +183,7 @@ def make_eval_step(static: SchNet, norm: Normaliser, layout: Layout):
     """Jitted (params, batch) -> (sum of |error| in eV over real graphs, their count, pairs wanted)."""
 
     @jax.jit
+    @full_precision
     def step(params, batch: Batch):
         total, wanted = error_sum(eqx.combine(params, static), batch, norm, layout)
         return norm.std * total, jnp.sum(batch.graph_mask), wanted
@@ -214,6 +216,7 @@ def predict(model: SchNet, state: "RunState", graphs: GraphSet, indices) -> np.n
     layout, norm = state.layout, state.norm
 
     @jax.jit
+    @full_precision
     def step(params, batch: Batch):
         out, wanted = normalised_output(eqx.combine(params, static), batch, layout)
         return norm.mean + norm.std * out, wanted
