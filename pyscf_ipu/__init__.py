@@ -10,7 +10,8 @@ Batches of conformers: ``submit_batch(prepare(molecules, config), config).result
 """
 
 from .config import RKSConfig
-from .molecule import Molecule, MoleculeError, from_atom_string, from_name, from_xyz, parse_molecule
+from .geometries import from_xyz, parse_molecule
+from .molecule import Molecule, MoleculeError, from_atom_string, from_name
 from .results import SCFResult
 from .prepare import prepare
 from .rks import run_rks, submit_batch

@@ -23,7 +23,8 @@ from pathlib import Path
 from .config import (ConfigError, RKSConfig, add_config_arguments, config_from_arguments, disable_numpy_huge_pages,
                      enable_compilation_cache, reuse_freed_memory)
 from .ipu.plan import TileMemoryError
-from .molecule import NAMED_MOLECULES, Molecule, MoleculeError, parse_molecule
+from .geometries import parse_molecule
+from .molecule import NAMED_MOLECULES, Molecule, MoleculeError
 from .units import HARTREE_TO_EV, HARTREE_TO_MEV
 
 EXIT_BAD_INPUT = 2

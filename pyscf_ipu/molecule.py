@@ -1,15 +1,14 @@
-"""Molecules: parsing (XYZ files, atom strings, named molecules) and validation.
+"""Molecules: the closed-shell molecule, its validation, atom strings and named molecules.
 
-A :class:`Molecule` is the first stage of the data flow. Positions are stored in Bohr;
-every parser converts from the user's unit. Validation happens once, here, so that later
-stages may assume a well-formed closed-shell molecule.
+A :class:`Molecule` is the first stage of the data flow. Positions are stored in Bohr; every parser
+converts from the user's unit (files: :mod:`pyscf_ipu.geometries`). Validation happens once, here,
+so that later stages may assume a well-formed closed-shell molecule.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 from pyscf.data.elements import ELEMENTS
@@ -166,55 +165,12 @@ def from_atom_string(atoms: str, unit: str = "angstrom", charge: int = 0, spin: 
     return validate(Molecule(np.array(numbers, int), positions, charge, spin, name))
 
 
-def from_xyz(path: str | Path, charge: int = 0, spin: int = 0) -> Molecule:
-    """Read an XYZ file: atom count, a comment line, then 'symbol x y z' in Angstrom."""
-    path = Path(path)
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as err:
-        raise MoleculeError(f"cannot read XYZ file {str(path)!r}: {err.strerror}") from None
-    try:
-        count = int(lines[0].split()[0])
-    except (IndexError, ValueError):
-        raise MoleculeError(f"{path}: the first line of an XYZ file must be the atom count") from None
-    body = [line for line in lines[2:] if line.strip()]
-    if len(body) != count:
-        raise MoleculeError(f"{path}: the header says {count} atoms but {len(body)} atom lines follow")
-    numbers, coords = _parse_lines(body, str(path))
-    positions = np.array(coords, float).reshape(-1, 3) * BOHR_PER_ANGSTROM
-    comment = lines[1].strip() if len(lines) > 1 else ""
-    return validate(Molecule(np.array(numbers, int), positions, charge, spin, path.stem, comment))
-
-
 def from_name(name: str) -> Molecule:
     """One of the built-in molecules: see :data:`NAMED_MOLECULES`."""
     key = name.strip().lower()
     if key not in NAMED_MOLECULES:
         raise MoleculeError(f"unknown molecule name {name!r}: choose one of {', '.join(NAMED_MOLECULES)}")
     return from_atom_string(NAMED_MOLECULES[key], name=key)
-
-
-def parse_molecule(
-    *,
-    xyz: str | Path | None = None,
-    atoms: str | None = None,
-    mol: str | None = None,
-    unit: str = "angstrom",
-    charge: int = 0,
-    spin: int = 0,
-) -> Molecule:
-    """Exactly one of ``xyz`` (file), ``atoms`` (atom string) or ``mol`` (a name) -> a validated Molecule."""
-    given = [k for k, v in (("xyz", xyz), ("atoms", atoms), ("mol", mol)) if v is not None]
-    if len(given) != 1:
-        raise MoleculeError("give exactly one of --xyz FILE, --atoms STRING or --mol NAME")
-    if xyz is not None:
-        return from_xyz(xyz, charge=charge, spin=spin)
-    if atoms is not None:
-        return from_atom_string(atoms, unit=unit, charge=charge, spin=spin)
-    named = from_name(mol)
-    if charge or spin:
-        return validate(Molecule(named.atomic_numbers, named.positions, charge, spin, named.name))
-    return named
 
 
 def _unit_scale(unit: str) -> float:

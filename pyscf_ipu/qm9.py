@@ -12,15 +12,14 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .molecule import Molecule, atomic_number, validate
-from .units import BOHR_PER_ANGSTROM
+from .geometries import qm9_frame
+from .molecule import Molecule
 
 _PARTS = ("qm9_part1.csv", "qm9_part2.csv", "qm9_part3.csv")
 
@@ -47,7 +46,8 @@ def _data_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
-def _rows() -> Iterator[dict]:
+def rows() -> Iterator[dict]:
+    """Every row of qm9pack's CSV files, in index order."""
     data = _data_dir()
     csv.field_size_limit(1 << 24)
     for part in _PARTS:
@@ -55,23 +55,14 @@ def _rows() -> Iterator[dict]:
             yield from csv.DictReader(handle)
 
 
-def _numbers(text: str) -> np.ndarray:
-    """'[[0.5,0.,1.],...]' -> array. The CSV writes floats like '0.' and '1.2*^-6', which JSON rejects."""
-    tokens = re.findall(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:(?:[eE]|\*\^)[-+]?\d+)?", text)
-    return np.array([float(t.replace("*^", "e")) for t in tokens], float)
-
-
 def _record(row: dict) -> QM9Record:
-    symbols = json.loads(row["Elements"].replace("'", '"'))
-    positions = _numbers(row["XYZ_Ang"]).reshape(len(symbols), 3) * BOHR_PER_ANGSTROM
-    numbers = np.array([atomic_number(s) for s in symbols], int)
-    molecule = validate(Molecule(numbers, positions, name=f"qm9_{int(row['Index']):06d}"))
+    molecule = qm9_frame(row).molecule(name=f"qm9_{int(row['Index']):06d}")
     return QM9Record(int(row["Index"]), row["SMILES"], molecule, float(row["HOMO_au"]), float(row["LUMO_au"]))
 
 
 def iter_qm9(heavy_atoms: int | None = None, start: int = 1) -> Iterator[QM9Record]:
     """QM9 records in index order from ``start``, optionally only those with ``heavy_atoms`` heavy atoms."""
-    for row in _rows():
+    for row in rows():
         if int(row["Index"]) < start:
             continue
         if heavy_atoms is not None:
@@ -85,7 +76,7 @@ def qm9_molecules(indices: list[int]) -> list[QM9Record]:
     """The records with the given QM9 indices, in the order asked."""
     wanted = set(indices)
     found: dict[int, QM9Record] = {}
-    for row in _rows():
+    for row in rows():
         index = int(row["Index"])
         if index in wanted:
             found[index] = _record(row)

@@ -2,6 +2,7 @@
 
     qm1b generate --smiles FILE --out DIR [--conformers K] [--seed S] [--batch-size B] [--resume]
                   [--shard i/n] [--executor local|ray] [DFT settings: --basis, --xc, ...]
+    qm1b generate --geometries FILE.sdf|FILE.xyz|DIR --out DIR ...
     qm1b info DIR
     qm1b export DIR --parquet FILE
     qm1b validate DIR --sample K
@@ -11,7 +12,10 @@ Bad input (unreadable SMILES file, an existing output without --resume, other se
 a directory with no dataset, a truncated or corrupt shard file) prints one line naming the problem
 and exits with code 2. An output directory that cannot be written (full disk, read-only, permissions)
 prints one line naming it and the cause and exits with code 3; for ``generate``, what was committed
-stays, and ``--resume`` completes the run. A closed pipe (``qm1b info DIR | head``) ends quietly with 141.
+stays, and ``--resume`` completes the run. A run whose recent conformers mostly fail to converge
+(``--min-converged``) stops with one line saying what to check and exits with code 4; what was
+committed stays. A lost Ray node (``--executor ray``) is one line naming what died, with the
+``--resume`` advice, and exit code 5. A closed pipe (``qm1b info DIR | head``) ends quietly with 141.
 Without the generator's dependencies (``pip install 'pyscf-ipu[generator]'``), one line says so (code 2).
 """
 
@@ -27,6 +31,9 @@ from pyscf_ipu.config import ConfigError, RKSConfig, add_config_arguments, confi
 
 
 EXIT_STORAGE = 3  # the output directory cannot be written
+EXIT_NOT_CONVERGING = 4  # most recent conformers did not converge: a broken setup
+EXIT_CLUSTER_LOST = 5  # the Ray cluster lost a process the run needs (--executor ray)
+RESUME = "; what was committed is kept: run again with --resume once that is fixed"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,8 +136,8 @@ def _plot(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     from pyscf_ipu.molecule import MoleculeError
 
+    from .generate import ClusterLostError, NotConvergingError
     from .inputs import InputError
-
     from .store import StorageError
 
     handlers = {"generate": _generate, "info": _info, "export": _export, "validate": _validate, "plot": _plot}
@@ -142,9 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return closed_pipe()
     except StorageError as err:
-        resume = "; what was committed is kept: run again with --resume once that is fixed"
-        print(f"qm1b {args.command}: error: {err}{resume if args.command == 'generate' else ''}", file=sys.stderr)
+        print(f"qm1b {args.command}: error: {err}{RESUME if args.command == 'generate' else ''}", file=sys.stderr)
         return EXIT_STORAGE
+    except ClusterLostError as err:
+        print(f"qm1b {args.command}: error: {err}{RESUME}", file=sys.stderr)
+        return EXIT_CLUSTER_LOST
+    except NotConvergingError as err:
+        print(f"qm1b {args.command}: stopped: {err}", file=sys.stderr)
+        return EXIT_NOT_CONVERGING
     except (InputError, ConfigError, MoleculeError, FileExistsError, FileNotFoundError, ValueError) as err:
         print(f"qm1b {args.command}: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

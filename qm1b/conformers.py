@@ -1,4 +1,9 @@
-"""Conformers: SMILES -> RDKit ETKDG geometries -> validated :class:`pyscf_ipu.molecule.Molecule`.
+"""Conformers: where a run's geometries come from, as validated :class:`pyscf_ipu.molecule.Molecule`.
+
+Two sources, chosen by the run's input: :class:`EmbeddedConformers` embeds RDKit ETKDG conformers
+of SMILES (``--smiles``, the default), :class:`FileConformers` takes the frames of geometry files
+(``--geometries``; no RDKit needed). Both give each molecule's conformers with their
+``conformer_id``, in a fixed order, so a resumed run finds what is done.
 
 QM1B labels unrelaxed ETKDG conformers, so by default no force-field relaxation is applied
 (``relax="mmff"`` opts into MMFF94). Every conformer is reproducible from ``(seed, molecule_id)``:
@@ -6,19 +11,22 @@ QM1B labels unrelaxed ETKDG conformers, so by default no force-field relaxation 
 so a molecule gets the same conformers whatever shard, limit or process it is generated in.
 
 Failures of a whole molecule raise :class:`ConformerError`, whose ``reason`` is the short text the
-generator writes to its failures table.
+generator writes to its failures table; a geometry file's frames fail one by one.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 import numpy as np
-from rdkit import Chem, rdBase
-from rdkit.Chem import AllChem
 
+from pyscf_ipu.buckets import SizeBucket
 from pyscf_ipu.molecule import Molecule, MoleculeError, validate
 from pyscf_ipu.units import BOHR_PER_ANGSTROM
+
+from .inputs import GeometryInput, MoleculeInput, builtin_sample, read_geometries, read_smiles, select
+from .schema import Failure
 
 RELAX_METHODS = ("mmff",)
 MMFF_MAX_ITERS = 2000  # RDKit's default of 200 leaves many 10-20 atom molecules unconverged
@@ -76,7 +84,10 @@ def conformer_seed(seed: int, molecule_id: int) -> int:
             return x + 1
 
 
-def _parse(smiles: str) -> Chem.Mol:
+def _parse(smiles: str):
+    """The RDKit molecule of a neutral ``smiles``; :class:`ConformerError` if there is none."""
+    from rdkit import Chem, rdBase
+
     with rdBase.BlockLogs():  # the reason goes to the failures table; RDKit's stderr chatter would not
         mol = Chem.MolFromSmiles(smiles)
     if mol is None or mol.GetNumAtoms() == 0:
@@ -108,6 +119,9 @@ def embed_conformers(
     :class:`~pyscf_ipu.molecule.MoleculeError` text); :class:`ValueError` for an unknown ``relax`` or
     ``count < 1``.
     """
+    from rdkit import Chem, rdBase
+    from rdkit.Chem import AllChem
+
     if relax is not None and relax not in RELAX_METHODS:
         raise ValueError(f"unknown relax method {relax!r}: use None or one of {', '.join(RELAX_METHODS)}")
     if count < 1:
@@ -136,3 +150,89 @@ def embed_conformers(
         except MoleculeError as err:  # odd electron count (radical), or atoms collapsed onto each other
             raise ConformerError(str(err), smiles) from None
     return molecules
+
+
+Conformers = list[tuple[int, Molecule]]  # (conformer_id, conformer) of one molecule
+
+
+def _bucket(symbols, basis: str, grid_level: int) -> SizeBucket | None:
+    try:
+        return SizeBucket.of_symbols(list(symbols), basis, grid_level)
+    except Exception:  # an element the basis lacks, or none at all: the run records the failure
+        return None
+
+
+@dataclass(frozen=True)
+class EmbeddedConformers:
+    """RDKit ETKDG conformers of the SMILES in ``smiles`` (a file; None: the built-in sample)."""
+
+    smiles: str | None
+    count: int
+    seed: int
+    relax: str | None = None
+
+    def settings(self) -> dict:
+        """What defines the conformers, for the run's label settings."""
+        return {"conformers": self.count, "seed": self.seed, "relax": self.relax,
+                "smiles": self.smiles or "builtin:gdb_sample"}  # fmt: skip
+
+    def inputs(self, heavy_atoms: tuple[int, int] | None, limit: int | None, shard: tuple[int, int]
+               ) -> list[MoleculeInput]:  # fmt: skip
+        """The input's molecules, selected (:func:`qm1b.inputs.select`)."""
+        inputs = read_smiles(self.smiles) if self.smiles else builtin_sample()
+        return select(inputs, heavy_atoms=heavy_atoms, limit=limit, shard=shard)
+
+    def expected(self, entry: MoleculeInput) -> int:
+        """How many conformers the molecule is asked for (the progress bar's share)."""
+        return self.count
+
+    def bucket(self, entry: MoleculeInput, basis: str, grid_level: int) -> SizeBucket | None:
+        """The molecule's size bucket (its atoms with hydrogens added); None if RDKit cannot read it or
+        the basis lacks one of its elements (the run records the failure)."""
+        from rdkit import Chem, rdBase
+
+        with rdBase.BlockLogs():
+            mol = Chem.MolFromSmiles(entry.smiles)
+        return None if mol is None else _bucket([a.GetSymbol() for a in Chem.AddHs(mol).GetAtoms()], basis, grid_level)
+
+    def conformers(self, entry: MoleculeInput) -> tuple[Conformers, list[Failure]]:
+        """The molecule's conformers (no failures of single conformers); :class:`ConformerError` if none."""
+        molecules = embed_conformers(entry.smiles, self.count, self.seed, entry.molecule_id, self.relax)
+        return list(enumerate(molecules)), []
+
+
+@dataclass(frozen=True)
+class FileConformers:
+    """The frames of the geometry file (or directory of files) ``geometries``."""
+
+    geometries: str
+
+    def settings(self) -> dict:
+        return {"geometries": self.geometries}
+
+    def inputs(self, heavy_atoms: tuple[int, int] | None, limit: int | None, shard: tuple[int, int]
+               ) -> list[GeometryInput]:  # fmt: skip
+        return select(read_geometries(self.geometries), heavy_atoms=heavy_atoms, limit=limit, shard=shard,
+                      count=lambda entry: entry.heavy_atoms)  # fmt: skip
+
+    def expected(self, entry: GeometryInput) -> int:
+        return len(entry.frames)
+
+    def bucket(self, entry: GeometryInput, basis: str, grid_level: int) -> SizeBucket | None:
+        return _bucket(entry.frames[0].symbols, basis, grid_level)
+
+    def conformers(self, entry: GeometryInput) -> tuple[Conformers, list[Failure]]:
+        """The frames that are closed-shell, neutral molecules; each other frame is a failure with its
+        reason (an unknown element, an odd electron count, atoms on top of each other, ...)."""
+        good, failures = [], []
+        for cid, frame in enumerate(entry.frames):
+            try:
+                if frame.charge:
+                    raise MoleculeError(f"charged species (charge {frame.charge:+d})")
+                good.append((cid, frame.molecule()))
+            except MoleculeError as err:
+                failures.append(Failure(frame.source, str(err), entry.molecule_id, cid))
+        return good, failures
+
+
+ConformerSource = EmbeddedConformers | FileConformers

@@ -1,4 +1,5 @@
-"""The generator: SMILES -> RDKit conformers -> batched float32 DFT -> HDF5 shard, resumable.
+"""The generator: SMILES -> RDKit conformers (or a file's geometries) -> batched float32 DFT -> HDF5
+shard, resumable.
 
 Molecules are ordered by size bucket (:mod:`pyscf_ipu.buckets`) and their conformers go in batches
 of ``batch_size``, filled from one molecule or several of a bucket: a bucket's molecules share every
@@ -9,7 +10,8 @@ prepares batch k+1 (only its host-side steps overlap with device integrals: XLA'
 the programs of one thread in order, so the integrals' programs wait for batch k's loop); batch k
 is then finalised and committed to the shard as one atomic part (see
 :mod:`qm1b.store`). A killed run resumes with ``--resume``: committed conformers and
-recorded failures are skipped, so at most the batch in flight is recomputed.
+recorded failures are skipped, so at most the batch in flight is recomputed. A run whose conformers
+mostly fail to converge stops (:class:`ConvergenceWatch`): that is a broken setup, not hard molecules.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import importlib.metadata
 import platform
 import sys
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -30,14 +33,15 @@ from pyscf_ipu.config import (IPUConfig, RKSConfig, default_cache_dir, disable_n
 from pyscf_ipu.forces import nuclear_gradient
 from pyscf_ipu.prepare import HostProblem, prepare
 from pyscf_ipu.molecule import Molecule, MoleculeError
+from pyscf_ipu.programs import MATMUL_PRECISION, device_description
 from pyscf_ipu.results import SCFResult
 from pyscf_ipu.rks import BatchRun, submit_batch
 from pyscf_ipu.units import HARTREE_TO_EV
 from pyscf_ipu.xc.functionals import get_functional
 
-from .conformers import ConformerError, embed_conformers
+from .conformers import ConformerError, ConformerSource, EmbeddedConformers, FileConformers
 from .cores import claim_cores, task_environment
-from .inputs import MoleculeInput, builtin_sample, parse_range, parse_shard, read_smiles, select
+from .inputs import Input, parse_range, parse_shard
 from .schema import SCALAR_COLUMNS, Failure, RecordBatch
 from .store import ShardWriter, shard_count
 
@@ -48,6 +52,9 @@ EXECUTORS = ("local", "ray")
 # - the JAX integrals, which label a stream of conformers faster than libcint's, cold and restarted
 #   (benchmarks/realistic.py); a single point keeps libcint's, the reference (``--integrals host``).
 GENERATOR_DFT_DEFAULTS: dict = {"integrals": "device", "xc": "b3lyp5"}
+# Conformers the convergence watch judges together (or a batch, if larger): four molecules' worth at
+# the default 8 conformers, so that one molecule whose conformers all fail cannot stop a run.
+CONVERGENCE_WINDOW = 32
 
 
 @dataclass(frozen=True)
@@ -56,9 +63,13 @@ class GenerateConfig:
 
     smiles: str | None = option(None, "SMILES file (.smi: 'SMILES [id]' per line; or .csv with a smiles column); "
                               "default: the built-in sample of ~100 GDB-like molecules", metavar="FILE")  # fmt: skip
+    geometries: str | None = option(None, "label these geometries instead of SMILES: an XYZ file (one frame per "
+                                    "conformer, frames of one molecule in a row; QM9's files too), an SDF file, "
+                                    "qm9pack's CSV, or a directory of XYZ and SDF files; no RDKit needed",
+                                    metavar="FILE")  # fmt: skip
     out: str = option("data/generated", "output directory (one HDF5 file per shard)", metavar="DIR")
-    conformers: int = option(8, "RDKit ETKDG conformers per molecule")
-    seed: int = option(1, "seed; each molecule's conformer seed is derived from it (never 0)")
+    conformers: int = option(8, "RDKit ETKDG conformers per molecule (SMILES input)")
+    seed: int = option(1, "seed; each molecule's conformer seed is derived from it (never 0; SMILES input)")
     batch_size: int = option(8, "conformers per vmapped DFT batch")
     limit: int | None = option(None, "at most this many molecules (of this shard, after filtering)")
     heavy_atoms: str | None = option(None, "keep molecules with this many heavy atoms, e.g. 9-11")
@@ -66,6 +77,9 @@ class GenerateConfig:
     shard: str = option("0/1", "process shard i of n (i/n), e.g. for job arrays")
     resume: bool = option(False, "continue an interrupted run in --out")
     drop_unconverged: bool = option(False, "drop conformers that did not converge (recorded as failures)")
+    min_converged: float = option(0.5, "stop the run (exit code 4) once fewer than this share of the last conformers "
+                                  f"converged (at least {CONVERGENCE_WINDOW} of them, or a batch): a broken setup, "
+                                  "not hard molecules; 0 never stops (fixed iteration counts)")  # fmt: skip
     forces: bool = option(False, "add a forces column (eV/Bohr, -dE/dR by jax.grad through the device integrals; "
                                  "seconds per conformer)")  # fmt: skip
     executor: str = option("local", "run in this process, or as many small Ray tasks that free workers pull",
@@ -84,6 +98,18 @@ class GenerateConfig:
             raise ValueError("--shard and --executor ray do not combine: Ray splits the work itself")
         if self.heavy_atoms is not None:
             parse_range(self.heavy_atoms)
+        if not 0 <= self.min_converged <= 1:
+            raise ValueError(f"--min-converged is a share of conformers, in [0, 1]; got {self.min_converged}")
+        if self.geometries is not None and (self.smiles is not None or self.relax is not None):
+            raise ValueError("--geometries labels the file's own geometries: it does not combine with "
+                             f"{'--smiles' if self.smiles is not None else '--relax'}")  # fmt: skip
+
+    @property
+    def source(self) -> ConformerSource:
+        """Where the conformers come from: the geometry file, or RDKit embeddings of the SMILES."""
+        if self.geometries is not None:
+            return FileConformers(self.geometries)
+        return EmbeddedConformers(self.smiles, self.conformers, self.seed, self.relax)
 
 
 @dataclass
@@ -117,14 +143,16 @@ class Summary:
         ]
 
 
-def package_versions() -> dict[str, str]:
+def provenance() -> dict[str, str]:
+    """What the labels were computed with, beside their settings: the package versions, the device
+    (a GPU's name, or the CPU's model) and the precision of every float32 product."""
     out = {"python": platform.python_version()}
     for name in ("pyscf-ipu", "jax", "jaxlib", "pyscf", "numpy", "rdkit", "h5py"):
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             out[name] = "absent"
-    return out
+    return {**out, "device": device_description(), "matmul_precision": MATMUL_PRECISION}
 
 
 def label_settings(gen: GenerateConfig, dft: RKSConfig) -> dict:
@@ -134,45 +162,59 @@ def label_settings(gen: GenerateConfig, dft: RKSConfig) -> dict:
         **own,
         "jk_strategy": dft.ipu.jk_strategy,  # the simulated IPU's placement options never change a label
         "stop_threshold": dft.stop_threshold,
-        "conformers": gen.conformers,
-        "seed": gen.seed,
-        "relax": gen.relax,
+        **gen.source.settings(),
         "drop_unconverged": gen.drop_unconverged,
         "forces": gen.forces,
-        "smiles": gen.smiles or "builtin:gdb_sample",
         "heavy_atoms": gen.heavy_atoms,
     }
 
 
-def smiles_bucket(smiles: str, basis: str, grid_level: int) -> SizeBucket | None:
-    """The size bucket of a SMILES (its atoms with hydrogens added), for grouping work by shape; None
-    if RDKit cannot read it or the basis lacks one of its elements (the run records the failure)."""
-    from rdkit import Chem
+class NotConvergingError(RuntimeError):
+    """Most of a run's recent conformers did not converge; the message says what to check."""
 
-    mol = Chem.MolFromSmiles(smiles)
-    if mol is None:
-        return None
-    try:
-        return SizeBucket.of_symbols([a.GetSymbol() for a in Chem.AddHs(mol).GetAtoms()], basis, grid_level)
-    except Exception:  # an element the basis lacks
-        return None
+
+@dataclass
+class ConvergenceWatch:
+    """Stops a run whose conformers mostly fail to converge.
+
+    A sound setup converges nearly every conformer; a run where most of the last ``window`` (or more:
+    whole batches) did not points at its setup (float32 products below full precision, a bad basis,
+    too few ``--max-iterations``), and labelling on would fill the dataset with unconverged rows.
+    The occasional hard conformer never trips it. ``minimum`` 0 switches it off.
+    """
+
+    minimum: float
+    window: int
+    hint: str  # the settings worth checking, for the message
+    batches: deque = field(default_factory=deque)  # (conformers labelled, converged) of recent batches
+
+    def add(self, labelled: int, converged: int) -> None:
+        """Count a finished batch; :class:`NotConvergingError` if the recent share is below ``minimum``."""
+        self.batches.append((labelled, converged))
+        while sum(n for n, _ in self.batches) - self.batches[0][0] >= self.window:
+            self.batches.popleft()  # the window stays full without its oldest batch
+        total, good = (sum(column) for column in zip(*self.batches))
+        if total >= self.window and good < self.minimum * total:
+            raise NotConvergingError(
+                f"only {good} of the last {total} conformers converged (below --min-converged {self.minimum:g}): "
+                f"that points at the setup, not the molecules; check {self.hint}; what was committed is kept "
+                "(--min-converged 0 labels on regardless)")  # fmt: skip
 
 
 def _bucket_order(bucket: SizeBucket | None) -> tuple:
     return (0, "") if bucket is None else (bucket.nao, bucket.label())
 
 
-def load_inputs(gen: GenerateConfig) -> list[MoleculeInput]:
-    inputs = read_smiles(gen.smiles) if gen.smiles else builtin_sample()
+def load_inputs(gen: GenerateConfig) -> list[Input]:
     heavy = parse_range(gen.heavy_atoms) if gen.heavy_atoms else None
-    return select(inputs, heavy_atoms=heavy, limit=gen.limit, shard=parse_shard(gen.shard))
+    return gen.source.inputs(heavy, gen.limit, parse_shard(gen.shard))
 
 
 @dataclass
 class _Batch:
     """Conformers labelled together: of one molecule or of several of one size bucket."""
 
-    members: list[tuple[MoleculeInput, int, Molecule]]  # (input, conformer id, conformer)
+    members: list[tuple[Input, int, Molecule]]  # (input, conformer id, conformer)
     hosts: list[HostProblem] = field(default_factory=list)
 
     @property
@@ -194,11 +236,11 @@ def _records(
     for k, ((entry, cid, molecule), r) in enumerate(zip(batch.members, results)):
         labels = np.array([r.energy, r.homo, r.lumo, r.gap, r.energy_std_ev])
         if gradients is not None and not np.all(np.isfinite(gradients[k])):
-            failures.append(Failure(entry.smiles, "NaN force", entry.molecule_id, cid))
+            failures.append(Failure(entry.description, "NaN force", entry.molecule_id, cid))
         elif not np.all(np.isfinite(labels)):
-            failures.append(Failure(entry.smiles, "NaN label", entry.molecule_id, cid))
+            failures.append(Failure(entry.description, "NaN label", entry.molecule_id, cid))
         elif drop_unconverged and not r.converged:
-            failures.append(Failure(entry.smiles, "not converged (--drop-unconverged)", entry.molecule_id, cid))
+            failures.append(Failure(entry.description, "not converged (--drop-unconverged)", entry.molecule_id, cid))
         else:
             rows.append((entry, cid, molecule, r))
             if gradients is not None:
@@ -238,26 +280,34 @@ def run_shard(gen: GenerateConfig, dft: RKSConfig) -> Summary:
     return label_molecules(gen, dft, load_inputs(gen), shard, num_shards, gen.resume)
 
 
-def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[MoleculeInput], shard: int, num_shards: int,
+def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], shard: int, num_shards: int,
                     resume: bool) -> Summary:  # fmt: skip
     """Label ``inputs`` into shard ``shard`` of ``num_shards`` of ``gen.out``, continuing what it holds
-    if ``resume``: a local run, and each Ray task."""
+    if ``resume``: a local run, and each Ray task. :class:`NotConvergingError` once most recent
+    conformers fail to converge (:class:`ConvergenceWatch`), after what was committed is merged."""
     from tqdm import tqdm
 
     start = time.perf_counter()
     enable_compilation_cache(default_cache_dir() / "jax")
     disable_numpy_huge_pages()
-    buckets = {m.molecule_id: smiles_bucket(m.smiles, dft.basis, dft.grid_level) for m in inputs}
+    source = gen.source
+    buckets = {m.molecule_id: source.bucket(m, dft.basis, dft.grid_level) for m in inputs}
     inputs = sorted(inputs, key=lambda m: (_bucket_order(buckets[m.molecule_id]), m.molecule_id))
     summary = Summary(out=gen.out, shard=f"{shard}/{num_shards}", molecules=len(inputs))
     timings = summary.timings
-    with ShardWriter(gen.out, shard, num_shards, settings=label_settings(gen, dft), versions=package_versions(),
+    versions = provenance()
+    watch = ConvergenceWatch(gen.min_converged, max(CONVERGENCE_WINDOW, gen.batch_size),
+                             f"--max-iterations ({dft.max_iterations}), --basis ({dft.basis}), --precision "
+                             f"({dft.precision}) and the device ({versions['device']})")  # fmt: skip
+    stop = None
+    with ShardWriter(gen.out, shard, num_shards, settings=label_settings(gen, dft), versions=versions,
                      resume=resume, ignored_settings=IPUConfig.PLACEMENT) as writer:  # fmt: skip
         for path, aside in writer.set_aside:
             print(f"qm1b: {path} could not be read; set aside as {aside.name}, its rows are computed again",
                   file=sys.stderr)
         done = writer.done()
-        bar = tqdm(total=len(inputs) * gen.conformers, unit="conf", disable=not gen.progress, smoothing=0.1)
+        bar = tqdm(total=sum(source.expected(m) for m in inputs), unit="conf", disable=not gen.progress,
+                   smoothing=0.1)  # fmt: skip
         inflight: tuple[_Batch, BatchRun] | None = None
         last_commit = time.perf_counter()
 
@@ -284,27 +334,33 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[MoleculeIn
             summary.converged += int(records.columns["converged"].sum()) if records is not None else 0
             summary.failures += len(failures)
             bar.update(len(batch.members))
+            watch.add(len(results), sum(r.converged and np.isfinite(r.energy) for r in results))
 
-        for batch in _batches(inputs, buckets, gen, done, writer, summary, bar, timings):
-            # a short batch is filled up with copies of its last conformer: every batch of a size
-            # bucket then runs the same programs (their results are dropped)
-            padded = batch.molecules + batch.molecules[-1:] * (gen.batch_size - len(batch.members))
-            try:
-                hosts = prepare(padded, dft)
-            except MoleculeError as err:  # e.g. an element the basis lacks: the whole molecule fails
-                entries = {e.molecule_id: e for e, _, _ in batch.members}
-                writer.commit(None, [Failure(e.smiles, str(err), e.molecule_id, -1) for e in entries.values()])
-                summary.failures += len(entries)
-                bar.update(len(batch.members))
-                continue
-            batch.hosts = hosts[: len(batch.members)]
+        try:
+            for batch in _batches(inputs, buckets, gen, done, writer, summary, bar, timings):
+                # a short batch is filled up with copies of its last conformer: every batch of a size
+                # bucket then runs the same programs (their results are dropped)
+                padded = batch.molecules + batch.molecules[-1:] * (gen.batch_size - len(batch.members))
+                try:
+                    hosts = prepare(padded, dft)
+                except MoleculeError as err:  # e.g. an element the basis lacks: the whole molecule fails
+                    entries = {e.molecule_id: e for e, _, _ in batch.members}
+                    writer.commit(None, [Failure(e.description, str(err), e.molecule_id, -1) for e in entries.values()])
+                    summary.failures += len(entries)
+                    bar.update(len(batch.members))
+                    continue
+                batch.hosts = hosts[: len(batch.members)]
+                if inflight is not None:
+                    finish(inflight)  # the device worked on it while this batch was prepared
+                inflight = (batch, submit_batch(hosts, dft, batch_size=gen.batch_size))
             if inflight is not None:
-                finish(inflight)  # the device worked on it while this batch was prepared
-            inflight = (batch, submit_batch(hosts, dft, batch_size=gen.batch_size))
-        if inflight is not None:
-            finish(inflight)
+                finish(inflight)
+        except NotConvergingError as err:
+            stop = err  # the shard closes as usual below: what was committed is merged and kept
         bar.close()
     summary.seconds = time.perf_counter() - start
+    if stop is not None:
+        raise stop
     return summary
 
 
@@ -312,27 +368,33 @@ def _batches(inputs, buckets, gen, done, writer, summary, bar, timings) -> Itera
     """Conformer batches still to do, in the inputs' order (grouped by their size ``buckets``, by
     molecule id): a batch takes ``batch_size`` conformers of one bucket, from one molecule or
     several; a molecule without a bucket (an element the basis lacks) goes alone, to fail as a
-    whole; failures of whole molecules are committed."""
-    pending: list[tuple[MoleculeInput, int, Molecule]] = []
+    whole; failures of whole molecules and of single frames are committed."""
+    source = gen.source
+    pending: list[tuple[Input, int, Molecule]] = []
     pending_bucket = None
     for entry in inputs:
+        expected = source.expected(entry)
         if (entry.molecule_id, -1) in done:
-            summary.skipped += gen.conformers
-            bar.update(gen.conformers)
+            summary.skipped += expected
+            bar.update(expected)
             continue
         t = time.perf_counter()
         try:
-            molecules = embed_conformers(entry.smiles, gen.conformers, gen.seed, entry.molecule_id, gen.relax)
+            conformers, failures = source.conformers(entry)
         except ConformerError as err:
-            writer.commit(None, [Failure(entry.smiles, err.reason, entry.molecule_id, -1)])
+            writer.commit(None, [Failure(entry.description, err.reason, entry.molecule_id, -1)])
             summary.failures += 1
-            bar.update(gen.conformers)
+            bar.update(expected)
             continue
         finally:
             timings["conformers"] = timings.get("conformers", 0.0) + time.perf_counter() - t
-        todo = [(entry, cid, m) for cid, m in enumerate(molecules) if (entry.molecule_id, cid) not in done]
-        summary.skipped += len(molecules) - len(todo)
-        bar.update(gen.conformers - len(todo))
+        new = [f for f in failures if f.key not in done]
+        if new:
+            writer.commit(None, new)
+            summary.failures += len(new)
+        todo = [(entry, cid, m) for cid, m in conformers if (entry.molecule_id, cid) not in done]
+        summary.skipped += len(conformers) + len(failures) - len(todo) - len(new)
+        bar.update(expected - len(todo))
         if not todo:
             continue
         bucket = buckets[entry.molecule_id]
@@ -348,6 +410,22 @@ def _batches(inputs, buckets, gen, done, writer, summary, bar, timings) -> Itera
         yield _Batch(pending)
 
 
+class ClusterLostError(RuntimeError):
+    """The Ray cluster lost a process that the run needs (a raylet, a node, a worker past its retries)."""
+
+
+def _what_died(err: Exception) -> str:
+    """One line naming what a Ray error says died, with Ray's own first line."""
+    import ray.exceptions as errors
+
+    kinds = [(errors.LocalRayletDiedError, "this node's raylet (Ray's process that runs the tasks here)"),
+             (errors.NodeDiedError, "a node"), (errors.WorkerCrashedError, "a task's worker, past its retries"),
+             (errors.ObjectLostError, "a task's result")]  # fmt: skip
+    what = next((text for kind, text in kinds if isinstance(err, kind)), "a process it needs")
+    detail = (str(err).strip().splitlines() or [""])[0]
+    return f"the Ray cluster lost {what} ({type(err).__name__}: {detail})"
+
+
 def ray_tasks(gen: GenerateConfig, molecules: int) -> int:
     """How many tasks a Ray run splits its molecules into: as many as ``gen.out`` already holds shards
     of (a resumed run keeps its split, so no molecule changes task), else one per ``task_molecules``."""
@@ -356,7 +434,7 @@ def ray_tasks(gen: GenerateConfig, molecules: int) -> int:
     return max(1, -(-molecules // gen.task_molecules))
 
 
-def _ray_task(gen: GenerateConfig, dft: RKSConfig, inputs: list[MoleculeInput], shard: int, num_shards: int) -> Summary:
+def _ray_task(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], shard: int, num_shards: int) -> Summary:
     """One Ray task: claim ``gen.task_threads`` cores of the node for this worker and set up its
     memory reuse (both before JAX starts), then label ``inputs`` into their shard, continuing what
     an earlier attempt committed."""
@@ -373,7 +451,7 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
     from tqdm import tqdm
 
     start = time.perf_counter()
-    inputs = load_inputs(gen)
+    source, inputs = gen.source, load_inputs(gen)
     if not gen.resume and shard_count(gen.out):
         raise FileExistsError(f"{gen.out} already holds a dataset: pass --resume to continue it, or choose another --out")
     n = ray_tasks(gen, len(inputs))
@@ -384,16 +462,19 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
                                          runtime_env={"env_vars": task_environment(gen.task_threads)})
     quiet = dataclasses.replace(gen, progress=False)
     # the output was checked above, so every task resumes its shard: a retried task continues it
-    pending = {task.remote(quiet, dft, chunk, k, n): len(chunk) for k, chunk in enumerate(chunks) if chunk}
+    pending = {task.remote(quiet, dft, chunk, k, n): sum(map(source.expected, chunk)) for k, chunk in enumerate(chunks)
+               if chunk}  # fmt: skip
     summaries = []
-    with tqdm(total=len(inputs) * gen.conformers, unit="conf", disable=not gen.progress, smoothing=0.1) as bar:
+    with tqdm(total=sum(pending.values()), unit="conf", disable=not gen.progress, smoothing=0.1) as bar:
         while pending:
-            (ready,), _ = ray.wait(list(pending), num_returns=1)
             try:
+                (ready,), _ = ray.wait(list(pending), num_returns=1)
                 summaries.append(ray.get(ready))
             except ray.exceptions.RayTaskError as err:  # the task's own error (a full disk, ...), not Ray's wrapping
                 raise err.cause from None
-            bar.update(pending.pop(ready) * gen.conformers)
+            except ray.exceptions.RayError as err:  # Ray itself lost a process the run needs
+                raise ClusterLostError(_what_died(err)) from None
+            bar.update(pending.pop(ready))
     total = Summary(out=gen.out, shard=gen.shard, seconds=time.perf_counter() - start, tasks=len(summaries))
     for s in summaries:
         for name in ("molecules", "conformers", "converged", "failures", "skipped"):
@@ -410,4 +491,5 @@ def generate(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
     return [run_shard(gen, dft)]
 
 
-__all__ = ["GenerateConfig", "Summary", "generate", "label_molecules", "run_ray", "run_shard", "smiles_bucket"]
+__all__ = ["ClusterLostError", "GenerateConfig", "NotConvergingError", "Summary", "generate", "label_molecules",
+           "run_ray", "run_shard"]

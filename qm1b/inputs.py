@@ -1,24 +1,25 @@
-"""Inputs: SMILES files (.smi/.txt/.csv), the built-in GDB-like sample, and the selection of a run's share.
+"""Inputs: SMILES files (.smi/.txt/.csv), the built-in GDB-like sample, geometry files (XYZ, QM9's
+XYZ, SDF), and the selection of a run's share.
 
-Every molecule gets a stable ``molecule_id``: its 0-based position in the input file, counting only
-SMILES entries (comments and blank lines are skipped). Selection never renumbers, so a molecule keeps
-its id, and therefore its conformer seeds and its place in the output, under any ``--limit``,
-``--shard`` or ``--heavy-atoms``.
+Every molecule gets a stable ``molecule_id``: its 0-based position in the input, counting only
+SMILES entries (comments and blank lines are skipped) or, in geometry files, molecules (a run of
+frames of one molecule). Selection never renumbers, so a molecule keeps its id, and therefore its
+conformer seeds and its place in the output, under any ``--limit``, ``--shard`` or ``--heavy-atoms``.
+RDKit is imported only to read SMILES.
 """
 
 from __future__ import annotations
 
 import csv
-import gzip
 import itertools
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TextIO
 
-from rdkit import Chem, rdBase
+from pyscf_ipu.geometries import Frame, file_format, open_text, read_frames
+from pyscf_ipu.molecule import MoleculeError
 
 SMI_SUFFIXES = (".smi", ".txt")
 CSV_SUFFIXES = (".csv",)
@@ -38,13 +39,40 @@ class MoleculeInput:
     smiles: str
     name: str = ""  # the .smi line's id column, or the CSV's id/name column
 
+    @property
+    def description(self) -> str:
+        """What names the molecule in the failures table: its SMILES."""
+        return self.smiles
 
-def _open_text(path: Path) -> TextIO:
-    """The file as text; ``.gz`` files (GDB's downloads are compressed) are decompressed on the fly."""
-    # utf-8-sig: CSV files saved by spreadsheets start with a byte-order mark.
-    if path.suffix.lower() == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
-    return path.open("r", encoding="utf-8-sig", newline="")
+
+@dataclass(frozen=True, eq=False)
+class GeometryInput:
+    """One molecule of a geometry file: consecutive frames with the same atoms in the same order (and
+    the same bonds, charge and SMILES where the file gives them) are its conformers, in file order."""
+
+    molecule_id: int  # 0-based position among the input's molecules
+    frames: tuple[Frame, ...]
+
+    @property
+    def smiles(self) -> str:
+        """What the file gives (QM9's GDB SMILES, an SDF <SMILES> item), else ""."""
+        return self.frames[0].smiles
+
+    @property
+    def name(self) -> str:
+        return self.frames[0].name
+
+    @property
+    def description(self) -> str:
+        """What names the molecule in the failures table: where it starts in its file, and its SMILES."""
+        return " ".join(filter(None, [self.frames[0].source, self.smiles]))
+
+    @property
+    def heavy_atoms(self) -> int:
+        return sum(s.strip().upper() not in ("H", "1") for s in self.frames[0].symbols)
+
+
+Input = MoleculeInput | GeometryInput  # one molecule of a run's input
 
 
 def _parse_smi(lines: Iterable[str]) -> list[MoleculeInput]:
@@ -103,7 +131,7 @@ def read_smiles(path: str | Path) -> list[MoleculeInput]:
             f"{path}: unknown input format {kind or '(no extension)'!r}: use .smi, .txt or .csv (optionally .gz)"
         )
     try:
-        with _open_text(path) as handle:
+        with open_text(path) as handle:
             inputs = _parse_csv(handle, str(path)) if kind in CSV_SUFFIXES else _parse_smi(handle)
     except (OSError, UnicodeDecodeError, csv.Error) as err:
         raise InputError(f"{path}: cannot read: {err}") from None
@@ -118,8 +146,42 @@ def builtin_sample() -> list[MoleculeInput]:
     return _parse_smi(resource.read_text(encoding="utf-8").splitlines())
 
 
+def read_geometries(path: str | Path) -> list[GeometryInput]:
+    """The molecules of a geometry file (XYZ, SDF or qm9pack's CSV: :mod:`pyscf_ipu.geometries`), or of
+    every XYZ and SDF file in a directory (in order of their names; QM9's own files, for one).
+
+    Frames are grouped into molecules within each file (see :class:`GeometryInput`); a new file
+    starts a new molecule. Raises :class:`InputError` naming the file (and line) for a missing path,
+    a directory without geometry files, an unknown format, a broken layout, or no frames at all.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such file or directory")
+    files = sorted(p for p in path.iterdir() if file_format(p) in ("xyz", "sdf")) if path.is_dir() else [path]
+    if not files:
+        raise InputError(f"{path}: no geometry files in this directory (.xyz, .sdf, .sd or .mol, optionally .gz)")
+    molecules: list[GeometryInput] = []
+    for file in files:
+        try:
+            frames = read_frames(file)
+        except MoleculeError as err:
+            raise InputError(str(err)) from None
+        group: list[Frame] = []
+        for frame in [*frames, None]:
+            if group and (frame is None or frame.identity != group[0].identity):
+                molecules.append(GeometryInput(len(molecules), tuple(group)))
+                group = []
+            if frame is not None:
+                group.append(frame)
+    if not molecules:
+        raise InputError(f"{path}: no geometries found")
+    return molecules
+
+
 def heavy_atom_count(smiles: str) -> int | None:
     """The number of non-hydrogen atoms of ``smiles`` (RDKit), or None if RDKit cannot parse it."""
+    from rdkit import Chem, rdBase
+
     with rdBase.BlockLogs():  # unparsable SMILES are expected here; they fail later, with a record
         mol = Chem.MolFromSmiles(smiles)
     return None if mol is None else mol.GetNumHeavyAtoms()
@@ -137,17 +199,23 @@ def _check_shard(shard: tuple[int, int]) -> None:
         raise InputError(f"shard {i}/{n}: need 0 <= index < count, e.g. 0/8 for the first of 8 shards")
 
 
+def smiles_heavy_atoms(entry: MoleculeInput) -> int | None:
+    return heavy_atom_count(entry.smiles)
+
+
 def select(
-    inputs: Iterable[MoleculeInput],
+    inputs: Iterable[Input],
     *,
     heavy_atoms: tuple[int, int] | None = None,
     limit: int | None = None,
     shard: tuple[int, int] = (0, 1),
-) -> list[MoleculeInput]:
+    count: Callable[[Input], int | None] = smiles_heavy_atoms,
+) -> list[Input]:
     """A run's share of ``inputs``, ids unchanged.
 
-    1. ``heavy_atoms=(lo, hi)``: keep molecules with lo..hi heavy atoms (inclusive). Unparsable SMILES
-       are kept, so that the generator records them as failures instead of silently dropping them.
+    1. ``heavy_atoms=(lo, hi)``: keep molecules with lo..hi heavy atoms (inclusive), as ``count``
+       gives them (by default from the SMILES). Unparsable SMILES are kept, so that the generator
+       records them as failures instead of silently dropping them.
     2. ``shard=(i, n)``: keep ``molecule_id % n == i``: deterministic, and shards 0..n-1 are disjoint
        and together complete, whatever the other options.
     3. ``limit``: the first ``limit`` molecules of the shard, after filtering.
@@ -162,12 +230,12 @@ def select(
     def keep(entry: MoleculeInput) -> bool:
         if heavy_atoms is None:
             return True
-        count = heavy_atom_count(entry.smiles)
-        return count is None or heavy_atoms[0] <= count <= heavy_atoms[1]
+        n = count(entry)
+        return n is None or heavy_atoms[0] <= n <= heavy_atoms[1]
 
     # The shard test depends on the id only, so it commutes with the filter: applying it first, and
     # stopping at the limit, parses only the SMILES that can end up in the result.
-    chosen: Iterator[MoleculeInput] = (e for e in inputs if e.molecule_id % n == i and keep(e))
+    chosen: Iterator[Input] = (e for e in inputs if e.molecule_id % n == i and keep(e))
     return list(itertools.islice(chosen, limit))
 
 

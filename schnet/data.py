@@ -238,12 +238,13 @@ def load_qm1b(path: str | Path) -> GraphSet:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        table = pq.read_table(path, columns=["smile", "z", "pos", "y"])
+        table = pq.read_table(path, columns=["smile", "atoms", "z", "pos", "y"])
         z = table.column("z").combine_chunks()
         natoms = np.diff(z.offsets.to_numpy())
         flat_pos = table.column("pos").combine_chunks().values.to_numpy(zero_copy_only=False)
+        group = _groups(table.column("smile").to_pylist(), [f"atoms {a}" for a in table.column("atoms").to_pylist()])
         return GraphSet(z=z.values.to_numpy().astype(np.int32), pos=flat_pos.reshape(-1, 3) / BOHR_PER_ANGSTROM,
-                        natoms=natoms, target=table.column("y").to_numpy(), group=np.array(table.column("smile").to_pylist()))  # fmt: skip
+                        natoms=natoms, target=table.column("y").to_numpy(), group=group)  # fmt: skip
     from qm1b import open_dataset
 
     with open_dataset(path) as dataset:
@@ -253,8 +254,14 @@ def load_qm1b(path: str | Path) -> GraphSet:
         pos=(arrays.pos / BOHR_PER_ANGSTROM).astype(np.float32),
         natoms=np.asarray(arrays.natoms),
         target=np.asarray(arrays.columns["y"], np.float64),
-        group=np.asarray(arrays.columns["smile"], str),
+        group=_groups(arrays.columns["smile"], [f"molecule {m}" for m in arrays.columns["molecule_id"]]),
     )
+
+
+def _groups(smiles, fallback) -> np.ndarray:
+    """(n,) str: each record's molecule, for splits: its SMILES, or where a dataset labelled geometry
+    files that gave none, ``fallback`` (the molecule id; in a Parquet export, the atoms in order)."""
+    return np.array([s or f for s, f in zip(smiles, fallback)], str)
 
 
 def load(source: str, limit: int | None = None) -> GraphSet:

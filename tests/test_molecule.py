@@ -3,14 +3,8 @@
 import numpy as np
 import pytest
 
-from pyscf_ipu.molecule import (
-    NAMED_MOLECULES,
-    MoleculeError,
-    from_atom_string,
-    from_name,
-    from_xyz,
-    parse_molecule,
-)
+from pyscf_ipu.geometries import from_xyz, parse_molecule
+from pyscf_ipu.molecule import NAMED_MOLECULES, MoleculeError, from_atom_string, from_name
 from pyscf_ipu.units import BOHR_PER_ANGSTROM
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -18,7 +19,7 @@ from pyscf_ipu.config import RKSConfig
 from pyscf_ipu.molecule import Molecule
 from pyscf_ipu.units import HARTREE_TO_MEV
 from qm1b.cli import main
-from qm1b.generate import GENERATOR_DFT_DEFAULTS, GenerateConfig, generate
+from qm1b.generate import GENERATOR_DFT_DEFAULTS, ConvergenceWatch, GenerateConfig, NotConvergingError, generate
 from qm1b.store import export_parquet, info, open_dataset
 from qm1b.validate import dft_config
 
@@ -77,16 +78,21 @@ def test_labels_match_pyscf(small_run, reference):
     config = dft_config(dataset.attrs["settings"])
     assert config.xc == "b3lyp5"
     for rec in dataset.records():
-        molecule = Molecule(np.asarray(rec["z"], int), np.asarray(rec["pos"], float))
-        ref = reference(molecule, config)
-        errors = {
-            "energy": rec["energy"] * 1000 - ref.energy * HARTREE_TO_MEV,
-            "homo": rec["homo"] * 1000 - ref.homo * HARTREE_TO_MEV,
-            "lumo": rec["lumo"] * 1000 - ref.lumo * HARTREE_TO_MEV,
-            "y": rec["y"] * 1000 - ref.gap * HARTREE_TO_MEV,
-        }
-        assert max(abs(v) for v in errors.values()) < 2.0, errors
-        assert rec["converged"] and rec["atoms"] == "".join(molecule.symbols)
+        assert_labels_match(rec, config, reference)
+        assert rec["converged"] and rec["atoms"] == "".join(Molecule(np.asarray(rec["z"], int), rec["pos"]).symbols)
+
+
+def assert_labels_match(rec: dict, config: RKSConfig, reference) -> None:
+    """A record's energy, HOMO, LUMO and gap each within the float32 tolerance, 2 meV, of PySCF float64
+    (``reference``, the conftest fixture) on its own geometry with ``config``."""
+    ref = reference(Molecule(np.asarray(rec["z"], int), np.asarray(rec["pos"], float)), config)
+    errors = {
+        "energy": rec["energy"] * 1000 - ref.energy * HARTREE_TO_MEV,
+        "homo": rec["homo"] * 1000 - ref.homo * HARTREE_TO_MEV,
+        "lumo": rec["lumo"] * 1000 - ref.lumo * HARTREE_TO_MEV,
+        "y": rec["y"] * 1000 - ref.gap * HARTREE_TO_MEV,
+    }
+    assert max(abs(v) for v in errors.values()) < 2.0, (rec["molecule_id"], rec["conformer_id"], errors)
 
 
 def test_failures_are_recorded_not_raised(small_run):
@@ -96,6 +102,54 @@ def test_failures_are_recorded_not_raised(small_run):
         assert reason in failures[smiles], (smiles, failures[smiles])
     settings = open_dataset(gen.out).attrs["settings"]
     assert settings["basis"] == "sto-3g" and settings["seed"] == 1 and settings["jk"] == "ipu"
+
+
+def test_provenance_names_the_device_and_the_precision(small_run):
+    """Beside the package versions: the device the labels came from and the precision of its products."""
+    versions = open_dataset(small_run[0].out).attrs["versions"]
+    assert versions["device"].startswith("cpu: ") and versions["device"].endswith(" cores)")
+    assert versions["matmul_precision"] == "highest" and versions["jax"] == jax.__version__
+
+
+def test_the_convergence_watch_trips_on_a_broken_setup_not_on_hard_molecules():
+    """An occasional unconverged conformer, or every conformer of one molecule, never stops a run; most
+    of the last 32 (or a batch) unconverged does; a minimum of 0 never does."""
+    watch = ConvergenceWatch(0.5, 32, "the settings")
+    for _ in range(10):
+        watch.add(8, 7)  # one hard conformer per batch
+    watch.add(8, 0)  # a molecule whose 8 conformers all fail
+    watch.add(8, 8)
+    with pytest.raises(NotConvergingError, match=r"only 15 of the last 32 conformers converged .*check the settings"):
+        for _ in range(3):
+            watch.add(8, 0)
+    with pytest.raises(NotConvergingError, match="only 100 of the last 256"):
+        ConvergenceWatch(0.5, 256, "").add(256, 100)  # one large batch is a window of its own
+    off = ConvergenceWatch(0.0, 32, "")
+    for _ in range(8):
+        off.add(8, 0)
+
+
+def test_a_run_that_does_not_converge_stops_early_and_can_be_let_run(tmp_path):
+    """--max-iterations 2 converges nothing: the run stops once 32 conformers are done, before its
+    end, with one line saying what to check and exit code 4, and what it committed is merged and
+    intact; resumed with the stop switched off (--min-converged 0), it labels the rest and leaves
+    those rows as they were."""
+    smiles = write_smiles(tmp_path / "in.smi", GOOD)
+    out = tmp_path / "out"
+    args = ["generate", "--smiles", str(smiles), "--conformers", "10", "--max-iterations", "2", "--no-progress",
+            "--out", str(out)]  # fmt: skip
+    stopped = run_cli(*args)
+    assert stopped.returncode == 4, stopped.stderr
+    (line,) = stopped.stderr.strip().splitlines()
+    judged = re.match(r"qm1b generate: stopped: only 0 of the last (\d+) conformers converged", line)
+    assert judged and "--max-iterations (2)" in line and "what was committed is kept" in line
+    first = sorted_rows(out)
+    assert 32 <= int(judged[1]) <= len(first) < 10 * len(GOOD) and not any(row[8] for row in first)
+    assert open_dataset(out).unmerged_parts == 0
+    finished = run_cli(*args, "--resume", "--min-converged", "0")
+    assert finished.returncode == 0, finished.stderr
+    rows = sorted_rows(out)
+    assert len(rows) == 10 * len(GOOD) and set(first) <= set(rows)
 
 
 def test_export_validate_info_plot(small_run, tmp_path, capsys):
@@ -129,17 +183,23 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path):
     whole = tmp_path / "whole"
     subprocess.run(command + ["--out", str(whole)], check=True, env=env, timeout=900, capture_output=True)
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(command + ["--out", str(killed)], env=env, stderr=subprocess.DEVNULL)
-    parts = killed / "shard-00000-of-00001.parts"
-    deadline = time.time() + 600
-    while time.time() < deadline and len(list(parts.glob("part-*.h5"))) < 3:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_commits(command + ["--out", str(killed)], env, killed, 3)
     committed = len(open_dataset(killed))
     assert 0 < committed < 12  # it really died mid-run
     subprocess.run(command + ["--out", str(killed), "--resume"], check=True, env=env, timeout=900, capture_output=True)
     assert_same_rows(killed, whole)  # nothing lost, nothing duplicated
+
+
+def kill_after_commits(command: list[str], env: dict, out: Path, commits: int) -> None:
+    """Run ``command`` (a generator writing shard 0 of 1 into ``out``) and SIGKILL it once it has
+    committed ``commits`` parts: a process killed between two commits."""
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+    parts = out / "shard-00000-of-00001.parts"
+    deadline = time.time() + 600
+    while time.time() < deadline and len(list(parts.glob("part-*.h5"))) < commits:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -306,6 +366,40 @@ def test_ray_work_queue_equals_local_and_survives_a_killed_worker(tmp_path):
     assert summary.conformers + summary.skipped == 3 * len(GOOD)
     assert summary.skipped > 0  # the retry found the killed attempt's commits and kept them
     assert_same_rows(tmp_path / "killed", tmp_path / "whole")
+
+
+def test_a_lost_raylet_is_one_line_and_resume_completes(tmp_path):
+    """A local Ray's raylet killed while tasks run: the driver ends with one line naming what died and
+    the --resume advice (exit code 5, no traceback); the committed shards stay, and --resume
+    completes the run with every conformer once."""
+    pytest.importorskip("ray")
+    import psutil
+
+    smiles = write_smiles(tmp_path / "in.smi", GOOD)
+    out = tmp_path / "out"
+    args = ["generate", "--smiles", str(smiles), "--conformers", "4", "--batch-size", "1", "--executor", "ray",
+            "--task-molecules", "1", "--no-progress", "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    driver = subprocess.Popen([sys.executable, "-m", "qm1b.cli", *args], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.time() + 600
+    while time.time() < deadline and not list(out.glob("shard-*.parts/part-*.h5")) + list(out.glob("shard-*.h5")):
+        time.sleep(0.05)
+    (raylet,) = [p for p in psutil.Process(driver.pid).children(recursive=True) if p.name() == "raylet"]
+    raylet.kill()
+    _, err = driver.communicate(timeout=300)
+    assert driver.returncode == 5, err
+    ours = [line for line in err.splitlines() if line.startswith("qm1b")]
+    assert "Traceback" not in err and len(ours) == 1
+    assert ours[0].startswith("qm1b generate: error: the Ray cluster lost this node's raylet")
+    assert ours[0].endswith("what was committed is kept: run again with --resume once that is fixed")
+    committed = sorted_rows(out)
+    assert 0 < len(committed) < 4 * len(GOOD)
+    resumed = run_cli(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    rows = sorted_rows(out)
+    assert [row[:2] for row in rows] == [(m, c) for m in range(len(GOOD)) for c in range(4)]
+    assert set(committed) <= set(rows)
 
 
 def test_forces_column_matches_pyscf_and_survives_resume_and_merge(tmp_path):
