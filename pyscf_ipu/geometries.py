@@ -159,7 +159,8 @@ def _xyz_frames(lines: list[str], source: str) -> list[Frame]:
         symbols, positions, problem = _atoms([line.split() for line in body])
         k += 2 + count
         smiles = ""
-        if QM9_COMMENT.match(title) and k + 3 <= len(lines):  # frequencies, SMILES (GDB, relaxed), InChIs
+        qm9_trailer = k + 3 <= len(lines) and not lines[k].strip().isdigit()  # not the next frame's count
+        if QM9_COMMENT.match(title) and qm9_trailer:  # frequencies, SMILES (GDB, relaxed), InChIs
             smiles = (lines[k + 1].split() or [""])[0]
             k += 3
         frames.append(Frame(symbols, positions, 0, title, smiles, f"{source}:{start + 1}", (), problem))

@@ -166,13 +166,8 @@ def read_geometries(path: str | Path) -> list[GeometryInput]:
             frames = read_frames(file)
         except MoleculeError as err:
             raise InputError(str(err)) from None
-        group: list[Frame] = []
-        for frame in [*frames, None]:
-            if group and (frame is None or frame.identity != group[0].identity):
-                molecules.append(GeometryInput(len(molecules), tuple(group)))
-                group = []
-            if frame is not None:
-                group.append(frame)
+        for _, group in itertools.groupby(frames, key=lambda frame: frame.identity):  # runs of one molecule
+            molecules.append(GeometryInput(len(molecules), tuple(group)))
     if not molecules:
         raise InputError(f"{path}: no geometries found")
     return molecules
