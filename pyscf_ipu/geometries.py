@@ -74,12 +74,6 @@ class Frame:
         """What two frames of one molecule share: atoms in order, charge, bonds and SMILES."""
         return (self.symbols, self.charge, self.bonds, self.smiles)
 
-    @property
-    def name(self) -> str:
-        """A short name: QM9's ``gdb N``, else the title's first 60 characters."""
-        qm9 = QM9_COMMENT.match(self.title)
-        return qm9[0] if qm9 else self.title[:60]
-
     def molecule(self, name: str = "", spin: int = 0) -> Molecule:
         """The frame as a validated molecule in Bohr; :class:`MoleculeError` says why it cannot be one."""
         if self.problem:

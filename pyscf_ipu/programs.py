@@ -13,7 +13,8 @@ left to itself, JAX lets an NVIDIA GPU compute float32 matrix products in TF32, 
 mantissa, which no SCF loop survives. An exported module is valid only for the code that made it,
 so its key includes a fingerprint of this package's source, the matmul precision, the versions of
 jax and jaxlib, the backend, the device count and the x64 mode. A file that cannot be read back
-(truncated, or from an incompatible jax) is exported anew and replaced. Inside a transformation (``jax.grad`` of the forces) the function is traced as usual.
+(truncated, or from an incompatible jax) is exported anew and replaced. Inside a transformation
+(``jax.grad`` of the forces) the function is traced as usual.
 """
 
 from __future__ import annotations

@@ -59,10 +59,6 @@ class GeometryInput:
         return self.frames[0].smiles
 
     @property
-    def name(self) -> str:
-        return self.frames[0].name
-
-    @property
     def description(self) -> str:
         """What names the molecule in the failures table: where it starts in its file, and its SMILES."""
         return " ".join(filter(None, [self.frames[0].source, self.smiles]))

@@ -242,7 +242,8 @@ def load_qm1b(path: str | Path) -> GraphSet:
         z = table.column("z").combine_chunks()
         natoms = np.diff(z.offsets.to_numpy())
         flat_pos = table.column("pos").combine_chunks().values.to_numpy(zero_copy_only=False)
-        group = _groups(table.column("smile").to_pylist(), [f"atoms {a}" for a in table.column("atoms").to_pylist()])
+        atoms = table.column("atoms").to_pylist()
+        group = _groups(table.column("smile").to_pylist(), [f"atoms {a}" for a in atoms])
         return GraphSet(z=z.values.to_numpy().astype(np.int32), pos=flat_pos.reshape(-1, 3) / BOHR_PER_ANGSTROM,
                         natoms=natoms, target=table.column("y").to_numpy(), group=group)  # fmt: skip
     from qm1b import open_dataset

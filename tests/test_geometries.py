@@ -54,7 +54,7 @@ def test_qm9_xyz_files_one_by_one_and_concatenated(tmp_path):
     for k, text in enumerate(texts):
         (tmp_path / f"dsgdb9nsd_{indices[k]:06d}.xyz").write_text(text)
         frame, = read_frames(tmp_path / f"dsgdb9nsd_{indices[k]:06d}.xyz")
-        assert frame.name == f"gdb {indices[k]}" and frame.smiles == rows[k]["SMILES"]
+        assert frame.title.startswith(f"gdb {indices[k]}\t") and frame.smiles == rows[k]["SMILES"]
         np.testing.assert_allclose(frame.molecule().positions, expected[k].molecule.positions, rtol=0, atol=1e-12)
     (tmp_path / "all.xyz").write_text("".join(texts))
     assert [f.smiles for f in read_frames(tmp_path / "all.xyz")] == [r["SMILES"] for r in rows]
@@ -71,7 +71,7 @@ def test_qm9pack_csv_rows_are_frames(tmp_path):
         writer.writeheader()
         writer.writerows(rows)
     frames = read_frames(tmp_path / "part.csv")
-    assert [f.name for f in frames] == ["gdb 1", "gdb 2", "gdb 3", "gdb 4"] and frames[1].smiles == "N"
+    assert [f.title for f in frames] == ["gdb 1", "gdb 2", "gdb 3", "gdb 4"] and frames[1].smiles == "N"
     assert [f.source for f in frames] == ["part.csv:2", "part.csv:3", "part.csv:4", "part.csv:5"]
     np.testing.assert_allclose(frames[2].molecule().positions, qm9_molecules([3])[0].molecule.positions)
     with pytest.raises(MoleculeError, match="cannot read its Elements and XYZ_Ang cells"):

@@ -19,7 +19,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from pyscf_ipu.programs import PROGRAM_DIRECTORY_SUFFIX, compiled
 
@@ -80,7 +79,8 @@ def test_a_compiled_program_is_traced_at_full_precision_whatever_the_callers_set
     with jax.default_matmul_precision("bfloat16"):
         program(x, x)
     (key,) = program._programs
-    (products,) = stored_products(program._file(key).parent, program._file(key).name).values()
+    stored = program._file(key)
+    (products,) = stored_products(stored.parent, stored.name).values()
     assert [p for _, p in products] == ["HIGHEST", "HIGHEST"]
 
 
