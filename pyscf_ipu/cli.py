@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--charge", type=int, default=0, help="total charge (default: 0)")
     source.add_argument("--spin", type=int, default=0, help="2S; restricted Kohn-Sham needs 0")
     add_config_arguments(run.add_argument_group("settings"), RKSConfig)
+    run.add_argument("--memory-budget", type=float, metavar="GB",
+                     help="refuse a run whose estimated peak memory is above this (default: 80%% of this machine's memory)")
     output = run.add_argument_group("output")
     output.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     output.add_argument("--check", action="store_true", help="also run PySCF in float64 and print the differences")
@@ -128,16 +130,32 @@ def check_lines(result, reference) -> list[str]:
     }
     lines = [
         f"PySCF float64: energy {reference.energy:.10f} Hartree, {reference.cycles} cycles, "
-        f"{'converged' if reference.converged else 'NOT converged'}, {reference.seconds:.2f}s"
+        f"{'converged' if reference.converged else 'NOT converged'}, {reference.seconds:.2f}s "
+        f"({'ERIs in memory' if reference.eris_in_memory else 'direct SCF: ERIs recomputed every cycle'})"
     ]
     lines += [f"  difference {k:6s} {v * HARTREE_TO_MEV:+10.4f} meV" for k, v in diffs.items()]
     return lines
+
+
+def check_memory(molecule: Molecule, config: RKSConfig, budget_gb: float) -> None:
+    """:class:`~pyscf_ipu.memory.MemoryBudgetError` if the run's estimated peak is above ``budget_gb``."""
+    from .buckets import SizeBucket
+    from .memory import batch_memory, check_budget
+
+    bucket = SizeBucket.of(molecule, config.basis, config.grid_level)
+    check_budget(batch_memory(bucket, config, 1), budget_gb, f"{molecule.name or molecule.formula} at "
+                 f"{config.basis} ({bucket.nao} AOs, J-K backend {config.jk})", MEMORY_ADVICE)  # fmt: skip
+
+
+# what makes a single point fit: the backends' memory grows as N^4, except density fitting's
+MEMORY_ADVICE = "try a smaller basis or, where the machine has the memory, a larger --memory-budget"
 
 
 def run_command(args: argparse.Namespace) -> int:
     reuse_freed_memory()  # first: before JAX runs anything
     from .ipu.profile import plot_tile_map, summary_lines  # imported here: importing JAX takes a moment
     from .jk import get_jk_backend
+    from .memory import default_budget
     from .prepare import prepare
     from .rks import run_rks
     from .xc.functionals import get_functional
@@ -153,6 +171,9 @@ def run_command(args: argparse.Namespace) -> int:
             raise ValueError("--fixed-grid describes the forces: add --forces")
         if (args.profile or args.profile_plot) and config.jk != "ipu":
             raise ValueError(f"--profile and --profile-plot describe the ipu backend; this run uses --jk {config.jk}")
+        if args.memory_budget is not None and args.memory_budget <= 0:
+            raise ValueError(f"--memory-budget is in GB and must be positive, got {args.memory_budget}")
+        check_memory(molecule, config, args.memory_budget or default_budget())
     except ValueError as err:
         raise ConfigError(str(err)) from None
     enable_compilation_cache()

@@ -23,6 +23,7 @@ from .buckets import SizeBucket, pad_atoms
 from .config import RKSConfig, precision_scope
 from .integrals.ao_values import AOTables, ao_tables
 from .mole import placeholder_mole
+from .packed import s8_size
 from .programs import compiled
 
 
@@ -165,6 +166,10 @@ class IntegralSource(Protocol):
     def eri_plan(self, basis: str, elements: tuple[str, ...]):
         """The ERI plan that spreads the integrals over tiles (for the IPU profile), or None."""
 
+    def held_bytes(self, nao: int, grid_points: int, value_bytes: int) -> dict[str, int]:
+        """What one conformer's preparation holds on the host: {"eris": bytes, "ao_values": bytes}
+        for ``nao`` AOs and ``grid_points`` points, the loop in ``value_bytes`` floats."""
+
 
 @dataclass(frozen=True)
 class LibcintIntegrals:
@@ -187,6 +192,10 @@ class LibcintIntegrals:
 
     def eri_plan(self, basis, elements):
         return None
+
+    def held_bytes(self, nao, grid_points, value_bytes):
+        # float64, kept for the finalisation; AO values evaluated by PySCF on the host
+        return {"eris": 8 * s8_size(nao), "ao_values": 8 * 4 * grid_points * nao}
 
 
 @dataclass(frozen=True)
@@ -211,6 +220,10 @@ class JaxIntegrals:
 
     def eri_plan(self, basis, elements):
         return eri_plan(basis, tuple(elements))
+
+    def held_bytes(self, nao, grid_points, value_bytes):
+        # the bucket's s8 array in the loop's precision; the AO values never leave the device
+        return {"eris": value_bytes * s8_size(nao), "ao_values": 0}
 
 
 INTEGRAL_SOURCES: dict[str, IntegralSource] = {source.name: source for source in (LibcintIntegrals(), JaxIntegrals())}

@@ -16,6 +16,9 @@ A backend is a frozen (hashable) object:
   the loop's program vmaps over the batch).
 - ``profile(eri, nao_padded, dtype, iterations) -> dict | None``: how the work of one conformer
   (its ``PackedERI``) is spread, computed only when asked for.
+- ``layout_bytes(nao_padded, value_bytes) -> int``: the host and device memory that ``prepare``
+  takes for one conformer's unscreened ERIs at its peak, its temporaries included (for
+  :mod:`pyscf_ipu.memory`).
 
 Backends are chosen by name from :data:`JK_BACKENDS` (each entry builds the backend from the run's
 :class:`RKSConfig`); nothing inspects array shapes to pick one. ``ipu`` (the default) is the
@@ -35,7 +38,7 @@ import numpy as np
 from pyscf import ao2mo
 
 from .config import RKSConfig, precision_scope
-from .packed import PackedERI, degeneracy_weights, s8_accumulate, symmetrise, unique_quartets
+from .packed import PackedERI, degeneracy_weights, quartet_bytes, s8_accumulate, symmetrise, unique_quartets
 from .ipu import IPUJK, ipu_model
 from .padding import bucket, pad_to, stack_members
 from .programs import full_precision
@@ -50,6 +53,10 @@ class JKBackend(Protocol):
 
     def profile(self, eri: PackedERI, nao_padded: int, dtype, iterations: int) -> dict | None:
         """A report of how the backend spreads the work (None if it has nothing to say)."""
+
+    def layout_bytes(self, nao_padded: int, value_bytes: int) -> int:
+        """Peak bytes of ``prepare`` for one conformer's unscreened ERIs."""
+
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,10 @@ class DenseJK:
 
     def profile(self, eri, nao_padded, dtype, iterations):
         return None
+
+    def layout_bytes(self, nao_padded, value_bytes):
+        # the float64 (N,)*4 tensor from ao2mo, its cast, and the padded tensor with its two layouts
+        return nao_padded**4 * (8 + 4 * value_bytes)
 
     def contract(self, data, dm):
         n = dm.shape[0]
@@ -114,6 +125,9 @@ class S8JK:
 
     def profile(self, eri, nao_padded, dtype, iterations):
         return None
+
+    def layout_bytes(self, nao_padded, value_bytes):
+        return quartet_bytes(nao_padded, value_bytes)
 
     def contract(self, data, dm):
         return symmetrise(s8_accumulate(data["values"], data["index"], dm))

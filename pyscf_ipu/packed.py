@@ -83,6 +83,18 @@ def unique_quartets(eri_s8: np.ndarray, nao: int) -> tuple[np.ndarray, np.ndarra
     return eri_s8[t], np.stack([i, j, k, l], axis=1).astype(np.int16)
 
 
+# Bytes per unique integral while unique_quartets and degeneracy_weights sort them out on the host
+# (int64 flat and pair indices, four int64 AO indices and their stack, float64 values), before the
+# (value, four int16 indices) records that stay.
+QUARTET_SORTING_BYTES = 96
+
+
+def quartet_bytes(nao_padded: int, value_bytes: int) -> int:
+    """Peak bytes of the unique-quartet records of ``nao_padded`` AOs (the ``s8`` layouts): their
+    sorting, then the records padded up to a bucket of at most twice their count."""
+    return s8_size(nao_padded) * (QUARTET_SORTING_BYTES + 2 * (value_bytes + 8))
+
+
 def degeneracy_weights(index: np.ndarray) -> np.ndarray:
     """1/degeneracy of each unique quartet: the share of its 8 permutations that are distinct, /8.
 

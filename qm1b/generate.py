@@ -31,6 +31,7 @@ from pyscf_ipu.buckets import SizeBucket
 from pyscf_ipu.config import (IPUConfig, RKSConfig, default_cache_dir, disable_numpy_huge_pages,
                               enable_compilation_cache, option, reuse_freed_memory)
 from pyscf_ipu.forces import nuclear_gradient
+from pyscf_ipu.memory import GB, MemoryEstimate, batch_memory, check_budget, default_budget
 from pyscf_ipu.prepare import HostProblem, prepare
 from pyscf_ipu.molecule import Molecule, MoleculeError
 from pyscf_ipu.programs import MATMUL_PRECISION, device_description
@@ -89,8 +90,13 @@ class GenerateConfig:
     task_molecules: int = option(4, "molecules per Ray task (--executor ray); each task writes its own shard")
     task_threads: int = option(1, "threads (XLA and OpenMP) and Ray CPUs per task (--executor ray)")
     progress: bool = option(True, "show a progress bar")
+    memory_budget: float | None = option(None, "GB: refuse a run whose largest batch (with the next one prepared "
+                                         "beside it) would need more (default: 80%% of this machine's memory)",
+                                         metavar="GB")  # fmt: skip
 
     def __post_init__(self) -> None:
+        if self.memory_budget is not None and self.memory_budget <= 0:
+            raise ValueError(f"--memory-budget is in GB and must be positive, got {self.memory_budget}")
         for name in ("conformers", "batch_size", "task_molecules", "task_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
@@ -201,6 +207,26 @@ class ConvergenceWatch:
                 "(--min-converged 0 labels on regardless)")  # fmt: skip
 
 
+def check_memory(gen: GenerateConfig, dft: RKSConfig, buckets) -> None:
+    """:class:`~pyscf_ipu.memory.MemoryBudgetError` if a batch of the largest of ``buckets``, with the
+    next batch prepared beside it, would need more than the memory budget; the message gives the
+    largest batch size that fits."""
+    largest = max((b for b in buckets if b is not None), key=lambda b: b.nao, default=None)
+    if largest is None:
+        return
+    budget = gen.memory_budget or default_budget()
+
+    def need(size: int) -> MemoryEstimate:
+        return batch_memory(largest, dft, size, prepared_ahead=size)
+
+    fits = next((size for size in range(gen.batch_size, 0, -1) if need(size).total <= budget * GB), 0)
+    advice = (f"--batch-size {fits} fits" if fits else
+              "not even a batch of one fits: try a smaller basis or, where the machine has the memory, a larger "
+              "--memory-budget")  # fmt: skip
+    check_budget(need(gen.batch_size), budget, f"a batch of {gen.batch_size} conformers of the largest molecules "
+                 f"({largest.label()}, {largest.nao} AOs, J-K backend {dft.jk}) beside the next one prepared", advice)
+
+
 def _bucket_order(bucket: SizeBucket | None) -> tuple:
     return (0, "") if bucket is None else (bucket.nao, bucket.label())
 
@@ -292,6 +318,7 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], sh
     disable_numpy_huge_pages()
     source = gen.source
     buckets = {m.molecule_id: source.bucket(m, dft.basis, dft.grid_level) for m in inputs}
+    check_memory(gen, dft, buckets.values())
     inputs = sorted(inputs, key=lambda m: (_bucket_order(buckets[m.molecule_id]), m.molecule_id))
     summary = Summary(out=gen.out, shard=f"{shard}/{num_shards}", molecules=len(inputs))
     timings = summary.timings
@@ -454,6 +481,7 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
     source, inputs = gen.source, load_inputs(gen)
     if not gen.resume and shard_count(gen.out):
         raise FileExistsError(f"{gen.out} already holds a dataset: pass --resume to continue it, or choose another --out")
+    check_memory(gen, dft, {source.bucket(m, dft.basis, dft.grid_level) for m in inputs})  # each task's batches
     n = ray_tasks(gen, len(inputs))
     chunks = [[m for m in inputs if m.molecule_id % n == k] for k in range(n)]
     ray.init(address=gen.ray_address, ignore_reinit_error=True, log_to_driver=False)

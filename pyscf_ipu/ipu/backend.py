@@ -12,7 +12,7 @@ from .contract import contract, layout, place, rows_layout_batch
 from .model import IPUModel
 from ..padding import bucket, stack_members
 from .plan import TilePlan, Workload, plan, plan_on
-from ..packed import PackedERI
+from ..packed import PackedERI, quartet_bytes, s8_size
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,17 @@ class IPUJK:
             return batched
         return stack_members([place(layout(shape, self.real_plan(shape, eri.nao, eri.kept), eri, dtype), shape.num_ipus)
                               for shape, eri in zip(shapes, eris)])  # fmt: skip
+
+    def layout_bytes(self, nao_padded: int, value_bytes: int) -> int:
+        """Peak bytes of :meth:`prepare` for one conformer's unscreened ERIs, on the strategy its
+        bucket's plan picks. ``rows``: the s8 array cast and stacked (npair^2/2 values), its s4
+        unpacking (npair^2), the row matrix (2 npair^2) and the row builder's temporaries (about
+        3.5 npair^2, measured); ``s8``: the unique-quartet records."""
+        shape = self.shape_plan(nao_padded, s8_size(nao_padded), value_bytes)
+        if shape.strategy.name == "rows":
+            npair = nao_padded * (nao_padded + 1) // 2
+            return 7 * npair * npair * value_bytes
+        return quartet_bytes(nao_padded, value_bytes)
 
     def contract(self, data, dm):
         return contract(data, dm)

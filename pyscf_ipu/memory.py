@@ -1,0 +1,86 @@
+"""The memory a batch needs at its peak, estimated from its size bucket before anything is computed.
+
+A run that does not fit would otherwise be killed by the kernel minutes in (the ERIs grow as N^4),
+so both command lines estimate the peak first and refuse a batch above the memory budget, with the
+numbers. The estimate adds, per conformer, what the integral source holds on the host (ERIs, AO
+values) and what the J-K backend builds from them (its arrays and their build's temporaries), times
+the batch, plus the loaded process. The per-part counts and how they were checked against measured
+peaks are in ``docs/decisions/memory-budget.md``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .buckets import SizeBucket
+from .config import RKSConfig
+from .integral_sources import integral_source
+from .jk import get_jk_backend
+from .xc.functionals import get_functional
+
+GB = 1e9
+PROCESS_BYTES = int(0.5 * GB)  # JAX, XLA and PySCF loaded, with a small molecule's arrays
+DEFAULT_SHARE = 0.8  # of the machine's memory, the default budget: room for the system and the page cache
+
+
+class MemoryBudgetError(ValueError):
+    """A batch would need more memory than the budget; the message gives the numbers and what to change."""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The bytes a batch holds at its peak, by part (each part summed over the batch)."""
+
+    parts: tuple[tuple[str, int], ...]  # (what, bytes)
+
+    @property
+    def total(self) -> int:
+        return sum(n for _, n in self.parts)
+
+    def describe(self) -> str:
+        """E.g. ``ERIs 1.8 GB + J-K arrays 5.3 GB + AO values 0.1 GB + process 0.5 GB``."""
+        return " + ".join(f"{what} {n / GB:.1f} GB" for what, n in self.parts if n)
+
+
+def batch_memory(bucket: SizeBucket, config: RKSConfig, conformers: int, prepared_ahead: int = 0) -> MemoryEstimate:
+    """The peak of a batch of ``conformers`` of ``bucket``'s molecules under ``config``.
+
+    ``prepared_ahead``: conformers of the next batch whose host preparation is held at the same time
+    (the generator prepares batch k+1 while batch k runs).
+    """
+    value_bytes = np.dtype(config.precision).itemsize
+    nao = bucket.nao
+    grid = bucket.grid_points if get_functional(config.xc).pieces else 0
+    held = integral_source(config.integrals).held_bytes(nao, grid, value_bytes)  # one conformer's
+    jk = get_jk_backend(config.jk, config).layout_bytes(nao, value_bytes)
+    device_ao = 4 * grid * nao * value_bytes  # (4, Gp, Np) in the loop's precision
+    host = conformers + prepared_ahead
+    return MemoryEstimate((
+        ("ERIs", host * held["eris"]),
+        ("J-K arrays", conformers * jk),
+        ("AO values", host * held["ao_values"] + conformers * device_ao),
+        ("process", PROCESS_BYTES),
+    ))  # fmt: skip
+
+
+def default_budget() -> float:
+    """GB: :data:`DEFAULT_SHARE` of this machine's memory, or of the container's limit where it is lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:  # cgroup v2: "max" or a byte count
+        limit = open("/sys/fs/cgroup/memory.max").read().strip()
+        total = min(total, int(limit)) if limit.isdigit() else total
+    except OSError:
+        pass
+    return round(DEFAULT_SHARE * total / GB, 1)
+
+
+def check_budget(estimate: MemoryEstimate, budget_gb: float, what: str, advice: str) -> None:
+    """:class:`MemoryBudgetError` if ``estimate`` exceeds ``budget_gb``; ``what`` names the batch and
+    ``advice`` says what would make it fit."""
+    if estimate.total > budget_gb * GB:
+        raise MemoryBudgetError(
+            f"{what} needs about {estimate.total / GB:.1f} GB ({estimate.describe()}), above the memory budget of "
+            f"{budget_gb:g} GB (--memory-budget); {advice}")  # fmt: skip

@@ -1,0 +1,65 @@
+"""The memory estimate against measured peaks, and the refusal of a run that would not fit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pyscf_ipu.buckets import SizeBucket
+from pyscf_ipu.config import RKSConfig
+from pyscf_ipu.memory import GB, batch_memory
+from pyscf_ipu.molecule import from_name
+
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "1"}
+
+
+def peak_of(args: list[str]) -> float:
+    """Bytes: the peak resident memory of ``pyscf-ipu`` run with ``args`` in a child process of its own."""
+    script = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+              "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", script, sys.executable, "-m", "pyscf_ipu.cli", *args],
+                         capture_output=True, text=True, env=ENV, timeout=600, check=True)  # fmt: skip
+    return 1024.0 * int(out.stdout.split()[-1])  # ru_maxrss is in KiB on Linux
+
+
+def test_the_estimate_bounds_the_measured_peak_from_above_and_closely():
+    """Paracetamol at 6-31G (119 AOs): the J-K rows layout dominates, as it does at every larger size.
+    The estimate must not fall below the real peak (a run it lets through must fit), and must not
+    exceed it by more than 30% (it would refuse runs that fit)."""
+    config = RKSConfig(basis="6-31g", xc="b3lyp5")
+    estimate = batch_memory(SizeBucket.of(from_name("paracetamol"), config.basis, config.grid_level), config, 1).total
+    measured = peak_of(["run", "--mol", "paracetamol", "--basis", "6-31g", "--xc", "b3lyp5"])
+    assert measured <= estimate <= 1.3 * measured, (measured / GB, estimate / GB)
+
+
+def test_a_single_point_that_cannot_fit_is_refused_with_the_numbers_at_once():
+    proc = subprocess.run([sys.executable, "-m", "pyscf_ipu.cli", "run", "--mol", "paracetamol", "--basis", "def2-svp",
+                           "--memory-budget", "8"], capture_output=True, text=True, env=ENV, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("pyscf-ipu: error: paracetamol at def2-svp (199 AOs")
+    assert "above the memory budget of 8 GB" in line and "J-K arrays" in line
+
+
+def test_the_generator_refuses_a_batch_that_cannot_fit_before_writing_anything(tmp_path):
+    smiles = tmp_path / "in.smi"
+    smiles.write_text("CC(=O)Nc1ccc(O)cc1 paracetamol\nCCO ethanol\n")
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "qm1b.cli", "generate", "--smiles", str(smiles), "--basis", "6-31g",
+                           "--out", str(out), "--memory-budget", "5", "--no-progress"],
+                          capture_output=True, text=True, env=ENV, timeout=120)  # fmt: skip
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "a batch of 8 conformers of the largest molecules (6-31g:H10C11, 119 AOs" in line
+    assert "above the memory budget of 5 GB" in line and "--batch-size 2 fits" in line
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("budget", ["0", "-1"])
+def test_a_budget_must_be_positive(tmp_path, budget):
+    proc = subprocess.run([sys.executable, "-m", "qm1b.cli", "generate", "--out", str(tmp_path / "o"),
+                           "--memory-budget", budget], capture_output=True, text=True, env=ENV, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and "--memory-budget is in GB and must be positive" in proc.stderr
