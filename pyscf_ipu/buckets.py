@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property, lru_cache, partial
 
 import numpy as np
 
@@ -72,6 +72,51 @@ def _kind_grid_size(basis: str, kind: tuple, level: int) -> int:
     return max(atomic_grid_size(symbol, level) for symbol in _kind_members(basis, kind))
 
 
+@lru_cache(maxsize=None)
+def auxiliary_basis(basis: str, symbol: str):
+    """PySCF's default density-fitting basis for ``symbol`` under the orbital ``basis``
+    (``df.addons.make_auxbasis``): a named JK-fitting basis where PySCF maps one (cc-pVDZ-JKFIT for
+    6-31G*, def2-universal-JKFIT for the def2 family and STO-3G), else even-tempered functions generated
+    from the orbital basis. What a PySCF user's ``density_fit()`` gets."""
+    from pyscf import df, gto
+
+    mol = gto.M(atom=[(symbol, (0.0, 0.0, 0.0))], basis=basis, spin=gto.charge(symbol) % 2, verbose=0)
+    aux = df.addons.make_auxbasis(mol)
+    return aux[symbol] if isinstance(aux, dict) else aux
+
+
+@lru_cache(maxsize=None)
+def auxiliary_functions(basis: str, symbol: str) -> int:
+    """The (spherical) functions of :func:`auxiliary_basis` on one ``symbol`` atom."""
+    from pyscf import gto
+
+    aux = gto.M(atom=[(symbol, (0.0, 0.0, 0.0))], basis={symbol: auxiliary_basis(basis, symbol)},
+                spin=gto.charge(symbol) % 2, verbose=0)  # fmt: skip
+    return aux.nao
+
+
+@lru_cache(maxsize=None)
+def minimal_occupied(symbol: str) -> int:
+    """Minimal-basis functions that hold electrons in the free atom's spherically averaged ground state
+    (PySCF's ``atom_hf.frac_occ``): the rank of its share of the MINAO guess density, which is at
+    least its share of the occupied orbitals."""
+    from pyscf.scf import atom_hf
+
+    shells = [atom_hf.frac_occ(symbol, l) for l in range(4)]
+    return sum((2 * l + 1) * (ndocc + (frac > 0)) for l, (ndocc, frac) in enumerate(shells))
+
+
+def _kind_maximum(basis: str, kind: tuple, count) -> int:
+    """The largest ``count(symbol)`` over the kind's elements, skipping those it fails for."""
+    values = []
+    for symbol in _kind_members(basis, kind):
+        try:
+            values.append(count(symbol))
+        except Exception:  # e.g. no fitting basis for this element
+            continue
+    return max(values)
+
+
 def capacity(count: int, aos_per_atom: int) -> int:
     """A kind's count rounded up to a multiple of 4 AOs' worth of its atoms (STO-3G hydrogen: 4 atoms,
     6-31G hydrogen: 2); kinds of 4 or more AOs per atom exactly."""
@@ -110,6 +155,19 @@ class SizeBucket:
     def nao(self) -> int:
         """Np: the padded AO count (the template's AOs)."""
         return sum(cap * _element_aos(kind) for kind, cap in self.kinds)
+
+    @property
+    def naux(self) -> int:
+        """Qp: the padded count of density-fitting functions (each kind's capacity times the most
+        functions of :func:`auxiliary_basis` among its elements)."""
+        return sum(cap * _kind_maximum(self.basis, kind, partial(auxiliary_functions, self.basis))
+                   for kind, cap in self.kinds)  # fmt: skip
+
+    @property
+    def density_rank(self) -> int:
+        """R: a bound on the rank of any density of the bucket's molecules (the MINAO guess's, and so
+        the occupied orbitals' count), at most Np."""
+        return min(self.nao, sum(cap * _kind_maximum(self.basis, kind, minimal_occupied) for kind, cap in self.kinds))
 
     @property
     def grid_points(self) -> int:

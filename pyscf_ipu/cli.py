@@ -131,7 +131,7 @@ def check_lines(result, reference) -> list[str]:
     lines = [
         f"PySCF float64: energy {reference.energy:.10f} Hartree, {reference.cycles} cycles, "
         f"{'converged' if reference.converged else 'NOT converged'}, {reference.seconds:.2f}s "
-        f"({'ERIs in memory' if reference.eris_in_memory else 'direct SCF: ERIs recomputed every cycle'})"
+        f"(ERIs {reference.eris})"
     ]
     lines += [f"  difference {k:6s} {v * HARTREE_TO_MEV:+10.4f} meV" for k, v in diffs.items()]
     return lines
@@ -167,6 +167,9 @@ def run_command(args: argparse.Namespace) -> int:
         config = config_from_arguments(args, RKSConfig)
         functional = get_functional(config.xc)
         get_jk_backend(config.jk, config)
+        if args.forces and config.density_fitted:
+            raise ValueError("--forces differentiates the exact ERIs through the device integrals; it does not "
+                             "combine with --jk df (density fitting)")
         if args.fixed_grid and not args.forces:
             raise ValueError("--fixed-grid describes the forces: add --forces")
         if (args.profile or args.profile_plot) and config.jk != "ipu":

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 PRECISIONS = ("float32", "float64")
 INTEGRALS = ("host", "device")
+FITTED_JK = ("df",)  # J-K backends that contract density-fitted 3-centre integrals instead of the s8 ERIs
 
 
 class ConfigError(ValueError):
@@ -60,7 +61,9 @@ class RKSConfig:
     xc: str = option("b3lyp", "functional: b3lyp (PySCF's, VWN-RPA), b3lyp5 (VWN5), pbe or hf")
     grid_level: int = option(0, "PySCF Becke grid level, 0 (coarse, QM1B) to 9")
     precision: str = option("float32", "floating-point precision of the SCF loop", choices=PRECISIONS)
-    jk: str = option("ipu", "J-K contraction backend: ipu (simulated IPU tiles), dense (reference) or s8")
+    jk: str = option("ipu", "J-K contraction backend: ipu (simulated IPU tiles), dense (reference), s8, or df "
+                     "(density fitting with PySCF's default fitting basis: no N^4 array; labels differ from exact "
+                     "ERIs by the fitting error)")
     max_iterations: int = option(20, "maximum SCF iterations (QM1B: 20)")
     integrals: str = option(
         "host",
@@ -97,6 +100,8 @@ class RKSConfig:
             raise ConfigError(f"the DIIS space must hold at least 2 matrices, got {self.diis_space}")
         if self.eri_threshold < 0:
             raise ConfigError(f"the ERI threshold must be >= 0, got {self.eri_threshold}")
+        if self.eri_threshold > 0 and self.density_fitted:
+            raise ConfigError(f"--eri-threshold screens the s8 ERIs, which --jk {self.jk} (density fitting) never makes")
         if self.eri_expcutoff < 0:
             raise ConfigError(f"the ERI exponent cutoff must be >= 0, got {self.eri_expcutoff}")
 
@@ -110,6 +115,11 @@ class RKSConfig:
         if self.stop_commutator is not None:
             return self.stop_commutator
         return 1e-5 if self.precision == "float32" else 1e-7
+
+    @property
+    def density_fitted(self) -> bool:
+        """Whether the J-K backend contracts density-fitted 3-centre integrals (then no s8 ERIs are made)."""
+        return self.jk in FITTED_JK
 
     def replace(self, **changes) -> RKSConfig:
         return dataclasses.replace(self, **changes)

@@ -40,6 +40,19 @@ def eri_s8(mol: gto.Mole, expcutoff: float = 0.0) -> np.ndarray:
     return gto.getints("int2e_sph" if not mol.cart else "int2e_cart", mol._atm, mol._bas, env, aosym="s8")
 
 
+def fitted_eri(mol: gto.Mole, basis: str) -> np.ndarray:
+    """(naux, npair) float64: the density-fitted ERIs as a Cholesky factor B with
+    (ij|kl) ~ sum_Q B[Q, ij] B[Q, kl], over pairs i >= j in PySCF's packing, from libcint's 3-centre
+    integrals and the metric of :func:`~pyscf_ipu.buckets.auxiliary_basis` (PySCF's default fitting
+    basis for ``basis``): ``df.incore.cholesky_eri``."""
+    from pyscf import df
+
+    from .buckets import auxiliary_basis
+
+    auxmol = df.addons.make_auxmol(mol, {symbol: auxiliary_basis(basis, symbol) for symbol in set(mol.elements)})
+    return df.incore.cholesky_eri(mol, auxmol=auxmol)
+
+
 def device_one_electron(mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple[np.ndarray, np.ndarray]]:
     """(overlap, core Hamiltonian) of each conformer in ``mols`` (molecules of ``bucket``), as float64
     host arrays at the molecules' sizes, from :mod:`pyscf_ipu.integrals` in one call.
@@ -155,6 +168,9 @@ class IntegralSource(Protocol):
              config: RKSConfig) -> tuple[list[np.ndarray], list[int]]:  # fmt: skip
         """The s8 ERIs of each conformer and their non-zero counts."""
 
+    def fitted_eris(self, mols: list[gto.Mole], bucket: SizeBucket) -> list[np.ndarray]:
+        """The density-fitted ERIs of each conformer (:func:`fitted_eri`), for a density-fitted J-K backend."""
+
     def grids(self, mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple | None]:
         """Each conformer's (points, weights, owners), whose AO values the device then evaluates;
         None: PySCF builds the grid and evaluates the AO values on the host."""
@@ -185,6 +201,9 @@ class LibcintIntegrals:
         eris = [eri_s8(mol, config.eri_expcutoff) for mol in mols]
         return eris, [int(np.count_nonzero(eri)) for eri in eris]
 
+    def fitted_eris(self, mols, bucket):
+        return [fitted_eri(mol, bucket.basis) for mol in mols]
+
     def grids(self, mols, bucket):
         return [None] * len(mols)
 
@@ -212,6 +231,10 @@ class JaxIntegrals:
 
     def eris(self, mols, bucket, config):
         return device_eri_s8(mols, bucket, config.precision)
+
+    def fitted_eris(self, mols, bucket):
+        # libcint's 3-centre integrals: a fitted run has no N^4 work left for the device kernels to take
+        return [fitted_eri(mol, bucket.basis) for mol in mols]
 
     def grids(self, mols, bucket):
         return device_grids(mols, bucket)

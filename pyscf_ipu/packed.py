@@ -53,6 +53,18 @@ class PackedERI:
         return cls(s8, s8_aos(len(s8)), int(np.count_nonzero(s8)))
 
 
+@dataclass(frozen=True, eq=False)
+class FittedERI:
+    """One conformer's density-fitted ERIs as the fitted J-K backend takes them: the Cholesky factor
+    B with (ij|kl) ~ sum_Q B[Q, ij] B[Q, kl] over the pairs of ``nao`` AOs, and the bucket's padded
+    fitting-function count and density-rank bound (:class:`~pyscf_ipu.buckets.SizeBucket`)."""
+
+    factor: np.ndarray  # (naux, npair) float64
+    nao: int
+    naux_padded: int  # Qp
+    rank: int  # R
+
+
 def tril_unpack(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Packed lower-triangle index t = a(a+1)/2 + b (b <= a) -> (a, b), exactly, in int64."""
     t = np.asarray(t, np.int64)

@@ -43,6 +43,8 @@ class HostProblem:
     eri_s8: np.ndarray  # (N(N+1)/2 * (N(N+1)/2 + 1) / 2,)  screened, PySCF's s8 packing; float64 from
     # libcint, or in the run's precision from the device integrals (then read-only)
     eri_kept: int  # non-zero unique integrals after screening
+    eri_fitted: np.ndarray  # (naux, N(N+1)/2) float64: the density-fitted ERIs (integral_sources.fitted_eri)
+    # where the J-K backend is density fitted; then eri_s8 is empty, else this is (0, 0)
     orthogonaliser: np.ndarray  # (N, M)  X with X^T S X = 1, M <= N
     density_guess: np.ndarray  # (N, N)  MINAO
     grid_coords: np.ndarray  # (G, 3) Bohr
@@ -174,21 +176,26 @@ def prepare(molecules: list[Molecule], config: RKSConfig) -> list[HostProblem]:
     one_electron_seconds = (time.perf_counter() - t) / len(mols)
 
     t = time.perf_counter()
-    eris, counts = source.eris(mols, bucket, config)
+    if config.density_fitted:  # no N^4 array at all
+        fitted = source.fitted_eris(mols, bucket)
+        eris, counts = [np.zeros(0)] * len(mols), [0] * len(mols)
+    else:
+        eris, counts = source.eris(mols, bucket, config)
+        fitted = [np.zeros((0, 0))] * len(mols)
     eri_seconds = (time.perf_counter() - t) / len(mols)
 
     t = time.perf_counter()
     grids = source.grids(mols, bucket) if needs_grid else [None] * len(mols)
     grid_seconds = (time.perf_counter() - t) / len(mols)
     timings = {"one_electron": one_electron_seconds, "eri": eri_seconds, "grid": grid_seconds, "guess": guess_seconds}
-    return [_prepare_one(molecule, mol, *ints, eri, count, grid, guess, config, needs_grid, bucket, dict(timings))
-            for molecule, mol, ints, eri, count, grid, guess
-            in zip(molecules, mols, one_electron, eris, counts, grids, guesses)]  # fmt: skip
+    return [_prepare_one(molecule, mol, *ints, eri, count, fit, grid, guess, config, needs_grid, bucket, dict(timings))
+            for molecule, mol, ints, eri, count, fit, grid, guess
+            in zip(molecules, mols, one_electron, eris, counts, fitted, grids, guesses)]  # fmt: skip
 
 
 def _prepare_one(molecule: Molecule, mol: gto.Mole, overlap: np.ndarray, hcore: np.ndarray, eri: np.ndarray,
-                 nonzero: int, grid: tuple | None, dm0: np.ndarray, config: RKSConfig, needs_grid: bool,
-                 bucket: SizeBucket, timings: dict[str, float]) -> HostProblem:  # fmt: skip
+                 nonzero: int, fitted: np.ndarray, grid: tuple | None, dm0: np.ndarray, config: RKSConfig,
+                 needs_grid: bool, bucket: SizeBucket, timings: dict[str, float]) -> HostProblem:  # fmt: skip
     """The rest of one conformer's preparation, from its integrals and its initial density ``dm0``:
     orthogonaliser, screening, grid. ``nonzero`` counts the non-zero entries of ``eri`` (counted
     again after a Schwarz screening). ``grid`` (points, weights, owners) from the JAX integral source
@@ -229,6 +236,7 @@ def _prepare_one(molecule: Molecule, mol: gto.Mole, overlap: np.ndarray, hcore: 
         hcore=hcore,
         eri_s8=eri,
         eri_kept=nonzero,
+        eri_fitted=fitted,
         orthogonaliser=x,
         density_guess=dm0,
         grid_coords=np.asarray(coords),

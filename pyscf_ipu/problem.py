@@ -21,7 +21,7 @@ import numpy as np
 from .integral_sources import conformer_coords
 from .prepare import HostProblem
 from .jk import JKBackend
-from .packed import PackedERI, s8_size
+from .packed import FittedERI, PackedERI, s8_size
 from .padding import aligned_empty, pad_into, pad_to, stack_padded
 from .programs import on_device
 
@@ -97,14 +97,22 @@ def build_batch(hosts: list[HostProblem], backend: JKBackend, dtype, sizes: tupl
         for slot, host in zip(ao, hosts):
             pad_into(slot, host.ao)
         ao = on_device(ao, may_alias=True)  # new and never written again: the device may adopt it
-    # each conformer's integrals as the bucket's s8 array: the device's already are (no copy)
-    eris = [PackedERI(h.eri_s8 if h.eri_nao == npad else pad_to(h.eri_s8, (s8_size(npad),)), npad, h.eri_kept)
-            for h in hosts]  # fmt: skip
     return SCFProblem(
         **{k: stack_padded([np.asarray(a[k], dtype) for a in arrays]) for k in arrays[0]},
         ao=ao,
-        jk=backend.prepare(eris, npad, dtype),
+        jk=backend.prepare(backend_eris(hosts, npad), npad, dtype),
     )
+
+
+def backend_eris(hosts: list[HostProblem], npad: int) -> list[PackedERI] | list[FittedERI]:
+    """The conformers' ERIs as the J-K backend takes them: the density-fitted factors where the
+    preparation made those, else each conformer's s8 array padded to ``npad`` AOs (the device's
+    already are: no copy)."""
+    if hosts[0].eri_fitted.size:
+        bucket = hosts[0].bucket
+        return [FittedERI(h.eri_fitted, h.nao, bucket.naux, bucket.density_rank) for h in hosts]
+    return [PackedERI(h.eri_s8 if h.eri_nao == npad else pad_to(h.eri_s8, (s8_size(npad),)), npad, h.eri_kept)
+            for h in hosts]  # fmt: skip
 
 
 def _padded_arrays(host: HostProblem, sizes: tuple[int, int]) -> dict[str, np.ndarray]:

@@ -16,6 +16,8 @@ made). J and K are contracted there too when the loop's integrals are as exact a
 holds (device integrals), by the loop's own J-K backend in float64; with host integrals in a
 float32 loop the integral source hands over :class:`~pyscf_ipu.jk.HostContraction`, and libcint
 contracts the host's float64 ERIs in :func:`finalise`, beside the Fock matrix and one small eigensolve.
+A density-fitted run's J and K are always contracted on the host, from the float64 fitted factor
+(libcint's, whichever the integral source), by PySCF's own density-fitting code.
 """
 
 from __future__ import annotations
@@ -164,12 +166,27 @@ def dispatch_finalisation(config: RKSConfig, settings: LoopSettings, members: li
     contracted on the device where its integrals are as exact as the host's; else
     :class:`~pyscf_ipu.jk.HostContraction` leaves them to :func:`finalise`."""
     overlap, weights = (np.stack(a) for a in zip(*(final_inputs(h, sizes) for h in members)))
-    if integral_source(config.integrals).exact_on_device:
+    if integral_source(config.integrals).exact_on_device and not config.density_fitted:
         backend, jk = settings.backend, problems.jk
     else:
         backend, jk = HostContraction(), {}
     with jax.enable_x64(True):  # the float64 host arrays stay float64 on the device
         return final_density_program(settings.functional, backend, problems.ao, weights, trace.density, overlap, jk)
+
+
+def fitted_jk(host: HostProblem, dm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """J and K (N, N) in float64 of the symmetric positive semidefinite ``dm`` from the host's float64
+    density-fitted factor, by PySCF's own contraction (``df.df_jk.get_jk``), given ``dm``'s factors
+    D = C diag(n) C^T (its eigenpairs of non-negligible weight) so that K takes its orbital path."""
+    from pyscf import df, lib
+
+    fitting = df.DF(host.mol)
+    fitting.verbose = 0
+    fitting._cderi = host.eri_fitted  # (naux, npair): PySCF reads an in-memory factor as it is
+    w, u = np.linalg.eigh(dm)
+    keep = w > 1e-12 * max(w[-1], 1.0)
+    factors = lib.tag_array(dm, mo_coeff=u[:, keep], mo_occ=w[keep])
+    return df.df_jk.get_jk(fitting, factors, hermi=1)
 
 
 def finalise(
@@ -189,6 +206,8 @@ def finalise(
     ax = get_functional(config.xc).hf_exchange
     if final.coulomb is not None:  # contracted on the device
         vj, vk = (np.asarray(a, np.float64)[:n, :n] for a in (final.coulomb, final.exchange))
+    elif host.eri_fitted.size:
+        vj, vk = fitted_jk(host, dm)
     else:
         vj, vk = pyscf_scf.hf.dot_eri_dm(host.eri_s8, dm, hermi=1)
     exc, vxc, electrons = float(final.exc), np.asarray(final.vxc, np.float64)[:n, :n], float(final.electrons)

@@ -175,6 +175,10 @@ def label_settings(gen: GenerateConfig, dft: RKSConfig) -> dict:
     }
 
 
+FORCES_NEED_EXACT_ERIS = ("--forces differentiates the exact ERIs through the device integrals; it does not "
+                          "combine with --jk df (density fitting)")  # fmt: skip
+
+
 class NotConvergingError(RuntimeError):
     """Most of a run's recent conformers did not converge; the message says what to check."""
 
@@ -514,6 +518,8 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
 
 def generate(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
     """Run the generator with the configured executor."""
+    if gen.forces and dft.density_fitted:
+        raise ValueError(FORCES_NEED_EXACT_ERIS)
     if gen.executor == "ray":
         return run_ray(gen, dft)
     return [run_shard(gen, dft)]

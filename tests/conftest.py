@@ -60,6 +60,7 @@ def _key(molecule: Molecule, config: RKSConfig) -> str:
         "basis": config.basis,
         "xc": config.xc,
         "grid_level": config.grid_level,
+        "fitted": config.density_fitted,
         "record": 2,  # Reference's fields: a record of an older form is computed again
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]

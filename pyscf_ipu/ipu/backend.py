@@ -56,16 +56,17 @@ class IPUJK:
         return stack_members([place(layout(shape, self.real_plan(shape, eri.nao, eri.kept), eri, dtype), shape.num_ipus)
                               for shape, eri in zip(shapes, eris)])  # fmt: skip
 
-    def layout_bytes(self, nao_padded: int, value_bytes: int) -> int:
-        """Peak bytes of :meth:`prepare` for one conformer's unscreened ERIs, on the strategy its
-        bucket's plan picks. ``rows``: the s8 array cast and stacked (npair^2/2 values), its s4
+    def layout_bytes(self, bucket, value_bytes: int) -> int:
+        """Peak bytes of :meth:`prepare` for one conformer of ``bucket`` (a
+        :class:`~pyscf_ipu.buckets.SizeBucket`; unscreened ERIs), on the strategy its plan picks. ``rows``: the s8 array cast and stacked (npair^2/2 values), its s4
         unpacking (npair^2), the row matrix (2 npair^2) and the row builder's temporaries (about
         3.5 npair^2, measured); ``s8``: the unique-quartet records."""
-        shape = self.shape_plan(nao_padded, s8_size(nao_padded), value_bytes)
+        nao = bucket.nao
+        shape = self.shape_plan(nao, s8_size(nao), value_bytes)
         if shape.strategy.name == "rows":
-            npair = nao_padded * (nao_padded + 1) // 2
+            npair = nao * (nao + 1) // 2
             return 7 * npair * npair * value_bytes
-        return quartet_bytes(nao_padded, value_bytes)
+        return quartet_bytes(nao, value_bytes)
 
     def contract(self, data, dm):
         return contract(data, dm)

@@ -1,0 +1,72 @@
+"""Density fitting (``--jk df``): J and K against PySCF's own density fitting, labels against PySCF's
+density-fitted SCF in the same fitting basis, and the settings it refuses."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from pyscf import df
+
+from pyscf_ipu.buckets import auxiliary_basis
+from pyscf_ipu.cli import main
+from pyscf_ipu.config import ConfigError, RKSConfig
+from pyscf_ipu.jk import get_jk_backend
+from pyscf_ipu.molecule import from_name
+from pyscf_ipu.padding import pad_to
+from pyscf_ipu.prepare import prepare
+from pyscf_ipu.problem import backend_eris
+from pyscf_ipu.programs import full_precision
+from pyscf_ipu.results import fitted_jk
+from pyscf_ipu.rks import run_rks
+from pyscf_ipu.units import HARTREE_TO_MEV
+
+
+def pyscf_fitted_jk(mol, basis: str, dm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """PySCF's float64 density-fitted J and K of ``dm``, its DF object built from scratch (its own
+    3-centre integrals and metric) in the fitting basis PySCF picks for ``basis``, contracted by its
+    general path (no orbitals given)."""
+    fitting = df.DF(mol, auxbasis={s: auxiliary_basis(basis, s) for s in set(mol.elements)})
+    fitting.verbose = 0
+    return df.df_jk.get_jk(fitting, dm, hermi=1)
+
+
+@pytest.mark.parametrize("name, basis", [("benzene", "6-31g*"), ("water", "def2-svp")])
+def test_fitted_jk_matches_pyscf_density_fitting(name, basis):
+    """J and K of the MINAO guess (its rank is the most the backend's factor assumes) in float32,
+    padded by 3 AOs; PySCF in float64. Float32 sums of O(1) terms keep 1e-5 of the largest element."""
+    host = prepare([from_name(name)], RKSConfig(basis=basis, jk="df"))[0]
+    n, npad = host.nao, host.bucket.nao + 3
+    backend = get_jk_backend("df")
+    member = jax.tree.map(lambda a: a[0], backend.prepare(backend_eris([host], npad), npad, np.float32))
+    dm = host.density_guess
+    j, k = jax.jit(full_precision(backend.contract))(member, pad_to(dm, (npad, npad), np.float32))
+    ref_j, ref_k = pyscf_fitted_jk(host.mol, basis, dm)
+    for ours, ref in ((j, ref_j), (k, ref_k)):
+        ours = np.asarray(ours, np.float64)
+        assert np.abs(ours[:n, :n] - ref).max() < 1e-5 * np.abs(ref).max()
+        assert not ours[n:].any() and not ours[:, n:].any()  # padded AOs decoupled
+    # the finalisation's float64 contraction, through the occupied factors of an idempotent density
+    assert all(np.abs(a - b).max() < 1e-10 for a, b in zip(fitted_jk(host, dm), (ref_j, ref_k)))
+
+
+@pytest.mark.parametrize("name, basis", [("water", "6-31g*"), ("benzene", "def2-svp"), ("qm9:21989", "6-31g*")])
+def test_density_fitted_labels_within_2_mev_of_pyscf_density_fitting(reference, qm9_nine_heavy, name, basis):
+    """The float32 loop on fitted integrals against PySCF's float64 density-fitted SCF in the same
+    fitting basis: the float32 tolerance of every label, 2 meV."""
+    from .molecules import molecule_by_name
+
+    molecule = molecule_by_name(name, qm9_nine_heavy)
+    config = RKSConfig(basis=basis, xc="b3lyp5", jk="df")
+    result = run_rks(molecule, config)
+    ref = reference(molecule, config)
+    mev = {k: abs(a - b) * HARTREE_TO_MEV for k, a, b in [("energy", result.energy, ref.energy),
+           ("homo", result.homo, ref.homo), ("lumo", result.lumo, ref.lumo), ("gap", result.gap, ref.gap)]}  # fmt: skip
+    assert result.converged and max(mev.values()) < 2.0, mev
+
+
+def test_settings_that_need_exact_eris_are_refused(capsys):
+    with pytest.raises(ConfigError, match="--eri-threshold screens the s8 ERIs"):
+        RKSConfig(jk="df", eri_threshold=1e-10)
+    assert main(["run", "--mol", "water", "--jk", "df", "--forces"]) == 2
+    assert "does not combine with --jk df" in capsys.readouterr().err
