@@ -143,12 +143,10 @@ def check_memory(molecule: Molecule, config: RKSConfig, budget_gb: float) -> Non
     from .memory import batch_memory, check_budget
 
     bucket = SizeBucket.of(molecule, config.basis, config.grid_level)
+    fitted = "" if config.density_fitted else "--jk df (density fitting: no N^4 array), "
     check_budget(batch_memory(bucket, config, 1), budget_gb, f"{molecule.name or molecule.formula} at "
-                 f"{config.basis} ({bucket.nao} AOs, J-K backend {config.jk})", MEMORY_ADVICE)  # fmt: skip
-
-
-# what makes a single point fit: the backends' memory grows as N^4, except density fitting's
-MEMORY_ADVICE = "try a smaller basis or, where the machine has the memory, a larger --memory-budget"
+                 f"{config.basis} ({bucket.nao} AOs, J-K backend {config.jk})",
+                 f"try {fitted}a smaller basis or, where the machine has the memory, a larger --memory-budget")  # fmt: skip
 
 
 def run_command(args: argparse.Namespace) -> int:

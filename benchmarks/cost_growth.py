@@ -1,0 +1,222 @@
+"""How the cost grows with the molecule: the generator against PySCF from QM9 size to drug size, per basis.
+
+    python benchmarks/cost_growth.py [--bases 6-31g*,def2-svp] [--levels 0] [--conformers 2]
+                                     [--molecules indole,paracetamol,aspirin,naproxen,diazepam]
+                                     [--jk df] [--plot cost_growth.png]
+
+For each basis, grid level and molecule (about 9, 11, 13, 17 and 20 heavy atoms), interleaved:
+
+- the molecule's conformers are embedded with the generator's seeds and written to one XYZ file, so
+  that both sides label the very same geometries;
+- **ours, cold**: ``qm1b generate --geometries FILE`` in a new process with an empty program
+  directory and compilation cache, B3LYP with VWN5 (the generator's functional), float32, its
+  default integrals, ``--jk`` as given (``df`` by default: the ERI arrays of the other backends
+  grow as N^4 and do not fit at these sizes), the whole molecule as one batch;
+- **ours, restarted**: the same command in a new process with the cache the cold run filled;
+- **PySCF direct** and **PySCF density fitted** (``density_fit()`` in the fitting basis PySCF picks
+  for the orbital basis, as ours uses), float64, default convergence, in this process, conformer by
+  conformer. A user would pick the faster, so that is the anchor. ``--direct-limit`` skips direct
+  above a size (shown as nan) where it is already several times slower than density fitting.
+
+Threads: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=2 everywhere (PySCF's best here); XLA's default.
+Our seconds per conformer are the generator's own time (its summary line: the interpreter's start
+and imports excluded) over the conformers; peak memory is each process's resident peak (PySCF's:
+this process's, which only grows, so its column is the largest so far). Labels: ours minus PySCF's
+density fitting (same fitting basis: what our code adds) and PySCF's density fitting minus PySCF
+direct (the fitting error), the largest over the conformers, in meV.
+
+The log-log plot draws seconds per conformer against AOs for ours (restarted) and the faster PySCF
+method, with least-squares exponents (seconds ~ AOs^p) in the legend.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+import argparse  # noqa: E402
+import re  # noqa: E402
+import resource  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from pyscf_ipu.buckets import auxiliary_basis  # noqa: E402
+from pyscf_ipu.mole import build_mole  # noqa: E402
+from pyscf_ipu.units import BOHR_RADIUS_ANGSTROM, HARTREE_TO_EV  # noqa: E402
+from qm1b.conformers import embed_conformers  # noqa: E402
+from qm1b.generate import GenerateConfig  # noqa: E402
+from qm1b.store import open_dataset  # noqa: E402
+
+MOLECULES = {  # name: SMILES, from QM9 size to drug size (heavy atoms in the comment)
+    "indole": "c1ccc2[nH]ccc2c1",  # 9, a QM9 molecule
+    "paracetamol": "CC(=O)Nc1ccc(O)cc1",  # 11
+    "aspirin": "CC(=O)Oc1ccccc1C(=O)O",  # 13
+    "naproxen": "COc1ccc2cc(C(C)C(=O)O)ccc2c1",  # 17
+    "diazepam": "CN1C(=O)CN=C(c2ccccc2)c2cc(Cl)ccc21",  # 20
+}
+XC = "b3lyp5"
+SUMMARY = re.compile(r"^([0-9.]+)s, [0-9,]+ conformers per hour", re.M)
+LABELS = ("energy", "homo", "lumo", "y")
+
+
+def write_xyz(path: Path, conformers) -> Path:
+    """The conformers as one multi-frame XYZ file (Angstrom)."""
+    frames = []
+    for m in conformers:
+        rows = [f"{s} {x:.10f} {y:.10f} {z:.10f}" for s, (x, y, z) in zip(m.symbols, m.positions * BOHR_RADIUS_ANGSTROM)]
+        frames.append("\n".join([str(m.natom), m.name or ""] + rows))
+    path.write_text("\n".join(frames) + "\n")
+    return path
+
+
+def ours(xyz: Path, out: Path, cache: Path, basis: str, level: int, jk: str, batch: int) -> tuple[float, float]:
+    """(the generator's own seconds, the process's peak resident bytes) of one ``qm1b generate`` process."""
+    command = [sys.executable, "-m", "qm1b.cli", "generate", "--geometries", str(xyz), "--out", str(out),
+               "--basis", basis, "--grid-level", str(level), "--jk", jk, "--batch-size", str(batch),
+               "--no-progress", "--memory-budget", "1000"]  # fmt: skip
+    script = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+              "sys.stderr.write(p.stderr); print(p.stdout); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+              "sys.exit(p.returncode)")  # fmt: skip
+    env = {**os.environ, "PYSCF_IPU_CACHE": str(cache)}
+    done = subprocess.run([sys.executable, "-c", script, *command], env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"qm1b generate failed: {done.stderr.strip().splitlines()[-1:]}")
+    return float(SUMMARY.search(done.stdout).group(1)), 1024.0 * int(done.stdout.split()[-1])
+
+
+def pyscf_run(molecule, basis: str, level: int, fitted: bool) -> tuple[float, dict]:
+    """(seconds, labels in eV) of one PySCF RKS from scratch, direct or density fitted."""
+    from pyscf import dft
+
+    mol = build_mole(molecule, basis)
+    mf = dft.RKS(mol, xc=XC)
+    mf.grids.level = level
+    mf.verbose = 0
+    if fitted:
+        mf = mf.density_fit(auxbasis={s: auxiliary_basis(basis, s) for s in set(mol.elements)})
+    t = time.perf_counter()
+    energy = mf.kernel()
+    seconds = time.perf_counter() - t
+    nocc = mol.nelectron // 2
+    homo, lumo = mf.mo_energy[nocc - 1], mf.mo_energy[nocc]
+    return seconds, {"energy": energy * HARTREE_TO_EV, "homo": homo * HARTREE_TO_EV, "lumo": lumo * HARTREE_TO_EV,
+                     "y": (lumo - homo) * HARTREE_TO_EV, "converged": bool(mf.converged)}  # fmt: skip
+
+
+def largest_difference(a: list[dict], b: list[dict]) -> float:
+    """meV: the largest |a - b| over the labels and conformers (nan where a side was skipped)."""
+    return float(np.max([1000 * abs(x[q] - y[q]) for x, y in zip(a, b) for q in LABELS]))
+
+
+def exponent(aos: list[int], seconds: list[float]) -> float:
+    """p of the least-squares fit seconds ~ AOs^p on a log-log scale, over the measured sizes."""
+    aos, seconds = np.asarray(aos, float), np.asarray(seconds, float)
+    kept = np.isfinite(seconds)
+    return float(np.polyfit(np.log(aos[kept]), np.log(seconds[kept]), 1)[0]) if kept.sum() > 1 else float("nan")
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Seconds per conformer against AOs, log-log, per (basis, level): ours restarted and the faster PySCF."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    for (basis, level), color in zip(sorted({(r["basis"], r["level"]) for r in rows}), ("C0", "C1", "C2", "C3", "C4", "C5")):
+        group = [r for r in rows if (r["basis"], r["level"]) == (basis, level)]
+        aos = [r["aos"] for r in group]
+        for key, style, who in (("restarted", "-o", "ours"), ("pyscf", "--s", "PySCF (faster)")):
+            seconds = [r[key] for r in group]
+            p = exponent(aos, seconds)
+            ax.loglog(aos, seconds, style, color=color, label=f"{who}, {basis} level {level}: N^{p:.2f}")
+    ax.set_xlabel("AOs (N)")
+    ax.set_ylabel("seconds per conformer")
+    ax.set_title("Cost growth: qm1b generate (restarted) against PySCF")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bases", default="6-31g*,def2-svp")
+    parser.add_argument("--levels", default="0")
+    parser.add_argument("--conformers", type=int, default=2)
+    parser.add_argument("--molecules", default=",".join(MOLECULES), help=f"of {', '.join(MOLECULES)}")
+    parser.add_argument("--jk", default="df", help="our J-K backend")
+    parser.add_argument("--direct-limit", type=int, default=10**9, metavar="AOS",
+                        help="skip PySCF direct above this many AOs (where it is already several times slower than "
+                             "its density fitting: it grows as N^4)")
+    parser.add_argument("--plot", default="cost_growth.png", metavar="FILE.png")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore", UserWarning)
+    work = Path(tempfile.mkdtemp(prefix="cost-growth-"))
+    seed = GenerateConfig().seed
+    print(f"{XC}, float32 ours (--jk {args.jk}), {args.conformers} conformers per molecule; "
+          f"OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']} OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
+    header = (f"{'basis':9s} {'lvl':>3s} {'molecule':12s} {'heavy':>5s} {'AOs':>4s} | {'cold':>6s} {'restart':>7s} "
+              f"{'peak GB':>7s} | {'direct':>7s} {'DF':>6s} {'peak GB':>7s} | {'x faster':>8s} | "
+              f"{'ours-DF':>7s} {'DF-direct':>9s} meV")  # fmt: skip
+    print(header, flush=True)
+    rows = []
+    for basis in args.bases.split(","):
+        for level in (int(v) for v in args.levels.split(",")):
+            for name in args.molecules.split(","):  # seeds by the molecule's place in MOLECULES: any subset alike
+                conformers = embed_conformers(MOLECULES[name], args.conformers, seed, list(MOLECULES).index(name))
+                tag = f"{basis.replace('*', 's')}-{level}-{name}"
+                xyz = write_xyz(work / f"{tag}.xyz", conformers)
+                cache = work / f"cache-{tag}"
+                cold, cold_peak = ours(xyz, work / f"cold-{tag}", cache, basis, level, args.jk, len(conformers))
+                restarted, peak = ours(xyz, work / f"restarted-{tag}", cache, basis, level, args.jk, len(conformers))
+                with open_dataset(work / f"restarted-{tag}") as ds:
+                    columns = ds.arrays().columns
+                    order = np.argsort(columns["conformer_id"])
+                    labels = [{q: float(columns[q][i]) for q in LABELS} for i in order]
+                aos = build_mole(conformers[0], basis).nao
+                fitted = [pyscf_run(m, basis, level, fitted=True) for m in conformers]
+                direct = ([pyscf_run(m, basis, level, fitted=False) for m in conformers] if aos <= args.direct_limit
+                          else [(float("nan"), {q: float("nan") for q in LABELS})] * len(conformers))  # fmt: skip
+                pyscf_peak = 1024.0 * resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                n = len(conformers)
+                row = {
+                    "basis": basis, "level": level, "molecule": name, "aos": aos,
+                    "heavy": sum(s != "H" for s in conformers[0].symbols), "cold": cold / n, "restarted": restarted / n,
+                    "peak": max(cold_peak, peak), "direct": np.mean([s for s, _ in direct]),
+                    "fitted": np.mean([s for s, _ in fitted]), "pyscf_peak": pyscf_peak,
+                    "ours_vs_df": largest_difference(labels, [l for _, l in fitted]),
+                    "df_vs_direct": largest_difference([l for _, l in fitted], [l for _, l in direct]),
+                }  # fmt: skip
+                row["pyscf"] = np.nanmin([row["direct"], row["fitted"]])
+                rows.append(row)
+                print(f"{basis:9s} {level:3d} {name:12s} {row['heavy']:5d} {row['aos']:4d} | {row['cold']:6.1f} "
+                      f"{row['restarted']:7.2f} {row['peak'] / 1e9:7.1f} | {row['direct']:7.2f} {row['fitted']:6.2f} "
+                      f"{pyscf_peak / 1e9:7.1f} | {row['pyscf'] / row['restarted']:8.2f} | {row['ours_vs_df']:7.3f} "
+                      f"{row['df_vs_direct']:9.3f}", flush=True)  # fmt: skip
+                shutil.rmtree(cache, ignore_errors=True)
+    print("\nfitted exponents (seconds per conformer ~ AOs^p):")
+    for basis in args.bases.split(","):
+        for level in (int(v) for v in args.levels.split(",")):
+            group = [r for r in rows if (r["basis"], r["level"]) == (basis, level)]
+            if len(group) > 1:
+                aos = [r["aos"] for r in group]
+                print(f"  {basis} level {level}: ours (restarted) {exponent(aos, [r['restarted'] for r in group]):.2f}, "
+                      f"PySCF direct {exponent(aos, [r['direct'] for r in group]):.2f}, "
+                      f"PySCF DF {exponent(aos, [r['fitted'] for r in group]):.2f}")  # fmt: skip
+    if args.plot:
+        plot(rows, args.plot)
+        print(f"plot: {args.plot}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
