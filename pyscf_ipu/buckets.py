@@ -167,7 +167,8 @@ class SizeBucket:
     def density_rank(self) -> int:
         """R: a bound on the rank of any density of the bucket's molecules (the MINAO guess's, and so
         the occupied orbitals' count), at most Np."""
-        return min(self.nao, sum(cap * _kind_maximum(self.basis, kind, minimal_occupied) for kind, cap in self.kinds))
+        bound = sum(cap * _kind_maximum(self.basis, kind, minimal_occupied) for kind, cap in self.kinds)
+        return min(self.nao, bound)
 
     @property
     def grid_points(self) -> int:

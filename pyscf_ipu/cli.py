@@ -20,8 +20,8 @@ import time
 import warnings
 from pathlib import Path
 
-from .config import (ConfigError, RKSConfig, add_config_arguments, config_from_arguments, disable_numpy_huge_pages,
-                     enable_compilation_cache, reuse_freed_memory)
+from .config import (FITTED_WITHOUT_FORCES, ConfigError, RKSConfig, add_config_arguments, config_from_arguments,
+                     disable_numpy_huge_pages, enable_compilation_cache, reuse_freed_memory)
 from .ipu.plan import TileMemoryError
 from .geometries import parse_molecule
 from .molecule import NAMED_MOLECULES, Molecule, MoleculeError
@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--spin", type=int, default=0, help="2S; restricted Kohn-Sham needs 0")
     add_config_arguments(run.add_argument_group("settings"), RKSConfig)
     run.add_argument("--memory-budget", type=float, metavar="GB",
-                     help="refuse a run whose estimated peak memory is above this (default: 80%% of this machine's memory)")
+                     help="refuse a run whose estimated peak memory is above this (default: 80%% of this machine's "
+                          "memory)")
     output = run.add_argument_group("output")
     output.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     output.add_argument("--check", action="store_true", help="also run PySCF in float64 and print the differences")
@@ -141,12 +142,14 @@ def check_memory(molecule: Molecule, config: RKSConfig, budget_gb: float) -> Non
     """:class:`~pyscf_ipu.memory.MemoryBudgetError` if the run's estimated peak is above ``budget_gb``."""
     from .buckets import SizeBucket
     from .memory import batch_memory, check_budget
+    from .mole import build_mole
 
+    build_mole(molecule, config.basis)  # an unknown basis or element is named first, as the run would
     bucket = SizeBucket.of(molecule, config.basis, config.grid_level)
     fitted = "" if config.density_fitted else "--jk df (density fitting: no N^4 array), "
-    check_budget(batch_memory(bucket, config, 1), budget_gb, f"{molecule.name or molecule.formula} at "
-                 f"{config.basis} ({bucket.nao} AOs, J-K backend {config.jk})",
-                 f"try {fitted}a smaller basis or, where the machine has the memory, a larger --memory-budget")  # fmt: skip
+    check_budget(batch_memory(bucket, config, 1), budget_gb,
+                 f"{molecule.name or molecule.formula} at {config.basis} ({bucket.nao} AOs, J-K backend {config.jk})",
+                 f"try {fitted}a smaller basis or, where the machine has the memory, a larger --memory-budget")
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -166,8 +169,7 @@ def run_command(args: argparse.Namespace) -> int:
         functional = get_functional(config.xc)
         get_jk_backend(config.jk, config)
         if args.forces and config.density_fitted:
-            raise ValueError("--forces differentiates the exact ERIs through the device integrals; it does not "
-                             "combine with --jk df (density fitting)")
+            raise ValueError(FITTED_WITHOUT_FORCES)
         if args.fixed_grid and not args.forces:
             raise ValueError("--fixed-grid describes the forces: add --forces")
         if (args.profile or args.profile_plot) and config.jk != "ipu":

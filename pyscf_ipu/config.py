@@ -18,6 +18,8 @@ from typing import ClassVar
 PRECISIONS = ("float32", "float64")
 INTEGRALS = ("host", "device")
 FITTED_JK = ("df",)  # J-K backends that contract density-fitted 3-centre integrals instead of the s8 ERIs
+FITTED_WITHOUT_FORCES = ("--forces differentiates the exact ERIs through the device integrals; it does not combine "
+                         "with --jk df (density fitting)")  # fmt: skip
 
 
 class ConfigError(ValueError):
@@ -101,7 +103,8 @@ class RKSConfig:
         if self.eri_threshold < 0:
             raise ConfigError(f"the ERI threshold must be >= 0, got {self.eri_threshold}")
         if self.eri_threshold > 0 and self.density_fitted:
-            raise ConfigError(f"--eri-threshold screens the s8 ERIs, which --jk {self.jk} (density fitting) never makes")
+            raise ConfigError(
+                f"--eri-threshold screens the s8 ERIs, which --jk {self.jk} (density fitting) never makes")
         if self.eri_expcutoff < 0:
             raise ConfigError(f"the ERI exponent cutoff must be >= 0, got {self.eri_expcutoff}")
 

@@ -22,7 +22,8 @@ A backend is a frozen (hashable) object:
 
 Backends are chosen by name from :data:`JK_BACKENDS` (each entry builds the backend from the run's
 :class:`RKSConfig`); nothing inspects array shapes to pick one. ``ipu`` (the default) is the
-tile-partitioned contraction on a simulated IPU (:mod:`pyscf_ipu.ipu`); ``dense`` is the reference; ``df`` contracts density-fitted integrals (no N^4 array at all).
+tile-partitioned contraction on a simulated IPU (:mod:`pyscf_ipu.ipu`); ``dense`` is the reference;
+``df`` contracts density-fitted integrals (no N^4 array at all).
 """
 
 from __future__ import annotations
@@ -159,8 +160,8 @@ class FittedJK:
     where :math:`D = U \mathrm{diag}(w) U^T` over its R largest eigenvalues: every density
     the loop forms (the MINAO guess, then the occupied orbitals') has rank at most the bucket's R, so
     K costs 4 Q N^2 R operations instead of 4 Q N^3, and tr(B_Q D) comes from the same products.
-    B is held unpacked, Q ~ 6 N values per AO pair instead of the N^2 / 2 of the s8 ERIs. The labels differ from exact ERIs by the
-    fitting error (Whitten 1973; Vahtras, Almlof and Feyereisen 1993).
+    B is held unpacked, Q ~ 6 N values per AO pair instead of the N^2 / 2 of the s8 ERIs. The labels
+    differ from exact ERIs by the fitting error (Whitten 1973; Vahtras, Almlof and Feyereisen 1993).
     """
 
     name: str = "df"

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pyscf_ipu.buckets import SizeBucket
-from pyscf_ipu.config import (IPUConfig, RKSConfig, default_cache_dir, disable_numpy_huge_pages,
-                              enable_compilation_cache, option, reuse_freed_memory)
+from pyscf_ipu.config import (FITTED_WITHOUT_FORCES, IPUConfig, RKSConfig, default_cache_dir,
+                              disable_numpy_huge_pages, enable_compilation_cache, option, reuse_freed_memory)
 from pyscf_ipu.forces import nuclear_gradient
 from pyscf_ipu.memory import GB, MemoryEstimate, batch_memory, check_budget, default_budget
 from pyscf_ipu.prepare import HostProblem, prepare
@@ -173,10 +173,6 @@ def label_settings(gen: GenerateConfig, dft: RKSConfig) -> dict:
         "forces": gen.forces,
         "heavy_atoms": gen.heavy_atoms,
     }
-
-
-FORCES_NEED_EXACT_ERIS = ("--forces differentiates the exact ERIs through the device integrals; it does not "
-                          "combine with --jk df (density fitting)")  # fmt: skip
 
 
 class NotConvergingError(RuntimeError):
@@ -520,7 +516,7 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
 def generate(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
     """Run the generator with the configured executor."""
     if gen.forces and dft.density_fitted:
-        raise ValueError(FORCES_NEED_EXACT_ERIS)
+        raise ValueError(FITTED_WITHOUT_FORCES)
     if gen.executor == "ray":
         return run_ray(gen, dft)
     return [run_shard(gen, dft)]

@@ -20,6 +20,7 @@ from pyscf_ipu.programs import full_precision
 from pyscf_ipu.results import fitted_jk
 from pyscf_ipu.rks import run_rks
 from pyscf_ipu.units import HARTREE_TO_MEV
+from qm1b.generate import GenerateConfig, generate
 
 
 def pyscf_fitted_jk(mol, basis: str, dm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -70,3 +71,5 @@ def test_settings_that_need_exact_eris_are_refused(capsys):
         RKSConfig(jk="df", eri_threshold=1e-10)
     assert main(["run", "--mol", "water", "--jk", "df", "--forces"]) == 2
     assert "does not combine with --jk df" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="does not combine with --jk df"):
+        generate(GenerateConfig(forces=True, progress=False), RKSConfig(jk="df"))

@@ -58,9 +58,10 @@ class IPUJK:
 
     def layout_bytes(self, bucket, value_bytes: int) -> int:
         """Peak bytes of :meth:`prepare` for one conformer of ``bucket`` (a
-        :class:`~pyscf_ipu.buckets.SizeBucket`; unscreened ERIs), on the strategy its plan picks. ``rows``: the s8 array cast and stacked (npair^2/2 values), its s4
-        unpacking (npair^2), the row matrix (2 npair^2) and the row builder's temporaries (about
-        3.5 npair^2, measured); ``s8``: the unique-quartet records."""
+        :class:`~pyscf_ipu.buckets.SizeBucket`; unscreened ERIs), on the strategy its plan picks.
+        ``rows``: the s8 array cast and stacked (npair^2/2 values), its s4 unpacking (npair^2), the
+        row matrix (2 npair^2) and the row builder's temporaries (about 3.5 npair^2, measured);
+        ``s8``: the unique-quartet records."""
         nao = bucket.nao
         shape = self.shape_plan(nao, s8_size(nao), value_bytes)
         if shape.strategy.name == "rows":
