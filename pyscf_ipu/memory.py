@@ -55,13 +55,15 @@ def batch_memory(bucket: SizeBucket, config: RKSConfig, conformers: int, prepare
     nao = bucket.nao
     grid = bucket.grid_points if get_functional(config.xc).pieces else 0
     held = integral_source(config.integrals).held_bytes(nao, grid, value_bytes)  # one conformer's
+    making = 0  # bytes held only while one conformer's ERIs are made
     if config.density_fitted:  # the float64 fitted factor instead of the s8 ERIs
         held = {**held, "eris": 8 * bucket.naux * nao * (nao + 1) // 2}
+        making = held["eris"]  # libcint's 3-centre integrals beside the factor made from them
     jk = get_jk_backend(config.jk, config).layout_bytes(bucket, value_bytes)
     device_ao = 4 * grid * nao * value_bytes  # (4, Gp, Np) in the loop's precision
     host = conformers + prepared_ahead
     return MemoryEstimate((
-        ("ERIs", host * held["eris"]),
+        ("ERIs", host * held["eris"] + making),
         ("J-K arrays", conformers * jk),
         ("AO values", host * held["ao_values"] + conformers * device_ao),
         ("process", PROCESS_BYTES),
