@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import statistics
+
+# the generator's summary line: its own seconds (the interpreter's start and imports excluded)
+SUMMARY = re.compile(r"^([0-9.]+)s, [0-9,]+ conformers per hour", re.M)
 
 
 def print_label_differences(columns: dict, reference: list[dict], labels) -> None:

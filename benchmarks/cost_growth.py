@@ -37,7 +37,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 import argparse  # noqa: E402
-import re  # noqa: E402
 import resource  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
@@ -49,9 +48,12 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from pyscf_ipu.buckets import auxiliary_basis  # noqa: E402
+from common import SUMMARY  # noqa: E402
+from throughput import LABELS, pyscf_labels  # noqa: E402
+
+from pyscf_ipu.config import RKSConfig  # noqa: E402
 from pyscf_ipu.mole import build_mole  # noqa: E402
-from pyscf_ipu.units import BOHR_RADIUS_ANGSTROM, HARTREE_TO_EV  # noqa: E402
+from pyscf_ipu.units import BOHR_RADIUS_ANGSTROM  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
 from qm1b.generate import GenerateConfig  # noqa: E402
 from qm1b.store import open_dataset  # noqa: E402
@@ -64,8 +66,6 @@ MOLECULES = {  # name: SMILES, from QM9 size to drug size (heavy atoms in the co
     "diazepam": "CN1C(=O)CN=C(c2ccccc2)c2cc(Cl)ccc21",  # 20
 }
 XC = "b3lyp5"
-SUMMARY = re.compile(r"^([0-9.]+)s, [0-9,]+ conformers per hour", re.M)
-LABELS = ("energy", "homo", "lumo", "y")
 
 
 def write_xyz(path: Path, conformers) -> Path:
@@ -93,23 +93,11 @@ def ours(xyz: Path, out: Path, cache: Path, basis: str, level: int, jk: str, bat
     return float(SUMMARY.search(done.stdout).group(1)), 1024.0 * int(done.stdout.split()[-1])
 
 
-def pyscf_run(molecule, basis: str, level: int, fitted: bool) -> tuple[float, dict]:
-    """(seconds, labels in eV) of one PySCF RKS from scratch, direct or density fitted."""
-    from pyscf import dft
-
-    mol = build_mole(molecule, basis)
-    mf = dft.RKS(mol, xc=XC)
-    mf.grids.level = level
-    mf.verbose = 0
-    if fitted:
-        mf = mf.density_fit(auxbasis={s: auxiliary_basis(basis, s) for s in set(mol.elements)})
+def pyscf_timed(molecule, config: RKSConfig) -> tuple[float, dict]:
+    """(seconds, labels in eV) of one PySCF run from scratch (:func:`throughput.pyscf_labels`)."""
     t = time.perf_counter()
-    energy = mf.kernel()
-    seconds = time.perf_counter() - t
-    nocc = mol.nelectron // 2
-    homo, lumo = mf.mo_energy[nocc - 1], mf.mo_energy[nocc]
-    return seconds, {"energy": energy * HARTREE_TO_EV, "homo": homo * HARTREE_TO_EV, "lumo": lumo * HARTREE_TO_EV,
-                     "y": (lumo - homo) * HARTREE_TO_EV, "converged": bool(mf.converged)}  # fmt: skip
+    labels = pyscf_labels(molecule, config)
+    return time.perf_counter() - t, labels
 
 
 def largest_difference(a: list[dict], b: list[dict]) -> float:
@@ -183,8 +171,9 @@ def main() -> None:
                     order = np.argsort(columns["conformer_id"])
                     labels = [{q: float(columns[q][i]) for q in LABELS} for i in order]
                 aos = build_mole(conformers[0], basis).nao
-                fitted = [pyscf_run(m, basis, level, fitted=True) for m in conformers]
-                direct = ([pyscf_run(m, basis, level, fitted=False) for m in conformers] if aos <= args.direct_limit
+                exact = RKSConfig(basis=basis, xc=XC, grid_level=level)  # PySCF direct: not density fitted
+                fitted = [pyscf_timed(m, exact.replace(jk="df")) for m in conformers]
+                direct = ([pyscf_timed(m, exact) for m in conformers] if aos <= args.direct_limit
                           else [(float("nan"), {q: float("nan") for q in LABELS})] * len(conformers))  # fmt: skip
                 pyscf_peak = 1024.0 * resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                 n = len(conformers)

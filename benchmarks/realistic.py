@@ -32,7 +32,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 import argparse  # noqa: E402
-import re  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -43,7 +42,7 @@ import warnings  # noqa: E402
 from collections import Counter  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from common import median_range, print_label_differences  # noqa: E402
+from common import SUMMARY, median_range, print_label_differences  # noqa: E402
 from throughput import LABELS, pyscf_labels  # noqa: E402
 
 from pyscf_ipu.config import RKSConfig  # noqa: E402
@@ -52,7 +51,6 @@ from qm1b.generate import GENERATOR_DFT_DEFAULTS, GenerateConfig  # noqa: E402
 from qm1b.inputs import builtin_sample  # noqa: E402
 from qm1b.store import open_dataset  # noqa: E402
 
-SUMMARY = re.compile(r"^([0-9.]+)s, [0-9,]+ conformers per hour", re.M)
 
 
 def generate(out: Path, cache: Path, molecules: int, conformers: int, integrals: str | None,

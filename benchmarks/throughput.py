@@ -47,12 +47,11 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 from common import median_range, print_label_differences  # noqa: E402
-from pyscf import dft  # noqa: E402
 
 import jax  # noqa: E402
 from pyscf_ipu.config import RKSConfig, precision_scope, reuse_freed_memory  # noqa: E402
-from pyscf_ipu.mole import build_mole  # noqa: E402
 from pyscf_ipu.prepare import prepare  # noqa: E402
+from pyscf_ipu.reference import pyscf_method  # noqa: E402
 from pyscf_ipu.problem import batch_members, build_batch, padded_sizes  # noqa: E402
 from pyscf_ipu.results import dispatch_finalisation, finalise  # noqa: E402
 from pyscf_ipu.scf import LoopSettings, scf_program  # noqa: E402
@@ -66,13 +65,11 @@ LABELS = ("energy", "homo", "lumo", "y")
 
 
 def pyscf_labels(molecule, config: RKSConfig) -> dict[str, float]:
-    """One PySCF RKS run from scratch (default convergence); labels in eV."""
-    mol = build_mole(molecule, config.basis)
-    mf = dft.RKS(mol, xc=config.xc)
-    mf.grids.level = config.grid_level
-    mf.verbose = 0
+    """One PySCF run from scratch (:func:`~pyscf_ipu.reference.pyscf_method`: default convergence,
+    density fitted where ``config`` is); labels in eV."""
+    mf = pyscf_method(molecule, config)
     energy = mf.kernel()
-    nocc = mol.nelectron // 2
+    nocc = mf.mol.nelectron // 2
     homo, lumo = mf.mo_energy[nocc - 1], mf.mo_energy[nocc]
     return {"energy": energy * HARTREE_TO_EV, "homo": homo * HARTREE_TO_EV, "lumo": lumo * HARTREE_TO_EV,
             "y": (lumo - homo) * HARTREE_TO_EV, "converged": mf.converged}  # fmt: skip

@@ -48,8 +48,11 @@ def _how_eris(mf) -> str:
     return "in memory" if mf._eri is not None else "recomputed every cycle (direct SCF)"
 
 
-def pyscf_reference(molecule: Molecule, config: RKSConfig, conv_tol: float = 1e-11, max_cycle: int = 100) -> Reference:
-    """Converge PySCF in float64 (tightly, by default) for ``molecule`` under ``config``."""
+def pyscf_method(molecule: Molecule, config: RKSConfig):
+    """PySCF's own counterpart of a run under ``config``, not yet run (default convergence, quiet):
+    RKS with the functional through libxc and the grid level (RHF for ``hf``), density fitted in the
+    same fitting basis where ``config`` is. It gets PySCF's default memory budget on top of what this
+    process already holds (see the module doc)."""
     mol = build_mole(molecule, config.basis)
     functional = get_functional(config.xc)
     if functional.pieces:
@@ -60,14 +63,20 @@ def pyscf_reference(molecule: Molecule, config: RKSConfig, conv_tol: float = 1e-
         mf = scf.RHF(mol)
     if config.density_fitted:  # the same fitting basis: the difference then measures our code, not the fit
         mf = mf.density_fit(auxbasis={symbol: auxiliary_basis(config.basis, symbol) for symbol in set(mol.elements)})
-    mf.conv_tol = conv_tol
-    mf.max_cycle = max_cycle
     mf.verbose = 0
     mf.max_memory = lib.current_memory()[0] + mol.max_memory  # MB: the default, beside what we hold
+    return mf
+
+
+def pyscf_reference(molecule: Molecule, config: RKSConfig, conv_tol: float = 1e-11, max_cycle: int = 100) -> Reference:
+    """Converge PySCF in float64 (tightly, by default) for ``molecule`` under ``config``."""
+    mf = pyscf_method(molecule, config)
+    mf.conv_tol = conv_tol
+    mf.max_cycle = max_cycle
     start = time.perf_counter()
     energy = mf.kernel()
     seconds = time.perf_counter() - start
-    nocc = mol.nelectron // 2
+    nocc = mf.mol.nelectron // 2
     mo_energy = np.asarray(mf.mo_energy)
     return Reference(
         energy=float(energy),

@@ -212,8 +212,7 @@ class FileConformers:
 
     def inputs(self, heavy_atoms: tuple[int, int] | None, limit: int | None, shard: tuple[int, int]
                ) -> list[GeometryInput]:  # fmt: skip
-        return select(read_geometries(self.geometries), heavy_atoms=heavy_atoms, limit=limit, shard=shard,
-                      count=lambda entry: entry.heavy_atoms)  # fmt: skip
+        return select(read_geometries(self.geometries), heavy_atoms=heavy_atoms, limit=limit, shard=shard)
 
     def expected(self, entry: GeometryInput) -> int:
         return len(entry.frames)

@@ -219,12 +219,15 @@ def check_memory(gen: GenerateConfig, dft: RKSConfig, buckets) -> None:
     def need(size: int) -> MemoryEstimate:
         return batch_memory(largest, dft, size, prepared_ahead=size)
 
-    fits = next((size for size in range(gen.batch_size, 0, -1) if need(size).total <= budget * GB), 0)
+    asked = need(gen.batch_size)
+    if asked.total <= budget * GB:
+        return
+    fits = next((size for size in range(gen.batch_size - 1, 0, -1) if need(size).total <= budget * GB), 0)
     fitted = "" if dft.density_fitted else "--jk df (density fitting: no N^4 array), "
     advice = (f"--batch-size {fits} fits" if fits else
               f"not even a batch of one fits: try {fitted}a smaller basis or, where the machine has the memory, "
               "a larger --memory-budget")  # fmt: skip
-    check_budget(need(gen.batch_size), budget, f"a batch of {gen.batch_size} conformers of the largest molecules "
+    check_budget(asked, budget, f"a batch of {gen.batch_size} conformers of the largest molecules "
                  f"({largest.label()}, {largest.nao} AOs, J-K backend {dft.jk}) beside the next one prepared", advice)
 
 

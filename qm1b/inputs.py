@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import itertools
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -43,6 +43,11 @@ class MoleculeInput:
     def description(self) -> str:
         """What names the molecule in the failures table: its SMILES."""
         return self.smiles
+
+    @property
+    def heavy_atoms(self) -> int | None:
+        """Its heavy atoms (RDKit); None if RDKit cannot parse the SMILES."""
+        return heavy_atom_count(self.smiles)
 
 
 @dataclass(frozen=True, eq=False)
@@ -190,23 +195,17 @@ def _check_shard(shard: tuple[int, int]) -> None:
         raise InputError(f"shard {i}/{n}: need 0 <= index < count, e.g. 0/8 for the first of 8 shards")
 
 
-def smiles_heavy_atoms(entry: MoleculeInput) -> int | None:
-    return heavy_atom_count(entry.smiles)
-
-
 def select(
     inputs: Iterable[Input],
     *,
     heavy_atoms: tuple[int, int] | None = None,
     limit: int | None = None,
     shard: tuple[int, int] = (0, 1),
-    count: Callable[[Input], int | None] = smiles_heavy_atoms,
 ) -> list[Input]:
     """A run's share of ``inputs``, ids unchanged.
 
-    1. ``heavy_atoms=(lo, hi)``: keep molecules with lo..hi heavy atoms (inclusive), as ``count``
-       gives them (by default from the SMILES). Unparsable SMILES are kept, so that the generator
-       records them as failures instead of silently dropping them.
+    1. ``heavy_atoms=(lo, hi)``: keep molecules with lo..hi heavy atoms (inclusive). Unparsable SMILES
+       are kept, so that the generator records them as failures instead of silently dropping them.
     2. ``shard=(i, n)``: keep ``molecule_id % n == i``: deterministic, and shards 0..n-1 are disjoint
        and together complete, whatever the other options.
     3. ``limit``: the first ``limit`` molecules of the shard, after filtering.
@@ -218,11 +217,11 @@ def select(
         raise InputError(f"limit must be >= 0, got {limit}")
     i, n = shard
 
-    def keep(entry: MoleculeInput) -> bool:
+    def keep(entry: Input) -> bool:
         if heavy_atoms is None:
             return True
-        n = count(entry)
-        return n is None or heavy_atoms[0] <= n <= heavy_atoms[1]
+        count = entry.heavy_atoms
+        return count is None or heavy_atoms[0] <= count <= heavy_atoms[1]
 
     # The shard test depends on the id only, so it commutes with the filter: applying it first, and
     # stopping at the limit, parses only the SMILES that can end up in the result.
