@@ -7,7 +7,10 @@ the grid's radii), never a shape. A :class:`SizeBucket` holds, for each kind, a 
 molecule's count of that kind rounded up (kinds of fewer than 4 AOs per atom in steps of 4 AOs' worth
 of atoms, others exactly), so the padded AO count is at most three above the molecule's: coarse
 enough that a run over a few dozen molecules compiles a few buckets, fine enough that the padding
-costs little (the choice is in ``docs/decisions/size-buckets.md``). Every array of a molecule in the
+costs little (the choice is in ``docs/decisions/size-buckets.md``). Where a J-K backend's shapes
+depend on the occupied orbitals (density fitting), a bucket also holds their count rounded up to a
+step (the run's ``occupied_step``); elsewhere that capacity is 0 and buckets do not split by it.
+Every array of a molecule in the
 bucket is padded to the bucket's **template**: a placeholder molecule with ``capacity`` atoms of
 each kind. So any two molecules of a bucket run the same programs, and one batch may mix them.
 """
@@ -20,7 +23,8 @@ from functools import cached_property, lru_cache, partial
 
 import numpy as np
 
-from .molecule import Molecule
+from .config import OCCUPIED_STEP
+from .molecule import Molecule, atomic_number
 
 KIND_SEARCH_ELEMENTS = 36  # elements H..Kr are searched for the members of a kind (their grids)
 LABEL_ELEMENTS = ("C", "H")  # a kind's name in labels: the first of these it holds, else its first element
@@ -131,16 +135,23 @@ class SizeBucket:
     basis: str
     grid_level: int
     kinds: tuple[tuple[tuple, int], ...]  # (kind signature, capacity), sorted by signature
+    occupied: int = 0  # doubly occupied orbitals rounded up to the run's step; 0: not a dimension
 
     @classmethod
-    def of(cls, molecule: Molecule, basis: str, grid_level: int) -> SizeBucket:
-        return cls.of_symbols(molecule.symbols, basis, grid_level)
+    def of(cls, molecule: Molecule, basis: str, grid_level: int, occupied_step: int = 0) -> SizeBucket:
+        return cls.of_symbols(molecule.symbols, basis, grid_level, occupied_step, molecule.charge)
 
     @classmethod
-    def of_symbols(cls, symbols, basis: str, grid_level: int) -> SizeBucket:
-        """The bucket of a molecule with these element symbols."""
+    def of_symbols(cls, symbols, basis: str, grid_level: int, occupied_step: int = 0, charge: int = 0) -> SizeBucket:
+        """The bucket of a closed-shell molecule with these element symbols and total ``charge``;
+        ``occupied_step`` > 0 adds its occupied-orbital count, rounded up to a multiple of it."""
         counts = Counter(element_kind(basis, symbol) for symbol in symbols)
-        return cls(basis, grid_level, tuple(sorted((kind, capacity(n, _element_aos(kind))) for kind, n in counts.items())))
+        kinds = tuple(sorted((kind, capacity(n, _element_aos(kind))) for kind, n in counts.items()))
+        occupied = 0
+        if occupied_step:
+            pairs = -(-(sum(atomic_number(s) for s in symbols) - charge) // 2)
+            occupied = -(-pairs // occupied_step) * occupied_step
+        return cls(basis, grid_level, kinds, occupied)
 
     @cached_property
     def template_elements(self) -> tuple[str, ...]:
@@ -171,6 +182,12 @@ class SizeBucket:
         return min(self.nao, bound)
 
     @property
+    def occupied_rank(self) -> int:
+        """A bound on the rank of the occupied orbitals' density: the occupied capacity where the
+        bucket has one, else :attr:`density_rank`."""
+        return min(self.density_rank, self.occupied) if self.occupied else self.density_rank
+
+    @property
     def grid_points(self) -> int:
         """Gp: the template's largest grid, rounded up to :data:`GRID_ALIGNMENT` (0 without a grid)."""
         points = sum(cap * _kind_grid_size(self.basis, kind, self.grid_level) for kind, cap in self.kinds)
@@ -188,11 +205,12 @@ class SizeBucket:
             return next((e for e in LABEL_ELEMENTS if e in members), members[0])
 
         parts = "".join(f"{name(kind)}{cap}" for kind, cap in self.kinds)
-        return f"{self.basis}:{parts}"
+        return f"{self.basis}:{parts}" + (f":occ{self.occupied}" if self.occupied else "")
 
     def fits(self, molecule: Molecule) -> bool:
         """True if ``molecule`` belongs to this bucket."""
-        return SizeBucket.of(molecule, self.basis, self.grid_level) == self
+        step = OCCUPIED_STEP if self.occupied else 0
+        return SizeBucket.of(molecule, self.basis, self.grid_level, step) == self
 
 
 def pad_atoms(coords: np.ndarray, natm: int) -> np.ndarray:

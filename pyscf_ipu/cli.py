@@ -145,7 +145,7 @@ def check_memory(molecule: Molecule, config: RKSConfig, budget_gb: float) -> Non
     from .mole import build_mole
 
     build_mole(molecule, config.basis)  # an unknown basis or element is named first, as the run would
-    bucket = SizeBucket.of(molecule, config.basis, config.grid_level)
+    bucket = SizeBucket.of(molecule, config.basis, config.grid_level, config.occupied_step)
     fitted = "" if config.density_fitted else "--jk df (density fitting: no N^4 array), "
     check_budget(batch_memory(bucket, config, 1), budget_gb,
                  f"{molecule.name or molecule.formula} at {config.basis} ({bucket.nao} AOs, J-K backend {config.jk})",

@@ -18,6 +18,7 @@ from typing import ClassVar
 PRECISIONS = ("float32", "float64")
 INTEGRALS = ("host", "device")
 FITTED_JK = ("df",)  # J-K backends that contract density-fitted 3-centre integrals instead of the s8 ERIs
+OCCUPIED_STEP = 8  # their size buckets round the occupied-orbital count up to a multiple of this
 FITTED_WITHOUT_FORCES = ("--forces differentiates the exact ERIs through the device integrals; it does not combine "
                          "with --jk df (density fitting)")  # fmt: skip
 
@@ -123,6 +124,12 @@ class RKSConfig:
     def density_fitted(self) -> bool:
         """Whether the J-K backend contracts density-fitted 3-centre integrals (then no s8 ERIs are made)."""
         return self.jk in FITTED_JK
+
+    @property
+    def occupied_step(self) -> int:
+        """The occupied-orbital step of the run's size buckets (:class:`~pyscf_ipu.buckets.SizeBucket`):
+        the fitted backend's exchange costs in proportion to it; 0 where no shape depends on it."""
+        return OCCUPIED_STEP if self.density_fitted else 0
 
     def replace(self, **changes) -> RKSConfig:
         return dataclasses.replace(self, **changes)

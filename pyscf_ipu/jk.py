@@ -157,9 +157,12 @@ class FittedJK:
         J = \sum_Q B_Q\, \mathrm{tr}(B_Q D), \qquad K = \sum_Q B_Q D B_Q
           = \sum_Q (B_Q U) \,\mathrm{diag}(w)\, (B_Q U)^T
 
-    where :math:`D = U \mathrm{diag}(w) U^T` over its R largest eigenvalues: every density
-    the loop forms (the MINAO guess, then the occupied orbitals') has rank at most the bucket's R, so
-    K costs 4 Q N^2 R operations instead of 4 Q N^3, and tr(B_Q D) comes from the same products.
+    where :math:`D = U \mathrm{diag}(w) U^T` over its R largest eigenvalues, R the bucket's bound on
+    the occupied orbitals (:attr:`~pyscf_ipu.buckets.SizeBucket.occupied_rank`): the densities the
+    loop forms from orbitals have rank at most R, so K costs 4 Q N^2 R operations instead of
+    4 Q N^3. Only the MINAO guess has a higher rank (about five per heavy atom); its K keeps the R
+    largest weights. That Fock matrix only starts the loop (DIIS leaves it out), so the converged
+    result does not depend on it. J is exact for any density, from the packed factor.
     B is held unpacked, Q ~ 6 N values per AO pair instead of the N^2 / 2 of the s8 ERIs. The labels
     differ from exact ERIs by the fitting error (Whitten 1973; Vahtras, Almlof and Feyereisen 1993).
     """
@@ -183,18 +186,18 @@ class FittedJK:
         # the packed factors (kept for J), the unpacked ones, and the loop's (Np, Qp, R) products
         # (B_Q U, its weighted copy, and their batched forms)
         npair = bucket.nao * (bucket.nao + 1) // 2
-        return bucket.naux * (npair + bucket.nao**2 + 4 * bucket.nao * bucket.density_rank) * value_bytes
+        return bucket.naux * (npair + bucket.nao**2 + 4 * bucket.nao * bucket.occupied_rank) * value_bytes
 
     def contract(self, data: FittedArrays, dm):
         bt = data.factor  # (Np, Qp, Np)  B_Q[i, j] at [i, Q, j]
         n, q, rank = dm.shape[0], bt.shape[1], data.rank
+        # J exactly, whatever the density's rank: rho_Q = tr(B_Q D) over the packed pairs, where the
+        # scatter adds D_ij and D_ji into pair ij (padded AOs' pairs land on the zero column)
+        rho = data.packed @ jnp.zeros(data.packed.shape[1], dm.dtype).at[data.pairs].add(dm)  # (Qp,)
+        vj = (rho @ data.packed)[data.pairs]  # a reduction over Q of the (i, Q, j) layout is slow batched
         w, u = jnp.linalg.eigh(dm)  # ascending: a density is positive semidefinite, its weight at the end
         u, w = u[:, n - rank :], w[n - rank :]  # (Np, R), (R,)
         x = (bt.reshape(n * q, n) @ u).reshape(n, q, rank)  # B_Q U at [i, Q, r]
-        rho = jnp.einsum("ir,iqr,r->q", u, x, w)  # (Qp,)  tr(B_Q D) = sum_r w_r (U^T B_Q U)_rr
-        # J on the pairs from the packed factor: a reduction over Q of the (i, Q, j) layout is slow in
-        # a batched program
-        vj = (rho @ data.packed)[data.pairs]
         xw = (x * w).reshape(n, q * rank)
         vk = xw @ x.reshape(n, q * rank).T
         return vj, vk

@@ -158,7 +158,7 @@ def prepare(molecules: list[Molecule], config: RKSConfig) -> list[HostProblem]:
     """
     needs_grid = bool(get_functional(config.xc).pieces)
     mols = [build_mole(molecule, config.basis) for molecule in molecules]  # checks the elements and basis
-    bucket = SizeBucket.of(molecules[0], config.basis, config.grid_level)
+    bucket = SizeBucket.of(molecules[0], config.basis, config.grid_level, config.occupied_step)
     if any(not bucket.fits(molecule) for molecule in molecules[1:]):
         raise ValueError("a batch needs molecules of one size bucket")
     # the guess first: it needs no integrals, so in the generator it runs while the device still

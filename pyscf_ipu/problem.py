@@ -110,7 +110,7 @@ def backend_eris(hosts: list[HostProblem], npad: int) -> list[PackedERI] | list[
     already are: no copy)."""
     if hosts[0].eri_fitted.size:
         bucket = hosts[0].bucket
-        return [FittedERI(h.eri_fitted, h.nao, bucket.naux, bucket.density_rank) for h in hosts]
+        return [FittedERI(h.eri_fitted, h.nao, bucket.naux, bucket.occupied_rank) for h in hosts]
     return [PackedERI(h.eri_s8 if h.eri_nao == npad else pad_to(h.eri_s8, (s8_size(npad),)), npad, h.eri_kept)
             for h in hosts]  # fmt: skip
 

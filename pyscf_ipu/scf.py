@@ -15,7 +15,8 @@ One iteration, from the density matrix D of the previous one:
 Convergence is judged the QM1B way: the standard deviation of the energy over the last 5
 iterations, in eV, below 0.01 eV. The loop is a ``lax.while_loop`` over at most ``max_iterations``
 steps; it stops early once that holds and the largest element of the DIIS commutator is below the
-stop threshold as well.
+stop threshold as well, or has stalled within ten times of it (its float32 rounding floor, which
+grows with the basis: a larger molecule at 6-31G* can stall near 3e-5).
 Every array has a padded shape from :class:`~pyscf_ipu.problem.SCFProblem`, so one compiled loop
 serves every molecule of a shape bucket; settings that change the trace are in :class:`LoopSettings`.
 """
@@ -37,6 +38,8 @@ from .xc.functionals import Functional, get_functional
 from .programs import compiled
 
 QM1B_STD_WINDOW = 5
+STALL_FACTOR = 10.0  # a stalled commutator ends the loop only below this times the stop threshold
+STALL_ITERATIONS = 2  # ... after this many iterations without a new lowest value
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,17 @@ def energy_std_ev(changes, iterations):
     return jnp.sqrt(var) * HARTREE_TO_EV
 
 
+def stalled(commutators, it, settings: LoopSettings):
+    """True once the commutator, below ``STALL_FACTOR`` times the stop threshold, has not fallen below
+    half its earlier best for ``STALL_ITERATIONS`` iterations: it has reached the float32 rounding
+    floor of F D S - S D F, which grows with the basis, and further iterations only scatter around it
+    (each new chance low by a few percent would otherwise keep the loop going)."""
+    index = jnp.arange(commutators.shape[0])
+    earlier = jnp.where(index < it + 1 - STALL_ITERATIONS, commutators, jnp.inf)
+    recent = jnp.where((index <= it) & (index > it - STALL_ITERATIONS), commutators, jnp.inf)
+    return (commutators[it] < STALL_FACTOR * settings.stop_threshold) & (jnp.min(recent) >= 0.5 * jnp.min(earlier))
+
+
 def converged(changes, iterations, settings: LoopSettings):
     """QM1B's criterion: at least 5 iterations, and the last 5 energies' std below the threshold."""
     std = energy_std_ev(changes, iterations)
@@ -206,6 +220,7 @@ def scf_loop(problem: SCFProblem, settings: LoopSettings, grid_points) -> SCFTra
         fock_used = jnp.where(keep, diis_extrapolate(focks, errors, jnp.minimum(it, m)), fock)
         mo_energy, coefficients = diagonalise(problem, fock_used)
         changes = state.energy_changes.at[it].set(change)
+        commutators = state.commutators.at[it].set(commutator)
         return LoopState(
             iteration=it + 1,
             density=density_matrix(coefficients, problem.occupation),
@@ -214,10 +229,11 @@ def scf_loop(problem: SCFProblem, settings: LoopSettings, grid_points) -> SCFTra
             mo_energy=mo_energy,
             energies=state.energies.at[it].set(energy),
             energy_changes=changes,
-            commutators=state.commutators.at[it].set(commutator),
+            commutators=commutators,
             focks=focks,
             errors=errors,
-            done=(commutator < settings.stop_threshold) & converged(changes, it + 1, settings),
+            done=((commutator < settings.stop_threshold) | stalled(commutators, it, settings))
+            & converged(changes, it + 1, settings),
         )
 
     def keep_going(state: LoopState):

@@ -155,9 +155,9 @@ def embed_conformers(
 Conformers = list[tuple[int, Molecule]]  # (conformer_id, conformer) of one molecule
 
 
-def _bucket(symbols, basis: str, grid_level: int) -> SizeBucket | None:
+def _bucket(symbols, basis: str, grid_level: int, occupied_step: int, charge: int = 0) -> SizeBucket | None:
     try:
-        return SizeBucket.of_symbols(list(symbols), basis, grid_level)
+        return SizeBucket.of_symbols(list(symbols), basis, grid_level, occupied_step, charge)
     except Exception:  # an element the basis lacks, or none at all: the run records the failure
         return None
 
@@ -186,14 +186,18 @@ class EmbeddedConformers:
         """How many conformers the molecule is asked for (the progress bar's share)."""
         return self.count
 
-    def bucket(self, entry: MoleculeInput, basis: str, grid_level: int) -> SizeBucket | None:
-        """The molecule's size bucket (its atoms with hydrogens added); None if RDKit cannot read it or
-        the basis lacks one of its elements (the run records the failure)."""
+    def bucket(self, entry: MoleculeInput, basis: str, grid_level: int, occupied_step: int) -> SizeBucket | None:
+        """The molecule's size bucket (its atoms with hydrogens added; ``occupied_step`` as the run's
+        :attr:`~pyscf_ipu.config.RKSConfig.occupied_step`); None if RDKit cannot read it or the basis
+        lacks one of its elements (the run records the failure)."""
         from rdkit import Chem, rdBase
 
         with rdBase.BlockLogs():
             mol = Chem.MolFromSmiles(entry.smiles)
-        return None if mol is None else _bucket([a.GetSymbol() for a in Chem.AddHs(mol).GetAtoms()], basis, grid_level)
+        if mol is None:
+            return None
+        symbols = [a.GetSymbol() for a in Chem.AddHs(mol).GetAtoms()]
+        return _bucket(symbols, basis, grid_level, occupied_step, Chem.GetFormalCharge(mol))
 
     def conformers(self, entry: MoleculeInput) -> tuple[Conformers, list[Failure]]:
         """The molecule's conformers (no failures of single conformers); :class:`ConformerError` if none."""
@@ -217,8 +221,8 @@ class FileConformers:
     def expected(self, entry: GeometryInput) -> int:
         return len(entry.frames)
 
-    def bucket(self, entry: GeometryInput, basis: str, grid_level: int) -> SizeBucket | None:
-        return _bucket(entry.frames[0].symbols, basis, grid_level)
+    def bucket(self, entry: GeometryInput, basis: str, grid_level: int, occupied_step: int) -> SizeBucket | None:
+        return _bucket(entry.frames[0].symbols, basis, grid_level, occupied_step)
 
     def conformers(self, entry: GeometryInput) -> tuple[Conformers, list[Failure]]:
         """The frames that are closed-shell, neutral molecules; each other frame is a failure with its

@@ -321,7 +321,7 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], sh
     enable_compilation_cache(default_cache_dir() / "jax")
     disable_numpy_huge_pages()
     source = gen.source
-    buckets = {m.molecule_id: source.bucket(m, dft.basis, dft.grid_level) for m in inputs}
+    buckets = {m.molecule_id: source.bucket(m, dft.basis, dft.grid_level, dft.occupied_step) for m in inputs}
     check_memory(gen, dft, buckets.values())
     inputs = sorted(inputs, key=lambda m: (_bucket_order(buckets[m.molecule_id]), m.molecule_id))
     summary = Summary(out=gen.out, shard=f"{shard}/{num_shards}", molecules=len(inputs))
@@ -485,7 +485,7 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
     source, inputs = gen.source, load_inputs(gen)
     if not gen.resume and shard_count(gen.out):
         raise FileExistsError(f"{gen.out} already holds a dataset: pass --resume to continue it, or choose another --out")
-    check_memory(gen, dft, {source.bucket(m, dft.basis, dft.grid_level) for m in inputs})  # each task's batches
+    check_memory(gen, dft, {source.bucket(m, dft.basis, dft.grid_level, dft.occupied_step) for m in inputs})  # each task's batches
     n = ray_tasks(gen, len(inputs))
     chunks = [[m for m in inputs if m.molecule_id % n == k] for k in range(n)]
     ray.init(address=gen.ray_address, ignore_reinit_error=True, log_to_driver=False)

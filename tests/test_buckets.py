@@ -36,6 +36,24 @@ def test_buckets_count_atoms_by_kind_not_element():
     assert SizeBucket.of(methane, "6-31g", 0) != bucket
 
 
+def test_density_fitted_buckets_also_split_by_the_occupied_count():
+    """Only density fitting's shapes depend on the occupied orbitals (K's rank), so only its buckets
+    hold their count, rounded up to 8; the bound covers every molecule of the bucket."""
+    ammonia, methane = from_atom_string(AMMONIA), from_atom_string(METHANE)
+    step = RKSConfig(jk="df").occupied_step
+    assert step == 8 and RKSConfig().occupied_step == 0
+    fitted = SizeBucket.of(methane, "6-31g*", 0, step)
+    assert fitted.occupied == 8 and fitted.occupied_rank == min(8, fitted.density_rank)
+    assert fitted.fits(ammonia) and SizeBucket.of(ammonia, "6-31g*", 0, step) == fitted  # both 5 pairs
+    assert SizeBucket.of(methane, "6-31g*", 0) != fitted and SizeBucket.of(methane, "6-31g*", 0).occupied == 0
+    ethane = from_atom_string(ETHANE)  # 9 pairs: the next step
+    assert SizeBucket.of(ethane, "6-31g*", 0, step).occupied == 16
+    # the charge counts: NH4+ has 5 pairs, as methane
+    ammonium = from_atom_string(METHANE.replace("C 0", "N 0"), charge=1)
+    assert SizeBucket.of(ammonium, "6-31g*", 0, step).occupied == 8
+    assert fitted.label().endswith(":occ8") and ":occ" not in SizeBucket.of(methane, "6-31g*", 0).label()
+
+
 def test_molecules_of_one_bucket_share_a_batch_and_every_program():
     """A batch mixing ammonia and methane conformers runs the programs of a batch of methane alone,
     and each conformer's labels equal those of a batch of its own molecule (float32 round-off)."""

@@ -18,7 +18,7 @@ from pyscf_ipu.prepare import prepare
 from pyscf_ipu.molecule import from_atom_string, from_name
 from pyscf_ipu.problem import VIRTUAL_SHIFT, build_batch
 from pyscf_ipu.rks import run_rks, submit_batch
-from pyscf_ipu.scf import LoopSettings, diis_extrapolate, energy_std_ev, scf_program
+from pyscf_ipu.scf import LoopSettings, diis_extrapolate, energy_std_ev, scf_program, stalled
 from pyscf_ipu.units import HARTREE_TO_EV, HARTREE_TO_MEV
 
 TIGHT64 = dict(precision="float64", max_iterations=60, stop_commutator=1e-9)
@@ -154,6 +154,21 @@ def test_early_stopping_and_iteration_cap():
     assert abs(early.energy - full.energy) * HARTREE_TO_MEV < 0.5
     capped = run_rks(molecule, RKSConfig(max_iterations=3))
     assert capped.iterations == 3 and not capped.converged  # still moving by > 0.01 eV
+
+
+def test_a_commutator_stalled_at_its_rounding_floor_ends_the_loop():
+    """The commutators of diazepam at def2-SVP in float32 (measured): from the 13th iteration they
+    scatter around 3e-5 without reaching 1e-5. The stall stops the loop two iterations after the
+    lowest value; a commutator still halving, or stalled far above the threshold, does not."""
+    settings = LoopSettings.from_config(RKSConfig())
+    floor = [2.1, 0.34, 0.82, 0.12, 4.8e-2, 4.8e-2, 9e-3, 3.8e-3, 8.3e-4, 3e-4, 1.2e-4, 1.3e-4, 2.4e-5,
+             2.2e-5, 4.2e-5, 2.1e-5, 2.1e-5, 3.8e-5, 2.3e-5, 3e-5]  # fmt: skip
+    stops = [it for it in range(20) if stalled(jnp.asarray(floor, jnp.float32), it, settings)]
+    assert stops[0] == 14
+    halving = jnp.asarray([1e-3 * 0.5**k for k in range(20)], jnp.float32)
+    assert not any(stalled(halving, it, settings) for it in range(20))
+    high = jnp.asarray([1.0, 0.1] + [5e-3, 4e-3] * 9, jnp.float32)  # stalled, but 500 times the threshold
+    assert not any(stalled(high, it, settings) for it in range(20))
 
 
 def test_energy_std_matches_numpy():
