@@ -2,7 +2,7 @@
 
     python benchmarks/cost_growth.py [--bases 6-31g*,def2-svp] [--levels 0] [--conformers 2]
                                      [--molecules indole,paracetamol,aspirin,naproxen,diazepam]
-                                     [--jk df] [--plot cost_growth.png]
+                                     [--jk df] [--memory-budget 8] [--plot cost_growth.png]
 
 For each basis, grid level and molecule (about 9, 11, 13, 17 and 20 heavy atoms), interleaved:
 
@@ -11,7 +11,9 @@ For each basis, grid level and molecule (about 9, 11, 13, 17 and 20 heavy atoms)
 - **ours, cold**: ``qm1b generate --geometries FILE`` in a new process with an empty program
   directory and compilation cache, B3LYP with VWN5 (the generator's functional), float32, its
   default integrals, ``--jk`` as given (``df`` by default: the ERI arrays of the other backends
-  grow as N^4 and do not fit at these sizes), the whole molecule as one batch;
+  grow as N^4 and do not fit at these sizes), the molecule's conformers in the largest batch whose
+  estimated peak (:mod:`pyscf_ipu.memory`, the next batch prepared beside it) fits ``--memory-budget``,
+  which the generator is given too;
 - **ours, restarted**: the same command in a new process with the cache the cold run filled;
 - **PySCF direct** and **PySCF density fitted** (``density_fit()`` in the fitting basis PySCF picks
   for the orbital basis, as ours uses), float64, default convergence, in this process, conformer by
@@ -51,7 +53,9 @@ import numpy as np  # noqa: E402
 from common import SUMMARY  # noqa: E402
 from throughput import LABELS, pyscf_labels  # noqa: E402
 
+from pyscf_ipu.buckets import SizeBucket  # noqa: E402
 from pyscf_ipu.config import RKSConfig  # noqa: E402
+from pyscf_ipu.memory import GB, batch_memory  # noqa: E402
 from pyscf_ipu.mole import build_mole  # noqa: E402
 from pyscf_ipu.units import BOHR_RADIUS_ANGSTROM  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
@@ -78,11 +82,20 @@ def write_xyz(path: Path, conformers) -> Path:
     return path
 
 
-def ours(xyz: Path, out: Path, cache: Path, basis: str, level: int, jk: str, batch: int) -> tuple[float, float]:
+def largest_batch(molecule, config: RKSConfig, conformers: int, budget_gb: float) -> int:
+    """The largest batch of at most ``conformers`` whose estimated peak fits ``budget_gb`` (1 if none
+    does: the generator then refuses it, with the numbers)."""
+    bucket = SizeBucket.of(molecule, config.basis, config.grid_level, config.occupied_step)
+    fits = [k for k in range(1, conformers + 1) if batch_memory(bucket, config, k, prepared_ahead=k).total <= budget_gb * GB]
+    return max(fits, default=1)
+
+
+def ours(xyz: Path, out: Path, cache: Path, basis: str, level: int, jk: str, batch: int, budget_gb: float
+         ) -> tuple[float, float]:  # fmt: skip
     """(the generator's own seconds, the process's peak resident bytes) of one ``qm1b generate`` process."""
     command = [sys.executable, "-m", "qm1b.cli", "generate", "--geometries", str(xyz), "--out", str(out),
                "--basis", basis, "--grid-level", str(level), "--jk", jk, "--batch-size", str(batch),
-               "--no-progress", "--memory-budget", "1000"]  # fmt: skip
+               "--no-progress", "--memory-budget", str(budget_gb)]  # fmt: skip
     script = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
               "sys.stderr.write(p.stderr); print(p.stdout); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
               "sys.exit(p.returncode)")  # fmt: skip
@@ -142,6 +155,8 @@ def main() -> None:
     parser.add_argument("--conformers", type=int, default=2)
     parser.add_argument("--molecules", default=",".join(MOLECULES), help=f"of {', '.join(MOLECULES)}")
     parser.add_argument("--jk", default="df", help="our J-K backend")
+    parser.add_argument("--memory-budget", type=float, default=8.0, metavar="GB",
+                        help="our runs' memory budget: each molecule's conformers go in the largest batch that fits")
     parser.add_argument("--direct-limit", type=int, default=10**9, metavar="AOS",
                         help="skip PySCF direct above this many AOs (where it is already several times slower than "
                              "its density fitting: it grows as N^4)")
@@ -152,7 +167,7 @@ def main() -> None:
     seed = GenerateConfig().seed
     print(f"{XC}, float32 ours (--jk {args.jk}), {args.conformers} conformers per molecule; "
           f"OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']} OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
-    header = (f"{'basis':9s} {'lvl':>3s} {'molecule':12s} {'heavy':>5s} {'AOs':>4s} | {'cold':>6s} {'restart':>7s} "
+    header = (f"{'basis':9s} {'lvl':>3s} {'molecule':12s} {'heavy':>5s} {'AOs':>4s} | {'batch':>5s} {'cold':>6s} {'restart':>7s} "
               f"{'peak GB':>7s} | {'direct':>7s} {'DF':>6s} {'peak GB':>7s} | {'x faster':>8s} | "
               f"{'ours-DF':>7s} {'DF-direct':>9s} meV")  # fmt: skip
     print(header, flush=True)
@@ -164,8 +179,10 @@ def main() -> None:
                 tag = f"{basis.replace('*', 's')}-{level}-{name}"
                 xyz = write_xyz(work / f"{tag}.xyz", conformers)
                 cache = work / f"cache-{tag}"
-                cold, cold_peak = ours(xyz, work / f"cold-{tag}", cache, basis, level, args.jk, len(conformers))
-                restarted, peak = ours(xyz, work / f"restarted-{tag}", cache, basis, level, args.jk, len(conformers))
+                ran = RKSConfig(basis=basis, xc=XC, grid_level=level, jk=args.jk)
+                batch = largest_batch(conformers[0], ran, len(conformers), args.memory_budget)
+                cold, cold_peak = ours(xyz, work / f"cold-{tag}", cache, basis, level, args.jk, batch, args.memory_budget)
+                restarted, peak = ours(xyz, work / f"restarted-{tag}", cache, basis, level, args.jk, batch, args.memory_budget)
                 with open_dataset(work / f"restarted-{tag}") as ds:
                     columns = ds.arrays().columns
                     order = np.argsort(columns["conformer_id"])
@@ -178,7 +195,7 @@ def main() -> None:
                 pyscf_peak = 1024.0 * resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                 n = len(conformers)
                 row = {
-                    "basis": basis, "level": level, "molecule": name, "aos": aos,
+                    "basis": basis, "level": level, "molecule": name, "aos": aos, "batch": batch,
                     "heavy": sum(s != "H" for s in conformers[0].symbols), "cold": cold / n, "restarted": restarted / n,
                     "peak": max(cold_peak, peak), "direct": np.mean([s for s, _ in direct]),
                     "fitted": np.mean([s for s, _ in fitted]), "pyscf_peak": pyscf_peak,
@@ -187,7 +204,7 @@ def main() -> None:
                 }  # fmt: skip
                 row["pyscf"] = np.nanmin([row["direct"], row["fitted"]])
                 rows.append(row)
-                print(f"{basis:9s} {level:3d} {name:12s} {row['heavy']:5d} {row['aos']:4d} | {row['cold']:6.1f} "
+                print(f"{basis:9s} {level:3d} {name:12s} {row['heavy']:5d} {row['aos']:4d} | {batch:5d} {row['cold']:6.1f} "
                       f"{row['restarted']:7.2f} {row['peak'] / 1e9:7.1f} | {row['direct']:7.2f} {row['fitted']:6.2f} "
                       f"{pyscf_peak / 1e9:7.1f} | {row['pyscf'] / row['restarted']:8.2f} | {row['ours_vs_df']:7.3f} "
                       f"{row['df_vs_direct']:9.3f}", flush=True)  # fmt: skip
