@@ -155,7 +155,7 @@ class FittedJK:
     .. math::
 
         J = \sum_Q B_Q\, \mathrm{tr}(B_Q D), \qquad K = \sum_Q B_Q D B_Q
-          = \sum_Q (B_Q U) \,\mathrm{diag}(w)\, (B_Q U)^T
+          = \sum_Q (B_Q U w^{1/2}) (B_Q U w^{1/2})^T
 
     where :math:`D = U \mathrm{diag}(w) U^T` over its R largest eigenvalues, R the bucket's bound on
     the occupied orbitals (:attr:`~pyscf_ipu.buckets.SizeBucket.occupied_rank`): the densities the
@@ -196,11 +196,9 @@ class FittedJK:
         rho = data.packed @ jnp.zeros(data.packed.shape[1], dm.dtype).at[data.pairs].add(dm)  # (Qp,)
         vj = (rho @ data.packed)[data.pairs]  # a reduction over Q of the (i, Q, j) layout is slow batched
         w, u = jnp.linalg.eigh(dm)  # ascending: a density is positive semidefinite, its weight at the end
-        u, w = u[:, n - rank :], w[n - rank :]  # (Np, R), (R,)
-        x = (bt.reshape(n * q, n) @ u).reshape(n, q, rank)  # B_Q U at [i, Q, r]
-        xw = (x * w).reshape(n, q * rank)
-        vk = xw @ x.reshape(n, q * rank).T
-        return vj, vk
+        u = u[:, n - rank :] * jnp.sqrt(jnp.maximum(w[n - rank :], 0.0))  # (Np, R)  U diag(w)^(1/2)
+        x = (bt.reshape(n * q, n) @ u).reshape(n, q * rank)  # B_Q U w^(1/2) at [i, (Q, r)]
+        return vj, x @ x.T
 
 
 @partial(compiled, name="fitted_factors")
