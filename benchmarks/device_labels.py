@@ -30,6 +30,7 @@ from throughput import LABELS
 
 from pyscf_ipu.config import RKSConfig
 from pyscf_ipu.geometries import read_frames
+from pyscf_ipu.memory import default_budget
 from pyscf_ipu.programs import device_description
 from qm1b.store import open_dataset
 
@@ -40,8 +41,9 @@ def check(spec: str, batch: int, work: Path) -> dict:
     frames = read_frames(path)
     tag = f"{Path(path).stem}-{basis.replace('*', 's')}-{jk}"
     cache = work / f"cache-{tag}"
-    cold, _ = ours(Path(path), work / f"cold-{tag}", cache, basis, 0, jk, batch)
-    restarted, peak = ours(Path(path), work / f"restarted-{tag}", cache, basis, 0, jk, batch)
+    budget = default_budget()
+    cold, _ = ours(Path(path), work / f"cold-{tag}", cache, basis, 0, jk, batch, budget)
+    restarted, peak = ours(Path(path), work / f"restarted-{tag}", cache, basis, 0, jk, batch, budget)
     with open_dataset(work / f"restarted-{tag}") as ds:
         columns = ds.arrays().columns
         order = np.lexsort((columns["conformer_id"], columns["molecule_id"]))  # the file's order
