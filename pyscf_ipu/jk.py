@@ -184,7 +184,7 @@ class FittedJK:
 
     def layout_bytes(self, bucket, value_bytes):
         # the packed factors (kept for J), the unpacked ones, and the loop's (Np, Qp, R) products
-        # (B_Q U, its weighted copy, and their batched forms)
+        # (B_Q U w^(1/2), the products' temporaries and their batched forms)
         npair = bucket.nao * (bucket.nao + 1) // 2
         return bucket.naux * (npair + bucket.nao**2 + 4 * bucket.nao * bucket.occupied_rank) * value_bytes
 

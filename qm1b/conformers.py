@@ -222,7 +222,7 @@ class FileConformers:
         return len(entry.frames)
 
     def bucket(self, entry: GeometryInput, basis: str, grid_level: int, occupied_step: int) -> SizeBucket | None:
-        return _bucket(entry.frames[0].symbols, basis, grid_level, occupied_step)
+        return _bucket(entry.frames[0].symbols, basis, grid_level, occupied_step, entry.frames[0].charge)
 
     def conformers(self, entry: GeometryInput) -> tuple[Conformers, list[Failure]]:
         """The frames that are closed-shell, neutral molecules; each other frame is a failure with its

@@ -158,8 +158,9 @@ def test_early_stopping_and_iteration_cap():
 
 def test_a_commutator_stalled_at_its_rounding_floor_ends_the_loop():
     """The commutators of diazepam at def2-SVP in float32 (measured): from the 13th iteration they
-    scatter around 3e-5 without reaching 1e-5. The stall stops the loop two iterations after the
-    lowest value; a commutator still halving, or stalled far above the threshold, does not."""
+    scatter around 3e-5 without reaching 1e-5. The stall ends the loop at the 15th iteration, after two
+    without falling below half the earlier best; a commutator still halving, or stalled far above the
+    threshold, does not."""
     settings = LoopSettings.from_config(RKSConfig())
     floor = [2.1, 0.34, 0.82, 0.12, 4.8e-2, 4.8e-2, 9e-3, 3.8e-3, 8.3e-4, 3e-4, 1.2e-4, 1.3e-4, 2.4e-5,
              2.2e-5, 4.2e-5, 2.1e-5, 2.1e-5, 3.8e-5, 2.3e-5, 3e-5]  # fmt: skip
