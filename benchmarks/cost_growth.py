@@ -59,7 +59,7 @@ from throughput import LABELS, pyscf_labels  # noqa: E402
 from pyscf_ipu.buckets import SizeBucket  # noqa: E402
 from pyscf_ipu.config import IPUConfig, RKSConfig  # noqa: E402
 from pyscf_ipu.geometries import read_frames  # noqa: E402
-from pyscf_ipu.memory import GB, batch_memory  # noqa: E402
+from pyscf_ipu.memory import largest_batch  # noqa: E402
 from pyscf_ipu.mole import build_mole  # noqa: E402
 from pyscf_ipu.units import BOHR_RADIUS_ANGSTROM  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
@@ -84,14 +84,6 @@ def write_xyz(path: Path, conformers) -> Path:
         frames.append("\n".join([str(m.natom), m.name or ""] + rows))
     path.write_text("\n".join(frames) + "\n")
     return path
-
-
-def largest_batch(molecule, config: RKSConfig, conformers: int, budget_gb: float) -> int:
-    """The largest batch of at most ``conformers`` whose estimated peak fits ``budget_gb`` (1 if none
-    does: the generator then refuses it, with the numbers)."""
-    bucket = SizeBucket.of(molecule, config.basis, config.grid_level, config.occupied_step)
-    fits = [k for k in range(1, conformers + 1) if batch_memory(bucket, config, k, prepared_ahead=k).total <= budget_gb * GB]
-    return max(fits, default=1)
 
 
 def ours(xyz: Path, out: Path, cache: Path, basis: str, level: int, jk: str, batch: int, budget_gb: float
@@ -206,7 +198,8 @@ def main() -> None:
                 xyz = write_xyz(work / f"{tag}.xyz", conformers)
                 cache = work / f"cache-{tag}"
                 ran = RKSConfig(basis=basis, xc=XC, grid_level=level, jk=args.jk)
-                batch = largest_batch(conformers[0], ran, len(conformers), args.memory_budget)
+                bucket = SizeBucket.of(conformers[0], basis, level, ran.occupied_step)
+                batch = max(1, largest_batch(bucket, ran, len(conformers), args.memory_budget))  # 0: the generator refuses
                 cold, cold_peak = ours(xyz, work / f"cold-{tag}", cache, basis, level, args.jk, batch, args.memory_budget)
                 restarted, peak = ours(xyz, work / f"restarted-{tag}", cache, basis, level, args.jk, batch, args.memory_budget)
                 with open_dataset(work / f"restarted-{tag}") as ds:

@@ -37,7 +37,8 @@ from qm1b.store import open_dataset
 
 def check(spec: str, batch: int, work: Path) -> dict:
     """One file's row: seconds per conformer (cold, restarted), convergence and label differences."""
-    path, basis, jk = (spec.split(":") + ["sto-3g", RKSConfig().jk][len(spec.split(":")) - 1 :])[:3]
+    path, basis, jk = (spec.split(":") + [""] * 2)[:3]
+    basis, jk = basis or "sto-3g", jk or RKSConfig().jk
     frames = read_frames(path)
     tag = f"{Path(path).stem}-{basis.replace('*', 's')}-{jk}"
     cache = work / f"cache-{tag}"
@@ -50,8 +51,7 @@ def check(spec: str, batch: int, work: Path) -> dict:
         labels = [{q: float(columns[q][i]) for q in LABELS} for i in order]
         converged = int(np.sum(columns["converged"]))
     config = RKSConfig(basis=basis, xc=XC, grid_level=0, jk=jk)
-    reference = config if config.density_fitted else config.replace(jk=RKSConfig().jk)
-    seconds, refs = zip(*(pyscf_timed(f.molecule(), reference) for f in frames))
+    seconds, refs = zip(*(pyscf_timed(f.molecule(), config) for f in frames))  # density fitted where ours is
     n = len(frames)
     return {"file": Path(path).stem, "basis": basis, "jk": jk, "conformers": n, "written": len(labels), "converged": converged,
             "cold": cold / n, "restarted": restarted / n, "pyscf": float(np.mean(seconds)), "peak_gb": peak / 1e9,

@@ -31,7 +31,7 @@ from pyscf_ipu.buckets import SizeBucket
 from pyscf_ipu.config import (FITTED_WITHOUT_FORCES, IPUConfig, RKSConfig, default_cache_dir,
                               disable_numpy_huge_pages, enable_compilation_cache, option, reuse_freed_memory)
 from pyscf_ipu.forces import nuclear_gradient
-from pyscf_ipu.memory import GB, MemoryEstimate, batch_memory, check_budget, default_budget
+from pyscf_ipu.memory import GB, batch_memory, check_budget, default_budget, largest_batch
 from pyscf_ipu.prepare import HostProblem, prepare
 from pyscf_ipu.molecule import Molecule, MoleculeError
 from pyscf_ipu.programs import MATMUL_PRECISION, device_description
@@ -216,13 +216,10 @@ def check_memory(gen: GenerateConfig, dft: RKSConfig, buckets) -> None:
         return
     budget = gen.memory_budget or default_budget()
 
-    def need(size: int) -> MemoryEstimate:
-        return batch_memory(largest, dft, size, prepared_ahead=size)
-
-    asked = need(gen.batch_size)
+    asked = batch_memory(largest, dft, gen.batch_size, prepared_ahead=gen.batch_size)
     if asked.total <= budget * GB:
         return
-    fits = next((size for size in range(gen.batch_size - 1, 0, -1) if need(size).total <= budget * GB), 0)
+    fits = largest_batch(largest, dft, gen.batch_size - 1, budget)
     fitted = "" if dft.density_fitted else "--jk df (density fitting: no N^4 array), "
     advice = (f"--batch-size {fits} fits" if fits else
               f"not even a batch of one fits: try {fitted}a smaller basis or, where the machine has the memory, "
