@@ -2,7 +2,7 @@
 
     python benchmarks/cost_growth.py [--bases 6-31g*,def2-svp] [--levels 0] [--conformers 2]
                                      [--molecules indole,paracetamol,aspirin,naproxen,diazepam]
-                                     [--jk df] [--memory-budget 8] [--plot cost_growth.png]
+                                     [--jk df] [--batch-size 1] [--memory-budget 8] [--plot cost_growth.png]
 
 For each basis, grid level and molecule (about 9, 11, 13, 17 and 20 heavy atoms), interleaved:
 
@@ -11,9 +11,10 @@ For each basis, grid level and molecule (about 9, 11, 13, 17 and 20 heavy atoms)
 - **ours, cold**: ``qm1b generate --geometries FILE`` in a new process with an empty program
   directory and compilation cache, B3LYP with VWN5 (the generator's functional), float32, its
   default integrals, ``--jk`` as given (``df`` by default: the ERI arrays of the other backends
-  grow as N^4 and do not fit at these sizes), the molecule's conformers in the largest batch whose
-  estimated peak (:mod:`pyscf_ipu.memory`, the next batch prepared beside it) fits ``--memory-budget``,
-  which the generator is given too;
+  grow as N^4 and do not fit at these sizes), the molecule's conformers in batches of ``--batch-size``
+  (1 by default: on a CPU the fastest per conformer at these sizes), or of the largest size below it
+  whose estimated peak (:mod:`pyscf_ipu.memory`, the next batch prepared beside it) fits
+  ``--memory-budget``, which the generator is given too;
 - **ours, restarted**: the same command in a new process with the cache the cold run filled;
 - **PySCF direct** and **PySCF density fitted** (``density_fit()`` in the fitting basis PySCF picks
   for the orbital basis, as ours uses), float64, default convergence, each in a new process over the
@@ -173,8 +174,12 @@ def main() -> None:
     parser.add_argument("--conformers", type=int, default=2)
     parser.add_argument("--molecules", default=",".join(MOLECULES), help=f"of {', '.join(MOLECULES)}")
     parser.add_argument("--jk", default="df", help="our J-K backend")
+    parser.add_argument("--batch-size", type=int, default=1,
+                        help="our batches hold at most this many conformers (on a CPU, one is the fastest per "
+                             "conformer at these sizes), fewer where the memory budget needs")
     parser.add_argument("--memory-budget", type=float, default=8.0, metavar="GB",
-                        help="our runs' memory budget: each molecule's conformers go in the largest batch that fits")
+                        help="our runs' memory budget: each molecule's conformers go in the largest batch up to "
+                             "--batch-size that fits")
     parser.add_argument("--direct-limit", type=int, default=10**9, metavar="AOS",
                         help="skip PySCF direct above this many AOs (where it is already several times slower than "
                              "its density fitting: it grows as N^4)")
@@ -199,7 +204,7 @@ def main() -> None:
                 cache = work / f"cache-{tag}"
                 ran = RKSConfig(basis=basis, xc=XC, grid_level=level, jk=args.jk)
                 bucket = SizeBucket.of(conformers[0], basis, level, ran.occupied_step)
-                batch = max(1, largest_batch(bucket, ran, len(conformers), args.memory_budget))  # 0: the generator refuses
+                batch = max(1, largest_batch(bucket, ran, min(args.batch_size, len(conformers)), args.memory_budget))  # 0: the generator refuses
                 cold, cold_peak = ours(xyz, work / f"cold-{tag}", cache, basis, level, args.jk, batch, args.memory_budget)
                 restarted, peak = ours(xyz, work / f"restarted-{tag}", cache, basis, level, args.jk, batch, args.memory_budget)
                 with open_dataset(work / f"restarted-{tag}") as ds:

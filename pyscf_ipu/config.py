@@ -77,8 +77,9 @@ class RKSConfig:
     eri_threshold: float = option(0.0, "Schwarz screening: drop (ij|kl) with sqrt((ij|ij)(kl|kl)) below this")
     eri_expcutoff: float = option(
         30.0,
-        "libcint primitive screening of the ERIs: skip primitive products whose Gaussian prefactor bound is "
-        "below exp(-this); 0 = libcint's default (60, nothing skipped in practice)",
+        "libcint primitive screening of the ERIs (and of density fitting's 3-centre integrals): skip primitive "
+        "products whose Gaussian prefactor bound is below exp(-this); 0 = libcint's default (60, nothing skipped "
+        "in practice)",
     )
     diis_space: int = option(8, "number of Fock matrices kept for DIIS extrapolation")
     convergence_std_ev: float = option(

@@ -10,6 +10,7 @@ the geometry-independent parts (ERI plans, primitive bases, AO tables, atom grid
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol
@@ -40,17 +41,37 @@ def eri_s8(mol: gto.Mole, expcutoff: float = 0.0) -> np.ndarray:
     return gto.getints("int2e_sph" if not mol.cart else "int2e_cart", mol._atm, mol._bas, env, aosym="s8")
 
 
-def fitted_eri(mol: gto.Mole, basis: str) -> np.ndarray:
+def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0) -> np.ndarray:
     """(naux, npair) float64: the density-fitted ERIs as a Cholesky factor B with
-    (ij|kl) ~ sum_Q B[Q, ij] B[Q, kl], over pairs i >= j in PySCF's packing, from libcint's 3-centre
-    integrals and the metric of :func:`~pyscf_ipu.buckets.auxiliary_basis` (PySCF's default fitting
-    basis for ``basis``): ``df.incore.cholesky_eri``."""
+    (ij|kl) ~ sum_Q B[Q, ij] B[Q, kl], over pairs i >= j in PySCF's packing, in the fitting basis of
+    :func:`~pyscf_ipu.buckets.auxiliary_basis` (PySCF's default for ``basis``): B = L^-1 (Q|ij) with
+    L the Cholesky factor of the metric (P|Q), as ``df.incore.cholesky_eri`` makes it.
+
+    The 3-centre integrals come from libcint in one call, with its primitive screening at
+    ``expcutoff`` as in :func:`eri_s8` (0: its default), and are solved in place, with BLAS on every
+    core this process may use (the rest of the run keeps one BLAS thread): one thread would leave
+    the others idle through the solve. A metric that is not positive definite goes to PySCF's
+    function, which drops its near-null directions. ``mol`` itself is left unchanged.
+    """
+    import scipy.linalg
     from pyscf import df
+    from threadpoolctl import threadpool_limits
 
     from .buckets import auxiliary_basis
 
     auxmol = df.addons.make_auxmol(mol, {symbol: auxiliary_basis(basis, symbol) for symbol in set(mol.elements)})
-    return df.incore.cholesky_eri(mol, auxmol=auxmol)
+    try:
+        metric = scipy.linalg.cholesky(auxmol.intor("int2c2e", hermi=1), lower=True)  # (naux, naux) L
+    except scipy.linalg.LinAlgError:
+        return df.incore.cholesky_eri(mol, auxmol=auxmol)
+    screened = mol.copy()
+    screened._env[gto.PTR_EXPCUTOFF] = expcutoff  # the 3-centre integrals read it from the orbital basis's part
+    ints = df.incore.aux_e2(screened, auxmol, "int3c2e", aosym="s2ij")  # (npair, naux), Fortran order
+    trsm = scipy.linalg.get_blas_funcs("trsm", (metric, ints))
+    with threadpool_limits(len(os.sched_getaffinity(0)), user_api="blas"):
+        # X L^T = (ij|Q): X = B^T, written over the integrals
+        factor_t = trsm(1.0, metric, ints, side=1, lower=True, trans_a=1, overwrite_b=True)
+    return factor_t.T
 
 
 def device_one_electron(mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -168,7 +189,7 @@ class IntegralSource(Protocol):
              config: RKSConfig) -> tuple[list[np.ndarray], list[int]]:  # fmt: skip
         """The s8 ERIs of each conformer and their non-zero counts."""
 
-    def fitted_eris(self, mols: list[gto.Mole], bucket: SizeBucket) -> list[np.ndarray]:
+    def fitted_eris(self, mols: list[gto.Mole], bucket: SizeBucket, config: RKSConfig) -> list[np.ndarray]:
         """The density-fitted ERIs of each conformer (:func:`fitted_eri`), for a density-fitted J-K backend."""
 
     def grids(self, mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple | None]:
@@ -201,8 +222,8 @@ class LibcintIntegrals:
         eris = [eri_s8(mol, config.eri_expcutoff) for mol in mols]
         return eris, [int(np.count_nonzero(eri)) for eri in eris]
 
-    def fitted_eris(self, mols, bucket):
-        return [fitted_eri(mol, bucket.basis) for mol in mols]
+    def fitted_eris(self, mols, bucket, config):
+        return [fitted_eri(mol, bucket.basis, config.eri_expcutoff) for mol in mols]
 
     def grids(self, mols, bucket):
         return [None] * len(mols)
@@ -232,9 +253,9 @@ class JaxIntegrals:
     def eris(self, mols, bucket, config):
         return device_eri_s8(mols, bucket, config.precision)
 
-    def fitted_eris(self, mols, bucket):
+    def fitted_eris(self, mols, bucket, config):
         # libcint's 3-centre integrals: a fitted run has no N^4 work left for the device kernels to take
-        return [fitted_eri(mol, bucket.basis) for mol in mols]
+        return [fitted_eri(mol, bucket.basis, config.eri_expcutoff) for mol in mols]
 
     def grids(self, mols, bucket):
         return device_grids(mols, bucket)

@@ -197,8 +197,10 @@ class FittedJK:
         vj = (rho @ data.packed)[data.pairs]  # a reduction over Q of the (i, Q, j) layout is slow batched
         w, u = jnp.linalg.eigh(dm)  # ascending: a density is positive semidefinite, its weight at the end
         u = u[:, n - rank :] * jnp.sqrt(jnp.maximum(w[n - rank :], 0.0))  # (Np, R)  U diag(w)^(1/2)
-        x = (bt.reshape(n * q, n) @ u).reshape(n, q * rank)  # B_Q U w^(1/2) at [i, (Q, r)]
-        return vj, x @ x.T
+        # (B_Q U w^(1/2))^T at [r, (Q, i)] from the (N, Q N) view: B_Q is symmetric, so row j of that
+        # view holds B_Q[i, j] over (Q, i); read as (R Q, N), K is one product Y^T Y
+        y = (u.T @ bt.reshape(n, q * n)).reshape(rank * q, n)
+        return vj, y.T @ y
 
 
 @partial(compiled, name="fitted_factors")

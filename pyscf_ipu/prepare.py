@@ -177,7 +177,7 @@ def prepare(molecules: list[Molecule], config: RKSConfig) -> list[HostProblem]:
 
     t = time.perf_counter()
     if config.density_fitted:  # no N^4 array at all
-        fitted = source.fitted_eris(mols, bucket)
+        fitted = source.fitted_eris(mols, bucket, config)
         eris, counts = [np.zeros(0)] * len(mols), [0] * len(mols)
     else:
         eris, counts = source.eris(mols, bucket, config)

@@ -35,7 +35,7 @@ from .numint import weighted_points, xc_energy_and_potential
 from .problem import SCFProblem
 from .units import HARTREE_TO_EV
 from .xc.functionals import Functional, get_functional
-from .programs import compiled
+from .programs import compiled, over_batch
 
 QM1B_STD_WINDOW = 5
 STALL_FACTOR = 10.0  # a stalled commutator ends the loop only below this times the stop threshold
@@ -271,4 +271,4 @@ def scf_program(problems: SCFProblem, settings: LoopSettings) -> SCFTrace:
     pool on a batched ``eigh`` (``docs/decisions/one-loop-at-a-time.md``).
     """
     grid_points = jnp.max(weighted_points(problems.weights))  # one, unbatched: see xc_energy_and_potential
-    return jax.vmap(lambda problem: scf_loop(problem, settings, grid_points))(problems)
+    return over_batch(lambda problem: scf_loop(problem, settings, grid_points))(problems)

@@ -57,6 +57,25 @@ def test_fitted_jk_matches_pyscf_density_fitting(name, basis):
         assert all(np.abs(a - b).max() < 1e-10 for a, b in zip(fitted_jk(host, dm), (ref_j, ref_k)))
 
 
+def test_a_metric_without_a_cholesky_factor_falls_back_to_pyscfs_eigen_decomposition(monkeypatch):
+    """Where the metric's Cholesky factorisation fails (numerically not positive definite), the factor
+    comes from PySCF's ``cholesky_eri``, which decomposes the metric by its eigenpairs instead: fewer
+    or other rows, but the same fitted ERIs B^T B, to round-off of their O(1) entries."""
+    from pyscf_ipu.integral_sources import fitted_eri
+    from pyscf_ipu.mole import build_mole
+
+    mol = build_mole(from_name("water"), "def2-svp")
+    factor = fitted_eri(mol, "def2-svp")
+
+    def refuse(*args, **kwargs):
+        raise scipy.linalg.LinAlgError("not positive definite")
+
+    monkeypatch.setattr(scipy.linalg, "cholesky", refuse)
+    fallback = fitted_eri(mol, "def2-svp")
+    assert not np.array_equal(fallback, factor)  # the other decomposition ran
+    assert np.abs(fallback.T @ fallback - factor.T @ factor).max() < 1e-8
+
+
 @pytest.mark.parametrize("name, basis", [("water", "6-31g*"), ("benzene", "def2-svp"), ("qm9:21989", "6-31g*")])
 def test_density_fitted_labels_within_2_mev_of_pyscf_density_fitting(reference, qm9_nine_heavy, name, basis):
     """The float32 loop on fitted integrals against PySCF's float64 density-fitted SCF in the same

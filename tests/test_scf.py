@@ -247,7 +247,8 @@ def test_trapezoid_energy_changes(xc, tol):
 
 
 def test_batched_conformers_equal_single_runs():
-    """One vmapped loop over conformers (with a padded batch) gives each conformer's own result."""
+    """One vmapped loop over conformers (with a padded batch) gives each conformer's own result. A single
+    run is a batch of one, which runs the loop's kernel without vmap (``programs.over_batch``)."""
     water = from_name("water")
     shifted = [water.with_positions(water.positions * s) for s in (1.0, 1.03, 0.98)]
     sizes = (8, 4096)
