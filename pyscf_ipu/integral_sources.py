@@ -60,15 +60,16 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0) -> np.ndarray:
     from .buckets import auxiliary_basis
 
     auxmol = df.addons.make_auxmol(mol, {symbol: auxiliary_basis(basis, symbol) for symbol in set(mol.elements)})
+    screened = mol.copy()
+    screened._env[gto.PTR_EXPCUTOFF] = expcutoff  # the 3-centre integrals read it from the orbital basis's part
     try:
         metric = scipy.linalg.cholesky(auxmol.intor("int2c2e", hermi=1), lower=True)  # (naux, naux) L
     except scipy.linalg.LinAlgError:
-        return df.incore.cholesky_eri(mol, auxmol=auxmol)
-    screened = mol.copy()
-    screened._env[gto.PTR_EXPCUTOFF] = expcutoff  # the 3-centre integrals read it from the orbital basis's part
+        return df.incore.cholesky_eri(screened, auxmol=auxmol)
     ints = df.incore.aux_e2(screened, auxmol, "int3c2e", aosym="s2ij")  # (npair, naux), Fortran order
     trsm = scipy.linalg.get_blas_funcs("trsm", (metric, ints))
-    with threadpool_limits(len(os.sched_getaffinity(0)), user_api="blas"):
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    with threadpool_limits(cores, user_api="blas"):
         # X L^T = (ij|Q): X = B^T, written over the integrals
         factor_t = trsm(1.0, metric, ints, side=1, lower=True, trans_a=1, overwrite_b=True)
     return factor_t.T

@@ -267,6 +267,8 @@ def scf_program(problems: SCFProblem, settings: LoopSettings) -> SCFTrace:
 
     The batched while-loop runs until every member has stopped; members that stopped earlier keep
     their state (JAX's batched while_loop selects per member), so results equal unbatched runs.
+    A batch of one runs the kernel itself, whose products XLA runs faster than their batched forms
+    (:func:`~pyscf_ipu.programs.over_batch`).
     Batches run one at a time: two loops at once, from two threads, can deadlock XLA's CPU thread
     pool on a batched ``eigh`` (``docs/decisions/one-loop-at-a-time.md``).
     """
