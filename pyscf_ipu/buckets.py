@@ -11,7 +11,8 @@ costs little (the choice is in ``docs/decisions/size-buckets.md``). Where a J-K 
 depend on the occupied orbitals (density fitting), a bucket also holds their count rounded up to a
 step (the run's ``occupied_step``); elsewhere that capacity is 0 and buckets do not split by it.
 Every array of a molecule in the bucket is padded to the bucket's **template**: a placeholder
-molecule with ``capacity`` atoms of each kind. So any two molecules of a bucket run the same programs, and one batch may mix them.
+molecule with ``capacity`` atoms of each kind. So any two molecules of a bucket run the same
+programs, and one batch may mix them.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ the geometry-independent parts (ERI plans, primitive bases, AO tables, atom grid
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol
@@ -25,7 +24,7 @@ from .config import RKSConfig, precision_scope
 from .integrals.ao_values import AOTables, ao_tables
 from .mole import placeholder_mole
 from .packed import s8_size
-from .programs import compiled
+from .programs import compiled, usable_cores
 
 
 def eri_s8(mol: gto.Mole, expcutoff: float = 0.0) -> np.ndarray:
@@ -68,8 +67,7 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0) -> np.ndarray:
         return df.incore.cholesky_eri(screened, auxmol=auxmol)
     ints = df.incore.aux_e2(screened, auxmol, "int3c2e", aosym="s2ij")  # (npair, naux), Fortran order
     trsm = scipy.linalg.get_blas_funcs("trsm", (metric, ints))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    with threadpool_limits(cores, user_api="blas"):
+    with threadpool_limits(usable_cores(), user_api="blas"):
         # X L^T = (ij|Q): X = B^T, written over the integrals
         factor_t = trsm(1.0, metric, ints, side=1, lower=True, trans_a=1, overwrite_b=True)
     return factor_t.T

@@ -84,8 +84,9 @@ def default_budget() -> float:
 def largest_batch(bucket: SizeBucket, config: RKSConfig, most: int, budget_gb: float) -> int:
     """The largest batch of at most ``most`` conformers of ``bucket`` whose peak, with the next batch
     prepared beside it (as the generator runs), fits ``budget_gb``; 0 if not even one does."""
-    need = lambda size: batch_memory(bucket, config, size, prepared_ahead=size).total  # noqa: E731
-    return next((size for size in range(most, 0, -1) if need(size) <= budget_gb * GB), 0)
+    fits = (size for size in range(most, 0, -1)
+            if batch_memory(bucket, config, size, prepared_ahead=size).total <= budget_gb * GB)  # fmt: skip
+    return next(fits, 0)
 
 
 def check_budget(estimate: MemoryEstimate, budget_gb: float, what: str, advice: str) -> None:

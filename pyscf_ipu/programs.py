@@ -219,6 +219,11 @@ class CompiledFunction:
         return jax.jit(exported.call), out_trees[0]
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def device_description() -> str:
     """What the programs run on, for the record: the accelerator's name, or the CPU's model and the
     cores this process may use."""
@@ -231,8 +236,7 @@ def device_description() -> str:
             model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), model)
     except OSError:  # not Linux
         pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"cpu: {model or platform.machine()} ({cores} cores)"
+    return f"cpu: {model or platform.machine()} ({usable_cores()} cores)"
 
 
 def on_device(tree, may_alias: bool | None = None):

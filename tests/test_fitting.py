@@ -60,7 +60,8 @@ def test_fitted_jk_matches_pyscf_density_fitting(name, basis):
 def test_a_metric_without_a_cholesky_factor_falls_back_to_pyscfs_eigen_decomposition(monkeypatch):
     """Where the metric's Cholesky factorisation fails (numerically not positive definite), the factor
     comes from PySCF's ``cholesky_eri``, which decomposes the metric by its eigenpairs instead: fewer
-    or other rows, but the same fitted ERIs B^T B, to round-off of their O(1) entries."""
+    or other rows, but the same fitted ERIs B^T B, to round-off of their O(1) entries (water at
+    def2-SVP: 8.5e-14 on entries up to 4.8)."""
     from pyscf_ipu.integral_sources import fitted_eri
     from pyscf_ipu.mole import build_mole
 
@@ -73,7 +74,7 @@ def test_a_metric_without_a_cholesky_factor_falls_back_to_pyscfs_eigen_decomposi
     monkeypatch.setattr(scipy.linalg, "cholesky", refuse)
     fallback = fitted_eri(mol, "def2-svp")
     assert not np.array_equal(fallback, factor)  # the other decomposition ran
-    assert np.abs(fallback.T @ fallback - factor.T @ factor).max() < 1e-8
+    assert np.abs(fallback.T @ fallback - factor.T @ factor).max() < 1e-11
 
 
 @pytest.mark.parametrize("name, basis", [("water", "6-31g*"), ("benzene", "def2-svp"), ("qm9:21989", "6-31g*")])

@@ -10,7 +10,6 @@ The inputs of each plan are laid out on the device once per batch (:func:`_stack
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import lru_cache, partial
@@ -20,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..padding import bucket
-from ..programs import compiled, on_device
+from ..programs import compiled, on_device, usable_cores
 from .eri_kernels import pair_factors, pair_program, quartet_program
 from .eri_plan import NOWHERE, EriPlan, QuartetClass
 
@@ -106,7 +105,7 @@ def default_workers() -> int:
     backend (capped at 8), one on an accelerator (where programs queue on one device anyway)."""
     if jax.default_backend() != "cpu":
         return 1
-    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    return min(8, usable_cores())
 
 
 @lru_cache(maxsize=2)  # the shares copy the plan's destinations
