@@ -9,7 +9,9 @@ of atoms, others exactly), so the padded AO count is at most three above the mol
 enough that a run over a few dozen molecules compiles a few buckets, fine enough that the padding
 costs little (the choice is in ``docs/decisions/size-buckets.md``). Where a J-K backend's shapes
 depend on the occupied orbitals (density fitting), a bucket also holds their count rounded up to a
-step (the run's ``occupied_step``); elsewhere that capacity is 0 and buckets do not split by it.
+step (the run's ``occupied_step``), and its kinds split further by fitting functions per atom, in
+steps of :data:`FITTING_STEP` (so that lithium's 83 at 6-31G* do not pad carbon's 70); elsewhere the
+occupied capacity is 0 and buckets split by neither.
 Every array of a molecule in the bucket is padded to the bucket's **template**: a placeholder
 molecule with ``capacity`` atoms of each kind. So any two molecules of a bucket run the same
 programs, and one batch may mix them.
@@ -29,31 +31,43 @@ from .molecule import Molecule, atomic_number
 KIND_SEARCH_ELEMENTS = 36  # elements H..Kr are searched for the members of a kind (their grids)
 LABEL_ELEMENTS = ("C", "H")  # a kind's name in labels: the first of these it holds, else its first element
 GRID_ALIGNMENT = 1024  # padded grid sizes are multiples of the XC quadrature's block
+FITTING_STEP = 8  # a density-fitted bucket's kinds hold elements of equal fitting functions rounded up to this
 
 
 @lru_cache(maxsize=None)
-def element_kind(basis: str, symbol: str) -> tuple:
-    """The shape signature of ``symbol``'s shells in ``basis``: (l, primitives, contractions) per shell."""
+def element_kind(basis: str, symbol: str, fitted: bool = False) -> tuple:
+    """The shape signature of ``symbol`` in ``basis``: ((l, primitives, contractions) per shell, F),
+    where F is 0, or for a ``fitted`` (density-fitted) run :func:`auxiliary_functions` rounded up to
+    :data:`FITTING_STEP`."""
+    return _shells(basis, symbol), _fitting_tier(basis, symbol) if fitted else 0
+
+
+def _shells(basis: str, symbol: str) -> tuple:
     from .mole import element_basis
 
     return tuple((shell[0], len(shell) - 1, len(shell[1]) - 1) for shell in element_basis(basis, symbol))
 
 
+def _fitting_tier(basis: str, symbol: str) -> int:
+    return -(-auxiliary_functions(basis, symbol) // FITTING_STEP) * FITTING_STEP
+
+
 def _element_aos(kind: tuple) -> int:
-    return sum((2 * l + 1) * contractions for l, _, contractions in kind)
+    return sum((2 * l + 1) * contractions for l, _, contractions in kind[0])
 
 
 @lru_cache(maxsize=None)
 def _kind_members(basis: str, kind: tuple) -> tuple[str, ...]:
-    """The elements H..Kr of ``basis`` whose shells have the signature ``kind``."""
+    """The elements H..Kr of ``basis`` whose signature (:func:`element_kind`) is ``kind``."""
     from pyscf.data.elements import ELEMENTS
 
+    shells, fitting = kind
     members = []
     for z in range(1, KIND_SEARCH_ELEMENTS + 1):
-        try:
-            if element_kind(basis, ELEMENTS[z]) == kind:
+        try:  # the fitting basis only where the shells match: it takes longer to build
+            if _shells(basis, ELEMENTS[z]) == shells and (not fitting or _fitting_tier(basis, ELEMENTS[z]) == fitting):
                 members.append(ELEMENTS[z])
-        except Exception:  # the basis lacks this element
+        except Exception:  # the basis (or its fitting basis) lacks this element
             continue
     return tuple(members)
 
@@ -144,8 +158,9 @@ class SizeBucket:
     @classmethod
     def of_symbols(cls, symbols, basis: str, grid_level: int, occupied_step: int = 0, charge: int = 0) -> SizeBucket:
         """The bucket of a closed-shell molecule with these element symbols and total ``charge``;
-        ``occupied_step`` > 0 adds its occupied-orbital count, rounded up to a multiple of it."""
-        counts = Counter(element_kind(basis, symbol) for symbol in symbols)
+        ``occupied_step`` > 0 (a density-fitted run) adds its occupied-orbital count, rounded up to a
+        multiple of it, and counts atoms by fitted kinds (:func:`element_kind`)."""
+        counts = Counter(element_kind(basis, symbol, fitted=occupied_step > 0) for symbol in symbols)
         kinds = tuple(sorted((kind, capacity(n, _element_aos(kind))) for kind, n in counts.items()))
         occupied = 0
         if occupied_step:

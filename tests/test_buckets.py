@@ -54,6 +54,28 @@ def test_density_fitted_buckets_also_split_by_the_occupied_count():
     assert fitted.label().endswith(":occ8") and ":occ" not in SizeBucket.of(methane, "6-31g*", 0).label()
 
 
+def test_density_fitted_kinds_split_by_fitting_functions():
+    """At 6-31G* lithium has carbon's shells but more fitting functions (83 against 70 in PySCF's
+    default fitting basis): a fitted bucket gives it a kind of its own, so that carbon's atoms are not
+    padded to lithium's count. Methane's padded count is then PySCF's own (its hydrogens need no
+    padding), and a bucket without fitting keeps lithium and carbon in one kind."""
+    from pyscf import df, gto
+
+    def pyscf_count(molecule):  # what density_fit() fits with
+        mol = gto.M(atom=list(zip(molecule.symbols, molecule.positions)), unit="bohr", basis="6-31g*",
+                    charge=molecule.charge, verbose=0)  # fmt: skip
+        return df.make_auxmol(mol, df.make_auxbasis(mol)).nao
+
+    step = RKSConfig(jk="df").occupied_step
+    methane = from_atom_string(METHANE)
+    assert SizeBucket.of(methane, "6-31g*", 0, step).naux == pyscf_count(methane) == 70 + 4 * 23
+    lithium = from_atom_string(METHANE.replace("C 0", "Li 0"), charge=-3)  # LiH4(3-): methane's shape
+    assert SizeBucket.of(lithium, "6-31g*", 0) == SizeBucket.of(methane, "6-31g*", 0)
+    lithium_fitted = SizeBucket.of(lithium, "6-31g*", 0, step)
+    assert lithium_fitted.kinds != SizeBucket.of(methane, "6-31g*", 0, step).kinds
+    assert lithium_fitted.naux == pyscf_count(lithium) == 83 + 4 * 23
+
+
 def test_molecules_of_one_bucket_share_a_batch_and_every_program():
     """A batch mixing ammonia and methane conformers runs the programs of a batch of methane alone,
     and each conformer's labels equal those of a batch of its own molecule (float32 round-off)."""
