@@ -73,6 +73,11 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0) -> np.ndarray:
     return factor_t.T
 
 
+def libcint_one_electron(mols: list[gto.Mole]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(overlap, core Hamiltonian) of each conformer in ``mols``, float64 from libcint."""
+    return [(mol.intor("int1e_ovlp"), mol.intor("int1e_kin") + mol.intor("int1e_nuc")) for mol in mols]
+
+
 def device_one_electron(mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple[np.ndarray, np.ndarray]]:
     """(overlap, core Hamiltonian) of each conformer in ``mols`` (molecules of ``bucket``), as float64
     host arrays at the molecules' sizes, from :mod:`pyscf_ipu.integrals` in one call.
@@ -215,7 +220,7 @@ class LibcintIntegrals:
     name: str = "host"
 
     def one_electron(self, mols, bucket):
-        return [(mol.intor("int1e_ovlp"), mol.intor("int1e_kin") + mol.intor("int1e_nuc")) for mol in mols]
+        return libcint_one_electron(mols)
 
     def eris(self, mols, bucket, config):
         eris = [eri_s8(mol, config.eri_expcutoff) for mol in mols]
@@ -242,11 +247,17 @@ class JaxIntegrals:
     """The JAX kernels of :mod:`pyscf_ipu.integrals`, one program per stage for a whole batch: the
     one-electron integrals in float64, the ERIs in the SCF's precision, the grid and (later) the AO
     values. The loop's J-K arrays then hold the very integrals the host would use, so the device
-    contracts them for the finalisation too (in float64)."""
+    contracts them for the finalisation too (in float64).
+
+    Where JAX runs on the CPU, the one-electron integrals come from libcint instead: the device is
+    then this host, where libcint computes them faster than the device program runs, with no
+    program to compile or load (``docs/decisions/one-electron-on-a-cpu.md``); both are float64."""
 
     name: str = "device"
 
     def one_electron(self, mols, bucket):
+        if jax.default_backend() == "cpu":
+            return libcint_one_electron(mols)
         return device_one_electron(mols, bucket)
 
     def eris(self, mols, bucket, config):

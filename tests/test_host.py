@@ -101,7 +101,9 @@ def test_eri_primitive_screening_is_below_float32_resolution():
 
 @pytest.mark.parametrize("precision, atol", [("float64", 1e-10), ("float32", 2e-5)])
 def test_device_integrals_switch(precision, atol):
-    """``integrals="device"``: the same overlap, core Hamiltonian and ERIs as libcint, from JAX.
+    """``integrals="device"``: the same overlap, core Hamiltonian and ERIs as libcint, from JAX (on a
+    CPU the one-electron integrals come from libcint itself; the device program's are checked in
+    :func:`test_conformers_prepared_together_match_libcint_one_by_one`).
 
     float32: the ERIs within 1e-6 (tests/test_integrals.py), the core Hamiltonian within 2e-5 (its
     nuclear attraction on an O core is ~60 Hartree, where float32 resolves 4e-6)."""
@@ -130,7 +132,11 @@ def test_integral_sources_are_the_config_choices():
 def test_conformers_prepared_together_match_libcint_one_by_one():
     """prepare: one device call for the integrals of three conformers (padded to a batch
     of four), each conformer's overlap and core Hamiltonian (float64 on the device) within 1e-10 and
-    its ERIs (float32) within 1e-6 of libcint's at its own geometry; different atoms are refused."""
+    its ERIs (float32) within 1e-6 of libcint's at its own geometry; different atoms are refused.
+    The one-electron program is called directly: on a CPU ``prepare`` takes libcint's instead."""
+    from pyscf_ipu.buckets import SizeBucket
+    from pyscf_ipu.integral_sources import device_one_electron
+
     water = from_name("water")
     rng = np.random.default_rng(3)
     conformers = [water.with_positions(water.positions + 0.1 * rng.normal(size=water.positions.shape))
@@ -147,6 +153,10 @@ def test_conformers_prepared_together_match_libcint_one_by_one():
         assert not device.eri_s8[size:].any()
         assert device.eri_kept == np.count_nonzero(device.eri_s8)  # counted on the device
     assert np.abs(hosts[0].eri_s8 - hosts[1].eri_s8).max() > 1e-3  # each at its own geometry
+    mols = [build_mole(conformer, "sto-3g") for conformer in conformers]
+    for (overlap, hcore), mol in zip(device_one_electron(mols, SizeBucket.of(water, "sto-3g", 0)), mols):
+        np.testing.assert_allclose(overlap, mol.intor("int1e_ovlp"), rtol=0, atol=1e-10)
+        np.testing.assert_allclose(hcore, mol.intor("int1e_kin") + mol.intor("int1e_nuc"), rtol=0, atol=1e-10)
     with pytest.raises(ValueError, match="one size bucket"):  # water and benzene: two buckets
         prepare([water, from_name("benzene")], RKSConfig(integrals="device", xc="hf"))
 
