@@ -63,10 +63,13 @@ def _kind_members(basis: str, kind: tuple) -> tuple[str, ...]:
 
     shells, fitting = kind
     members = []
-    for z in range(1, KIND_SEARCH_ELEMENTS + 1):
-        try:  # the fitting basis only where the shells match: it takes longer to build
-            if _shells(basis, ELEMENTS[z]) == shells and (not fitting or _fitting_tier(basis, ELEMENTS[z]) == fitting):
-                members.append(ELEMENTS[z])
+    for symbol in ELEMENTS[1 : KIND_SEARCH_ELEMENTS + 1]:
+        try:
+            if _shells(basis, symbol) != shells:
+                continue
+            # the fitting basis only where the shells match: it takes longer to build
+            if not fitting or _fitting_tier(basis, symbol) == fitting:
+                members.append(symbol)
         except Exception:  # the basis (or its fitting basis) lacks this element
             continue
     return tuple(members)

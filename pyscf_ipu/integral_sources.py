@@ -27,17 +27,22 @@ from .packed import s8_size
 from .programs import compiled, usable_cores
 
 
-def eri_s8(mol: gto.Mole, expcutoff: float = 0.0) -> np.ndarray:
-    """The 8-fold-symmetric ERI from libcint, with its primitive screening at ``expcutoff``.
+def screened(mol: gto.Mole, expcutoff: float) -> gto.Mole:
+    """A copy of ``mol`` whose libcint integrals use primitive screening at ``expcutoff``.
 
-    libcint skips a primitive product (and so a primitive quartet) whose Gaussian prefactor bound,
-    times the contraction coefficients, is below exp(-expcutoff); 0 keeps its default of 60. The
-    default of 30 changes no label measurably (``docs/decisions/libcint-expcutoff.md``). ``mol``
-    itself is left unchanged.
+    libcint skips a primitive product (and so a primitive quartet or triple) whose Gaussian prefactor
+    bound, times the contraction coefficients, is below exp(-expcutoff); 0 keeps its default of 60.
+    The default of 30 changes no label measurably (``docs/decisions/libcint-expcutoff.md``).
     """
-    env = mol._env.copy()
-    env[gto.PTR_EXPCUTOFF] = expcutoff
-    return gto.getints("int2e_sph" if not mol.cart else "int2e_cart", mol._atm, mol._bas, env, aosym="s8")
+    copy = mol.copy()
+    copy._env[gto.PTR_EXPCUTOFF] = expcutoff
+    return copy
+
+
+def eri_s8(mol: gto.Mole, expcutoff: float = 0.0) -> np.ndarray:
+    """The 8-fold-symmetric ERI from libcint, with its primitive screening at ``expcutoff``
+    (:func:`screened`). ``mol`` itself is left unchanged."""
+    return screened(mol, expcutoff).intor("int2e", aosym="s8")
 
 
 def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0) -> np.ndarray:
@@ -47,7 +52,7 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0) -> np.ndarray:
     L the Cholesky factor of the metric (P|Q), as ``df.incore.cholesky_eri`` makes it.
 
     The 3-centre integrals come from libcint in one call, with its primitive screening at
-    ``expcutoff`` as in :func:`eri_s8` (0: its default), and are solved in place, with BLAS on every
+    ``expcutoff`` (:func:`screened`), and are solved in place, with BLAS on every
     core this process may use (the rest of the run keeps one BLAS thread): one thread would leave
     the others idle through the solve. A metric that is not positive definite goes to PySCF's
     function, which drops its near-null directions. ``mol`` itself is left unchanged.
@@ -59,13 +64,12 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0) -> np.ndarray:
     from .buckets import auxiliary_basis
 
     auxmol = df.addons.make_auxmol(mol, {symbol: auxiliary_basis(basis, symbol) for symbol in set(mol.elements)})
-    screened = mol.copy()
-    screened._env[gto.PTR_EXPCUTOFF] = expcutoff  # the 3-centre integrals read it from the orbital basis's part
+    orbitals = screened(mol, expcutoff)  # the 3-centre integrals read it from the orbital basis's part
     try:
         metric = scipy.linalg.cholesky(auxmol.intor("int2c2e", hermi=1), lower=True)  # (naux, naux) L
     except scipy.linalg.LinAlgError:
-        return df.incore.cholesky_eri(screened, auxmol=auxmol)
-    ints = df.incore.aux_e2(screened, auxmol, "int3c2e", aosym="s2ij")  # (npair, naux), Fortran order
+        return df.incore.cholesky_eri(orbitals, auxmol=auxmol)
+    ints = df.incore.aux_e2(orbitals, auxmol, "int3c2e", aosym="s2ij")  # (npair, naux), Fortran order
     trsm = scipy.linalg.get_blas_funcs("trsm", (metric, ints))
     with threadpool_limits(usable_cores(), user_api="blas"):
         # X L^T = (ij|Q): X = B^T, written over the integrals
@@ -76,6 +80,11 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0) -> np.ndarray:
 def libcint_one_electron(mols: list[gto.Mole]) -> list[tuple[np.ndarray, np.ndarray]]:
     """(overlap, core Hamiltonian) of each conformer in ``mols``, float64 from libcint."""
     return [(mol.intor("int1e_ovlp"), mol.intor("int1e_kin") + mol.intor("int1e_nuc")) for mol in mols]
+
+
+def libcint_fitted_eris(mols: list[gto.Mole], bucket: SizeBucket, config: RKSConfig) -> list[np.ndarray]:
+    """:func:`fitted_eri` of each conformer in ``mols``, screened at ``config.eri_expcutoff``."""
+    return [fitted_eri(mol, bucket.basis, config.eri_expcutoff) for mol in mols]
 
 
 def device_one_electron(mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -227,7 +236,7 @@ class LibcintIntegrals:
         return eris, [int(np.count_nonzero(eri)) for eri in eris]
 
     def fitted_eris(self, mols, bucket, config):
-        return [fitted_eri(mol, bucket.basis, config.eri_expcutoff) for mol in mols]
+        return libcint_fitted_eris(mols, bucket, config)
 
     def grids(self, mols, bucket):
         return [None] * len(mols)
@@ -265,7 +274,7 @@ class JaxIntegrals:
 
     def fitted_eris(self, mols, bucket, config):
         # libcint's 3-centre integrals: a fitted run has no N^4 work left for the device kernels to take
-        return [fitted_eri(mol, bucket.basis, config.eri_expcutoff) for mol in mols]
+        return libcint_fitted_eris(mols, bucket, config)
 
     def grids(self, mols, bucket):
         return device_grids(mols, bucket)
