@@ -13,11 +13,13 @@ host need not wait for it (:func:`dispatch_finalisation`, one program for a whol
 purification and the float64 pass over the grid, which reads the loop's own AO values (in the
 loop's precision, promoted to float64 block by block, so no float64 copy of the largest array is
 made). J and K are contracted there too when the loop's integrals are as exact as any the host
-holds (device integrals), by the loop's own J-K backend in float64; with host integrals in a
-float32 loop the integral source hands over :class:`~pyscf_ipu.jk.HostContraction`, and libcint
-contracts the host's float64 ERIs in :func:`finalise`, beside the Fock matrix and one small eigensolve.
-A density-fitted run's J and K are always contracted on the host, from the float64 fitted factor
-(libcint's, whichever the integral source), by PySCF's own density-fitting code.
+holds (device integrals), by the loop's own J-K backend in float64
+(:class:`~pyscf_ipu.jk.DeviceContraction`); with host integrals in a float32 loop
+(:class:`~pyscf_ipu.jk.HostContraction`) libcint contracts the host's float64 ERIs in
+:func:`finalise`, beside the Fock matrix and one small eigensolve. A density-fitted run's K comes
+from the device's float32 factor in float32 products with its energy summed in float64
+(:class:`~pyscf_ipu.jk.FittedExchange`), and its J from the host's float64 factor (libcint's,
+whichever the integral source), by PySCF's own density-fitting code.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pyscf import scf as pyscf_scf
 
 from .config import RKSConfig
 from .integral_sources import integral_source
-from .jk import HostContraction
+from .jk import DeviceContraction, FinalContraction, FittedExchange, HostContraction
 from .numint import weighted_points, xc_energy_and_potential
 from .padding import pad_to
 from .prepare import HostProblem
@@ -129,25 +131,28 @@ class FinalDensity:
     electrons: jax.Array  # ()  the electron count on the grid (NaN without a grid)
     coulomb: jax.Array | None = None  # (Np, Np)  J at it, when the device contracts (else None: the host does)
     exchange: jax.Array | None = None  # (Np, Np)  K at it, likewise
+    exchange_trace: jax.Array | None = None  # ()  tr(D K), with K
 
 
-def final_density(functional: Functional, backend, ao, weights, density, overlap, jk) -> FinalDensity:
+def final_density(functional: Functional, contraction: FinalContraction, ao, weights, density, overlap, jk
+                  ) -> FinalDensity:  # fmt: skip
     """The device's float64 finalisation of one conformer (the kernel of :data:`final_density_program`).
 
     ``ao`` (4, Gp, Np) and ``weights`` (Gp,) are the loop's own arrays, ``density`` (Np, Np) its
     last density, ``overlap`` the float64 overlap padded to (Np, Np) (unit diagonal on padding) and
-    ``jk`` the arrays of the J-K ``backend``, whose contraction of the purified density runs in float64.
+    ``jk`` the loop's J-K arrays, from which ``contraction`` forms what it takes of J and K.
     """
     dm = purify(density.astype(overlap.dtype), overlap)
-    vj, vk = backend.contract(jk, dm)  # float32 ERIs, float64 sums; HostContraction: (None, None)
+    vj, vk, trace = contraction.final(jk, dm)  # HostContraction: (None, None, None)
     # no grid work for Hartree-Fock, and none past the last weighted point
     exc, vxc, electrons = xc_energy_and_potential(functional, ao, weights, dm, weighted_points(weights))
-    return FinalDensity(dm, exc, vxc, electrons, vj, vk)
+    return FinalDensity(dm, exc, vxc, electrons, vj, vk, trace)
 
 
 # Conformers one after another (lax.map), not vmapped: each one's grid blocks then stay cache-sized.
 final_density_program = compiled(
-    lambda functional, backend, *arrays: jax.lax.map(lambda member: final_density(functional, backend, *member), arrays),
+    lambda functional, contraction, *arrays: jax.lax.map(lambda member: final_density(functional, contraction, *member),
+                                                         arrays),
     static_argnums=(0, 1), name="final_density")
 
 
@@ -163,30 +168,34 @@ def dispatch_finalisation(config: RKSConfig, settings: LoopSettings, members: li
                           sizes: tuple[int, int], trace: SCFTrace) -> FinalDensity:  # fmt: skip
     """Dispatch the device's float64 finalisation of a batch's loop ``trace`` (asynchronous: it
     queues behind the loop): ``members`` and ``problems`` as the loop had them. J and K are
-    contracted on the device where its integrals are as exact as the host's; else
-    :class:`~pyscf_ipu.jk.HostContraction` leaves them to :func:`finalise`."""
+    contracted on the device where its integrals are as exact as the host's, K alone where the loop
+    density-fits; else :class:`~pyscf_ipu.jk.HostContraction` leaves them to :func:`finalise`."""
     overlap, weights = (np.stack(a) for a in zip(*(final_inputs(h, sizes) for h in members)))
-    if integral_source(config.integrals).exact_on_device and not config.density_fitted:
-        backend, jk = settings.backend, problems.jk
+    if config.density_fitted:
+        contraction, jk = FittedExchange(), problems.jk
+    elif integral_source(config.integrals).exact_on_device:
+        contraction, jk = DeviceContraction(settings.backend), problems.jk
     else:
-        backend, jk = HostContraction(), {}
+        contraction, jk = HostContraction(), {}
     with jax.enable_x64(True):  # the float64 host arrays stay float64 on the device
-        return final_density_program(settings.functional, backend, problems.ao, weights, trace.density, overlap, jk)
+        return final_density_program(settings.functional, contraction, problems.ao, weights, trace.density, overlap, jk)
 
 
-def fitted_jk(host: HostProblem, dm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """J and K (N, N) in float64 of the symmetric positive semidefinite ``dm`` from the host's float64
-    density-fitted factor, by PySCF's own contraction (``df.df_jk.get_jk``), given ``dm``'s factors
-    D = C diag(n) C^T (its eigenpairs of non-negligible weight) so that K takes its orbital path."""
+def fitted_jk(host: HostProblem, dm: np.ndarray, with_k: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """J and K (N, N; K None unless ``with_k``) in float64 of the symmetric positive semidefinite ``dm``
+    from the host's float64 density-fitted factor, by PySCF's own contraction (``df.df_jk.get_jk``),
+    given ``dm``'s factors D = C diag(n) C^T (its eigenpairs of non-negligible weight) so that K
+    takes its orbital path."""
     from pyscf import df, lib
 
     fitting = df.DF(host.mol)
     fitting.verbose = 0
     fitting._cderi = host.eri_fitted  # (naux, npair): PySCF reads an in-memory factor as it is
+    if not with_k:
+        return df.df_jk.get_jk(fitting, dm, hermi=1, with_k=False)[0], None
     w, u = np.linalg.eigh(dm)
     keep = w > 1e-12 * max(w[-1], 1.0)
-    factors = lib.tag_array(dm, mo_coeff=u[:, keep], mo_occ=w[keep])
-    return df.df_jk.get_jk(fitting, factors, hermi=1)
+    return df.df_jk.get_jk(fitting, lib.tag_array(dm, mo_coeff=u[:, keep], mo_occ=w[keep]), hermi=1)
 
 
 def finalise(
@@ -204,18 +213,21 @@ def finalise(
     n = host.nao
     dm = np.asarray(final.density, np.float64)[:n, :n]
     ax = get_functional(config.xc).hf_exchange
-    if final.coulomb is not None:  # contracted on the device
+    if final.coulomb is not None:  # both contracted on the device
         vj, vk = (np.asarray(a, np.float64)[:n, :n] for a in (final.coulomb, final.exchange))
+    elif final.exchange is not None:  # K on the device, J from the host's density-fitted factor
+        vj, vk = fitted_jk(host, dm, with_k=False)[0], np.asarray(final.exchange, np.float64)[:n, :n]
     elif host.eri_fitted.size:
         vj, vk = fitted_jk(host, dm)
     else:
         vj, vk = pyscf_scf.hf.dot_eri_dm(host.eri_s8, dm, hermi=1)
+    exchange_trace = np.sum(dm * vk) if final.exchange_trace is None else final.exchange_trace  # tr(D K)
     exc, vxc, electrons = float(final.exc), np.asarray(final.vxc, np.float64)[:n, :n], float(final.electrons)
     fock = host.hcore + vj - 0.5 * ax * vk + vxc
     terms = {
         "one_electron": float(np.sum(dm * host.hcore)),
         "coulomb": float(0.5 * np.sum(dm * vj)),
-        "exact_exchange": float(-0.25 * ax * np.sum(dm * vk)),
+        "exact_exchange": float(-0.25 * ax * exchange_trace),
         "xc": float(exc),
         "nuclear_repulsion": host.nuclear_repulsion,
     }
