@@ -221,14 +221,12 @@ class FittedExchange:
     """The float64 finalisation's contraction where the loop density-fits: K on the device from the
     loop's float32 factor, J left to the host (PySCF's contraction of the float64 factor, Q N^2).
 
-    K's two products (:meth:`FittedJK.contract`) run in float32, 3-4 times as fast as the host's
-    float64 K, and move the orbital energies by about 1e-3 meV. Its energy, tr(D K) =
-    sum_Q ||W^T B_Q W||^2 with D = W W^T, comes from one more small product (R Q, N) x (N, R)
-    whose squares are summed in float64: tr(D K) over the float32 K would carry its rounding,
-    ~1e-7 of the exchange energy (0.03 meV at 9 heavy atoms), into the label.
+    K's two products are the loop's own (:meth:`FittedJK.contract`), in float32 rather than the
+    host's float64 (the errors are in ``docs/decisions/density-fitting.md``). Its energy,
+    tr(D K) = sum_Q ||W^T B_Q W||^2 with D = W W^T, comes from one more small product
+    (R Q, N) x (N, R) whose squares are summed in float64: tr(D K) over the float32 K itself would
+    carry K's rounding, about 1e-7 of the exchange energy, into the label.
     """
-
-    name: str = "df-exchange"
 
     def final(self, data: FittedArrays, dm):
         w = _density_factor(dm, data.rank).astype(data.factor.dtype)  # (Np, R)  D = W W^T

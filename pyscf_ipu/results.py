@@ -181,21 +181,15 @@ def dispatch_finalisation(config: RKSConfig, settings: LoopSettings, members: li
         return final_density_program(settings.functional, contraction, problems.ao, weights, trace.density, overlap, jk)
 
 
-def fitted_jk(host: HostProblem, dm: np.ndarray, with_k: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
-    """J and K (N, N; K None unless ``with_k``) in float64 of the symmetric positive semidefinite ``dm``
-    from the host's float64 density-fitted factor, by PySCF's own contraction (``df.df_jk.get_jk``),
-    given ``dm``'s factors D = C diag(n) C^T (its eigenpairs of non-negligible weight) so that K
-    takes its orbital path."""
-    from pyscf import df, lib
+def fitted_coulomb(host: HostProblem, dm: np.ndarray) -> np.ndarray:
+    """J (N, N) in float64 of the symmetric ``dm`` from the host's float64 density-fitted factor, by
+    PySCF's own contraction (``df.df_jk.get_jk``)."""
+    from pyscf import df
 
     fitting = df.DF(host.mol)
     fitting.verbose = 0
     fitting._cderi = host.eri_fitted  # (naux, npair): PySCF reads an in-memory factor as it is
-    if not with_k:
-        return df.df_jk.get_jk(fitting, dm, hermi=1, with_k=False)[0], None
-    w, u = np.linalg.eigh(dm)
-    keep = w > 1e-12 * max(w[-1], 1.0)
-    return df.df_jk.get_jk(fitting, lib.tag_array(dm, mo_coeff=u[:, keep], mo_occ=w[keep]), hermi=1)
+    return df.df_jk.get_jk(fitting, dm, hermi=1, with_k=False)[0]
 
 
 def finalise(
@@ -215,10 +209,8 @@ def finalise(
     ax = get_functional(config.xc).hf_exchange
     if final.coulomb is not None:  # both contracted on the device
         vj, vk = (np.asarray(a, np.float64)[:n, :n] for a in (final.coulomb, final.exchange))
-    elif final.exchange is not None:  # K on the device, J from the host's density-fitted factor
-        vj, vk = fitted_jk(host, dm, with_k=False)[0], np.asarray(final.exchange, np.float64)[:n, :n]
-    elif host.eri_fitted.size:
-        vj, vk = fitted_jk(host, dm)
+    elif final.exchange is not None:  # density fitting: K on the device, J from the host's float64 factor
+        vj, vk = fitted_coulomb(host, dm), np.asarray(final.exchange, np.float64)[:n, :n]
     else:
         vj, vk = pyscf_scf.hf.dot_eri_dm(host.eri_s8, dm, hermi=1)
     exchange_trace = np.sum(dm * vk) if final.exchange_trace is None else final.exchange_trace  # tr(D K)
