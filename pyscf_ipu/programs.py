@@ -215,7 +215,7 @@ class CompiledFunction:
         exported = export.export(jax.jit(flat))(*leaves)
         self.traced += 1
         if path is not None:
-            _write_atomically(path, pickle.dumps((exported.serialize(), out_trees[0])))
+            _save_program(path, pickle.dumps((exported.serialize(), out_trees[0])))
         return jax.jit(exported.call), out_trees[0]
 
 
@@ -256,9 +256,9 @@ def on_device(tree, may_alias: bool | None = None):
     return out
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename (readers never see a part);
-    a failure to write (full disk, read-only cache) leaves the program in memory only."""
+def _save_program(path: Path, data: bytes) -> None:
+    """Write a program's ``data`` to ``path`` through a temporary file and a rename (readers never
+    see a part); a failure to write (full disk, read-only cache) leaves the program in memory only."""
     temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -198,11 +198,10 @@ def finalise(
     final: FinalDensity,
     config: RKSConfig,
     shapes: tuple[int, int],
-    **extra,
 ) -> SCFResult:
     """Energy and orbitals in float64 from the device's :class:`FinalDensity` (of one conformer).
 
-    ``shapes`` are the padded (Np, Gp) of the loop; ``extra`` fills the remaining result fields.
+    ``shapes`` are the padded (Np, Gp) of the loop.
     """
     n = host.nao
     dm = np.asarray(final.density, np.float64)[:n, :n]
@@ -246,5 +245,4 @@ def finalise(
         commutator_history=np.asarray(trace.commutators, np.float64)[:iterations],
         shapes=shapes,
         config=config,
-        **extra,
     )

@@ -21,7 +21,7 @@ import importlib.metadata
 import platform
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -128,7 +128,7 @@ class Summary:
     failures: int = 0
     skipped: int = 0  # already done (resume)
     seconds: float = 0.0
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: Counter[str] = field(default_factory=Counter)  # seconds per stage, summed
     tasks: int = 0  # Ray tasks summed up here (0: one shard in one process)
 
     @property
@@ -344,20 +344,19 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], sh
             batch, run = item
             results = run.results()[: len(batch.members)]  # the batch's padding members dropped
             for result in results:  # host preparation, transfer, waiting for the device, finalisation
-                for k, v in result.timings.items():
-                    timings[k] = timings.get(k, 0.0) + v
+                timings.update(result.timings)
             gradients = None
             if gen.forces:
                 t = time.perf_counter()
                 functional = get_functional(dft.xc)
                 # with the grid's response: the exact derivative of the stored energy
                 gradients = [nuclear_gradient(h, r, functional, grid_response=True) for h, r in zip(batch.hosts, results)]
-                timings["forces"] = timings.get("forces", 0.0) + time.perf_counter() - t
+                timings["forces"] += time.perf_counter() - t
             now = time.perf_counter()
             records, failures = _records(batch, results, gen.drop_unconverged, now - last_commit, gradients)
             writer.commit(records, failures)
             last_commit = time.perf_counter()
-            timings["write"] = timings.get("write", 0.0) + last_commit - now
+            timings["write"] += last_commit - now
             summary.conformers += len(records) if records is not None else 0
             summary.converged += int(records.columns["converged"].sum()) if records is not None else 0
             summary.failures += len(failures)
@@ -415,7 +414,7 @@ def _batches(inputs, buckets, gen, done, writer, summary, bar, timings) -> Itera
             bar.update(expected)
             continue
         finally:
-            timings["conformers"] = timings.get("conformers", 0.0) + time.perf_counter() - t
+            timings["conformers"] += time.perf_counter() - t
         new = [f for f in failures if f.key not in done]
         if new:
             writer.commit(None, new)
@@ -508,8 +507,7 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
     for s in summaries:
         for name in ("molecules", "conformers", "converged", "failures", "skipped"):
             setattr(total, name, getattr(total, name) + getattr(s, name))
-        for k, v in s.timings.items():
-            total.timings[k] = total.timings.get(k, 0.0) + v
+        total.timings.update(s.timings)
     return [total]
 
 

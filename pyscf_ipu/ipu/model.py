@@ -56,10 +56,6 @@ class IPUModel:
         """Bytes of one tile that the contraction may use."""
         return int(self.tile_memory_bytes * self.available_memory_proportion)
 
-    @property
-    def exchange_bytes_per_tile_cycle(self) -> float:
-        return self.exchange_bytes_per_s / (self.tiles * self.clock_hz)
-
     def replace(self, **changes) -> IPUModel:
         return dataclasses.replace(self, **changes)
 
