@@ -34,7 +34,8 @@ import warnings  # noqa: E402
 from common import median_range  # noqa: E402
 from pyscf import dft, scf  # noqa: E402
 
-from pyscf_ipu.config import RKSConfig, enable_compilation_cache  # noqa: E402
+from pyscf_ipu.config import RKSConfig  # noqa: E402
+from pyscf_ipu.runtime import enable_compilation_cache  # noqa: E402
 from pyscf_ipu.mole import build_mole  # noqa: E402
 from pyscf_ipu.molecule import Molecule, from_name  # noqa: E402
 from pyscf_ipu.qm9 import qm9_molecules  # noqa: E402

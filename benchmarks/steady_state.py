@@ -50,10 +50,13 @@ def worker(args: argparse.Namespace) -> None:
     """One side: a generator window over the same conformers for each ``go`` line on stdin, one JSON
     line on stdout for each (wall and CPU seconds, minor page faults, conformers); ends at end of input."""
     try:
-        from pyscf_ipu.config import reuse_freed_memory
-    except ImportError:  # a tree from before it: its generator ran without
-        pass
-    else:
+        from pyscf_ipu.runtime import reuse_freed_memory
+    except ImportError:  # a tree from before the runtime module
+        try:
+            from pyscf_ipu.config import reuse_freed_memory
+        except ImportError:  # a tree from before it: its generator ran without
+            reuse_freed_memory = None
+    if reuse_freed_memory is not None:
         reuse_freed_memory()  # first, as the tree's `qm1b generate` does
     warnings.simplefilter("ignore", UserWarning)
     import pyscf_ipu

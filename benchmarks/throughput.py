@@ -17,7 +17,7 @@ B3LYP (with VWN5, QM1B's)/STO-3G at grid level 0:
 Threads: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=2 for both sides (our host preparation and
 finalisation use PySCF too), set before numpy is imported; XLA uses its default CPU thread pool.
 The process is set up as ``qm1b generate`` sets up its own
-(:func:`pyscf_ipu.config.reuse_freed_memory`: glibc's malloc thresholds, which the PySCF side runs
+(:func:`pyscf_ipu.runtime.reuse_freed_memory`: glibc's malloc thresholds, which the PySCF side runs
 under too, and XLA's synchronous dispatch).
 "cold" is the first window of ours, in a process with an empty persistent compilation cache; the
 timed windows follow, interleaved ours, PySCF, ours, PySCF, ... with the 1-minute load average of
@@ -49,7 +49,9 @@ import numpy as np  # noqa: E402
 from common import median_range, print_label_differences  # noqa: E402
 
 import jax  # noqa: E402
-from pyscf_ipu.config import RKSConfig, precision_scope, reuse_freed_memory  # noqa: E402
+from pyscf_ipu.config import RKSConfig  # noqa: E402
+from pyscf_ipu.programs import precision_scope  # noqa: E402
+from pyscf_ipu.runtime import reuse_freed_memory  # noqa: E402
 from pyscf_ipu.prepare import prepare  # noqa: E402
 from pyscf_ipu.reference import pyscf_method  # noqa: E402
 from pyscf_ipu.problem import batch_members, build_batch, padded_sizes  # noqa: E402

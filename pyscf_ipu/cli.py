@@ -20,8 +20,8 @@ import time
 import warnings
 from pathlib import Path
 
-from .config import (FITTED_WITHOUT_FORCES, ConfigError, RKSConfig, add_config_arguments, config_from_arguments,
-                     disable_numpy_huge_pages, enable_compilation_cache, reuse_freed_memory)
+from .config import FITTED_WITHOUT_FORCES, ConfigError, RKSConfig, add_config_arguments, config_from_arguments
+from .runtime import disable_numpy_huge_pages, enable_compilation_cache, reuse_freed_memory
 from .ipu.plan import TileMemoryError
 from .geometries import parse_molecule
 from .molecule import NAMED_MOLECULES, Molecule, MoleculeError

@@ -20,11 +20,11 @@ import numpy as np
 from pyscf import gto
 
 from .buckets import SizeBucket, pad_atoms
-from .config import RKSConfig, precision_scope
+from .config import RKSConfig
 from .integrals.ao_values import AOTables, ao_tables
 from .mole import placeholder_mole
 from .packed import s8_size
-from .programs import compiled, usable_cores
+from .programs import compiled, precision_scope, usable_cores
 
 
 def screened(mol: gto.Mole, expcutoff: float) -> gto.Mole:

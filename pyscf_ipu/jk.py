@@ -39,12 +39,12 @@ import numpy as np
 from pyscf import ao2mo
 
 from .buckets import SizeBucket
-from .config import RKSConfig, precision_scope
+from .config import RKSConfig
 from .packed import (FittedERI, PackedERI, degeneracy_weights, pair_index, quartet_bytes, s8_accumulate, symmetrise,
                      unique_quartets)
 from .ipu import IPUJK, ipu_model
 from .padding import aligned_empty, bucket, pad_into, pad_to, stack_members
-from .programs import compiled, full_precision, on_device
+from .programs import compiled, full_precision, on_device, precision_scope
 
 
 class JKBackend(Protocol):

@@ -6,7 +6,7 @@ static arguments, and the shapes and dtypes of the others) traces the function a
 exported module and runs it without tracing the Python code again (tracing the SCF loop, the
 integral kernels and the finalisation is the slow part of a new process's start), and JAX's
 persistent compilation cache supplies its compiled code. The directory sits beside JAX's cache
-(:func:`pyscf_ipu.config.enable_compilation_cache`); where none is set, programs live in memory only.
+(:func:`pyscf_ipu.runtime.enable_compilation_cache`); where none is set, programs live in memory only.
 
 Every program is traced with full float32 precision in its products (:func:`full_precision`):
 left to itself, JAX lets an NVIDIA GPU compute float32 matrix products in TF32, with a 10-bit
@@ -19,6 +19,7 @@ jax and jaxlib, the backend, the device count and the x64 mode. A file that cann
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -36,6 +37,12 @@ import numpy as np
 
 PROGRAM_DIRECTORY_SUFFIX = "-programs"
 MATMUL_PRECISION = "highest"  # jax.default_matmul_precision of every program: full float32 products
+
+
+def precision_scope(precision: str):
+    """A context in which JAX computes in ``precision`` ("float32" or "float64"): float64 needs JAX's
+    64-bit mode, switched on for the block only, never globally."""
+    return jax.enable_x64(True) if precision == "float64" else contextlib.nullcontext()
 
 
 def full_precision(fun):
@@ -248,7 +255,7 @@ def on_device(tree, may_alias: bool | None = None):
     the copy before it is done runs on that thread once it is: its outputs and temporaries then come
     from that thread's malloc heap, of at most 64 MB, which larger blocks bypass for fresh pages
     every time. Run on the calling thread, a program reuses the memory its last run freed
-    (:func:`pyscf_ipu.config.reuse_freed_memory`, ``docs/decisions/memory-reuse.md``).
+    (:func:`pyscf_ipu.runtime.reuse_freed_memory`, ``docs/decisions/memory-reuse.md``).
     """
     out = jax.device_put(tree, may_alias=may_alias)
     copies = [o for o, leaf in zip(jax.tree.leaves(out), jax.tree.leaves(tree)) if isinstance(leaf, np.ndarray)]

@@ -7,7 +7,7 @@ A density-fitted run (``--jk df``) is compared with PySCF's density fitting in t
 
 PySCF keeps the ERIs in memory only while the process's resident memory plus their size stays under
 ``max_memory`` (4000 MB by default). Run after our own SCF in one process, whose freed memory is kept
-for reuse (:func:`~pyscf_ipu.config.reuse_freed_memory`), the reference would then fall back to
+for reuse (:func:`~pyscf_ipu.runtime.reuse_freed_memory`), the reference would then fall back to
 direct SCF and take several times as long as alone. It gets its default budget on top of what the
 process already holds, so it chooses as it would in a process of its own.
 """

@@ -18,7 +18,7 @@ import time
 import jax
 import numpy as np
 
-from .config import RKSConfig, precision_scope
+from .config import RKSConfig
 from .integral_sources import integral_source
 from .molecule import Molecule
 from .prepare import HostProblem, prepare

@@ -27,7 +27,8 @@ import sys
 import warnings
 
 from pyscf_ipu.cli import EXIT_BAD_INPUT, Parser, closed_pipe, reports_missing_extras
-from pyscf_ipu.config import ConfigError, RKSConfig, add_config_arguments, config_from_arguments, reuse_freed_memory
+from pyscf_ipu.config import ConfigError, RKSConfig, add_config_arguments, config_from_arguments
+from pyscf_ipu.runtime import reuse_freed_memory
 
 
 EXIT_STORAGE = 3  # the output directory cannot be written

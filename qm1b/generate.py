@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pyscf_ipu.buckets import SizeBucket
-from pyscf_ipu.config import (FITTED_WITHOUT_FORCES, IPUConfig, RKSConfig, default_cache_dir,
-                              disable_numpy_huge_pages, enable_compilation_cache, option, reuse_freed_memory)
+from pyscf_ipu.config import FITTED_WITHOUT_FORCES, IPUConfig, RKSConfig, option
+from pyscf_ipu.runtime import default_cache_dir, disable_numpy_huge_pages, enable_compilation_cache, reuse_freed_memory
 from pyscf_ipu.forces import nuclear_gradient
 from pyscf_ipu.memory import GB, batch_memory, check_budget, default_budget, largest_batch
 from pyscf_ipu.prepare import HostProblem, prepare

@@ -15,7 +15,8 @@ import warnings
 import numpy as np
 import pytest
 
-from pyscf_ipu.config import RKSConfig, default_cache_dir, enable_compilation_cache
+from pyscf_ipu.config import RKSConfig
+from pyscf_ipu.runtime import default_cache_dir, enable_compilation_cache
 from pyscf_ipu.prepare import HostProblem, prepare
 from pyscf_ipu.molecule import Molecule
 from pyscf_ipu.reference import Reference, pyscf_reference

@@ -105,7 +105,8 @@ def test_a_new_process_loads_stored_programs_without_tracing(tmp_path):
     labels equal the first's exactly (the same compiled code)."""
     script = textwrap.dedent(f"""
         import json
-        from pyscf_ipu.config import RKSConfig, enable_compilation_cache
+        from pyscf_ipu.config import RKSConfig
+        from pyscf_ipu.runtime import enable_compilation_cache
         from pyscf_ipu.prepare import prepare
         from pyscf_ipu.molecule import from_atom_string
         from pyscf_ipu.rks import submit_batch

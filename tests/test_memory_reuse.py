@@ -28,7 +28,7 @@ PROBE = textwrap.dedent(f"""
     import json, resource, sys, threading
     import jax, jax.numpy as jnp
     import numpy as np
-    from pyscf_ipu.config import disable_numpy_huge_pages, reuse_freed_memory
+    from pyscf_ipu.runtime import disable_numpy_huge_pages, reuse_freed_memory
     from pyscf_ipu.programs import compiled
     if sys.argv[1] == "apply":
         assert reuse_freed_memory()
