@@ -60,8 +60,9 @@ from throughput import LABELS, pyscf_labels  # noqa: E402
 from pyscf_ipu.buckets import SizeBucket  # noqa: E402
 from pyscf_ipu.config import IPUConfig, RKSConfig  # noqa: E402
 from pyscf_ipu.geometries import read_frames  # noqa: E402
+from pyscf_ipu.method import resolve  # noqa: E402
 from pyscf_ipu.memory import largest_batch  # noqa: E402
-from pyscf_ipu.mole import build_mole  # noqa: E402
+from pyscf_ipu.pyscf_mole import build_mole  # noqa: E402
 from pyscf_ipu.units import BOHR_RADIUS_ANGSTROM  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
 from qm1b.generate import GenerateConfig  # noqa: E402
@@ -205,7 +206,7 @@ def main() -> None:
                 ran = RKSConfig(basis=basis, xc=XC, grid_level=level, jk=args.jk)
                 bucket = SizeBucket.of(conformers[0], basis, level, ran.occupied_step)
                 most = min(args.batch_size, len(conformers))
-                batch = max(1, largest_batch(bucket, ran, most, args.memory_budget))  # 0: the generator refuses
+                batch = max(1, largest_batch(bucket, resolve(ran), most, args.memory_budget))  # 0: the generator refuses
                 cold, cold_peak = ours(xyz, work / f"cold-{tag}", cache, basis, level, args.jk, batch, args.memory_budget)
                 restarted, peak = ours(xyz, work / f"restarted-{tag}", cache, basis, level, args.jk, batch, args.memory_budget)
                 with open_dataset(work / f"restarted-{tag}") as ds:

@@ -1,4 +1,4 @@
-"""Which integrals should the generator default to? Host (libcint) against device (JAX), side by side,
+"""Which integrals should the generator default to? libcint against JAX, side by side,
 over many distinct molecules: the figure that counts for a run over a SMILES file, where every new
 molecule may need compiled code of its own.
 
@@ -9,13 +9,13 @@ Each side is ``qm1b generate`` over the first ``--molecules`` molecules of the b
 level 0, float32), in a process of its own:
 
 - **cold**: with an empty persistent compilation cache: everything compiles (the SCF loops on both
-  sides; the ERI and one-electron programs on the device side, shared by molecules whose bucketed
+  sides; the ERI and one-electron programs on the JAX side, shared by molecules whose bucketed
   shapes agree, see :mod:`pyscf_ipu.integrals.eri`);
 - **restarted**: the same run again in a new process with the cache the cold run filled.
 
-The sides alternate (host, device, host, device per round). Threads: OPENBLAS_NUM_THREADS=1
+The sides alternate (libcint, jax, libcint, jax per round). Threads: OPENBLAS_NUM_THREADS=1
 OMP_NUM_THREADS=2 for both (the generator's PySCF preparation), XLA's default. Conformers per hour
-are whole-process wall times, imports included; the ratio is device over host (> 1: device faster).
+are whole-process wall times, imports included; the ratio is JAX over libcint (> 1: JAX faster).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def main() -> None:
           f"B3LYP/STO-3G, grid level 0, float32; OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=2, XLA default\n")  # fmt: skip
     rates: dict[tuple[str, str], list[float]] = {}
     for r in range(args.rounds):
-        for side in ("host", "device"):
+        for side in ("libcint", "jax"):
             cache = work / f"cache-{side}-{r}"  # new and empty: the first run compiles everything
             for window in ("cold", "restarted"):
                 load = os.getloadavg()[0]
@@ -64,11 +64,11 @@ def main() -> None:
                 rates.setdefault((side, window), []).append(rate)
                 print(f"  round {r}: {side:6s} {window:9s} {seconds:7.1f} s  {rate:8,.0f} conformers/hour  (load {load:.1f})",
                       flush=True)  # fmt: skip
-    print(f"\n{'':18s} {'host':>24s} {'device':>24s} {'device/host':>12s}")
+    print(f"\n{'':18s} {'libcint':>24s} {'jax':>24s} {'jax/libcint':>12s}")
     for window in ("cold", "restarted"):
-        host, device = rates[("host", window)], rates[("device", window)]
-        ratio = statistics.median(d / h for d, h in zip(device, host))
-        print(f"{window:18s} {median_range(host, ',.0f', 8):>24s} {median_range(device, ',.0f', 8):>24s} {ratio:12.2f}")
+        libcint, jax = rates[("libcint", window)], rates[("jax", window)]
+        ratio = statistics.median(j / c for j, c in zip(jax, libcint))
+        print(f"{window:18s} {median_range(libcint, ',.0f', 8):>24s} {median_range(jax, ',.0f', 8):>24s} {ratio:12.2f}")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from common import median_range  # noqa: E402
 
-from pyscf_ipu.mole import build_mole  # noqa: E402
+from pyscf_ipu.pyscf_mole import build_mole  # noqa: E402
 from pyscf_ipu.integrals.eri import default_workers, eri_s8
 from pyscf_ipu.integrals.eri_plan import plan_eri  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402

@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from pyscf_ipu.config import RKSConfig
+from pyscf_ipu.method import resolve
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.ipu import IPUJK, ipu_model
-from pyscf_ipu.jk import get_jk_backend
 from pyscf_ipu.molecule import from_name
 from pyscf_ipu.qm9 import qm9_molecules
 
@@ -37,8 +37,8 @@ CASES = [
 
 
 def backends(nao: int, skip_dense_above: int) -> dict:
-    out = {} if nao > skip_dense_above else {"dense": get_jk_backend("dense")}
-    out["s8"] = get_jk_backend("s8")
+    out = {} if nao > skip_dense_above else {"dense": resolve(RKSConfig(jk="dense")).backend}
+    out["s8"] = resolve(RKSConfig(jk="s8")).backend
     # enough IPUs for the largest case; the planner uses as few as fit
     model = ipu_model("bow", num_ipus=16)
     for strategy in ("auto", "rows", "s8"):
@@ -59,7 +59,7 @@ def main() -> None:
           f"{'J-K build ms: median [min-max]':>32s} | {'vs fastest non-ipu':>18s}")  # fmt: skip
     for name, basis in CASES:
         molecule = qm9[name] if name.startswith("qm9:") else from_name(name)
-        host = prepare([molecule], RKSConfig(basis=basis, xc="hf"))[0]
+        host = prepare([molecule], resolve(RKSConfig(basis=basis, xc="hf")))[0]
         n = host.nao
         dm = jnp.asarray(host.density_guess, jnp.float32)
         runs, plans, prep = {}, {}, {}

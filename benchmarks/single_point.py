@@ -36,7 +36,7 @@ from pyscf import dft, scf  # noqa: E402
 
 from pyscf_ipu.config import RKSConfig  # noqa: E402
 from pyscf_ipu.runtime import enable_compilation_cache  # noqa: E402
-from pyscf_ipu.mole import build_mole  # noqa: E402
+from pyscf_ipu.pyscf_mole import build_mole  # noqa: E402
 from pyscf_ipu.molecule import Molecule, from_name  # noqa: E402
 from pyscf_ipu.qm9 import qm9_molecules  # noqa: E402
 from pyscf_ipu.rks import run_rks  # noqa: E402

@@ -1,7 +1,7 @@
 """Generator throughput, side by side: `qm1b generate` against a plain PySCF loop, same conformers.
 
     python benchmarks/throughput.py [--molecules 3] [--conformers 8] [--windows 3] [--batch-size 8]
-                                    [--integrals host|device]
+                                    [--integrals libcint|jax]
 
 Both sides label the same RDKit conformers (the first ``--molecules`` 9-heavy-atom molecules of the
 built-in sample, ``--conformers`` each, embedded with the generator's own seeds) with RKS
@@ -52,11 +52,13 @@ import jax  # noqa: E402
 from pyscf_ipu.config import RKSConfig  # noqa: E402
 from pyscf_ipu.programs import precision_scope  # noqa: E402
 from pyscf_ipu.runtime import reuse_freed_memory  # noqa: E402
+from pyscf_ipu.method import resolve  # noqa: E402
 from pyscf_ipu.prepare import prepare  # noqa: E402
 from pyscf_ipu.reference import pyscf_method  # noqa: E402
-from pyscf_ipu.problem import batch_members, build_batch, padded_sizes  # noqa: E402
-from pyscf_ipu.results import dispatch_finalisation, finalise  # noqa: E402
-from pyscf_ipu.scf import LoopSettings, scf_program  # noqa: E402
+from pyscf_ipu.finalisation import dispatch_finalisation, finalise  # noqa: E402
+from pyscf_ipu.padding import fill_batch  # noqa: E402
+from pyscf_ipu.problem import build_batch, padded_shapes  # noqa: E402
+from pyscf_ipu.scf import scf_program  # noqa: E402
 from pyscf_ipu.units import HARTREE_TO_EV  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
 from qm1b.generate import GENERATOR_DFT_DEFAULTS, GenerateConfig, run_shard  # noqa: E402
@@ -81,8 +83,7 @@ def stage_split(batches: list[list], config: RKSConfig, batch_size: int, repeats
     """Print where our time goes, stage by stage, each waiting for its result (see the module doc):
     wall and CPU ms per conformer, medians over ``repeats`` passes over ``batches`` (after one pass
     that compiles nothing new, the generator's windows having run)."""
-    settings = LoopSettings.from_config(config)
-    dtype = np.dtype(config.precision)
+    method = resolve(config)
     count = sum(len(b) for b in batches)
 
     def one_pass() -> tuple[dict[str, list[float]], dict[str, float]]:
@@ -98,19 +99,18 @@ def stage_split(batches: list[list], config: RKSConfig, batch_size: int, repeats
             return out
 
         for molecules in batches:
-            hosts = timed("host preparation", lambda: prepare(molecules, config))
+            members = timed("host preparation", lambda: prepare(fill_batch(molecules, batch_size), method))
             for key in parts:
-                parts[key] += sum(host.timings.get(key, 0.0) for host in hosts)
-            sizes = padded_sizes(hosts[0])
-            members = batch_members(hosts, batch_size)
+                parts[key] += sum(m.timings.get(key, 0.0) for m in members[: len(molecules)])
+            shapes = padded_shapes(members[0])
             with precision_scope(config.precision):
-                problems = timed("AO values, J-K layout", lambda: build_batch(members, settings.backend, dtype, sizes))
-                trace = timed("SCF loop", lambda: scf_program(problems, settings))
+                problems = timed("AO values, J-K layout", lambda: build_batch(members, method.backend, method.dtype, shapes))
+                trace = timed("SCF loop", lambda: scf_program(problems, method.loop))
                 final = timed("float64 finalisation",
-                              lambda: dispatch_finalisation(config, settings, members, problems, sizes, trace))
+                              lambda: dispatch_finalisation(method, members, problems, shapes, trace))
             trace, final = jax.device_get((trace, final))
-            timed("host finalise", lambda: [finalise(h, *jax.tree.map(lambda a: a[i], (trace, final)), config, sizes)
-                                            for i, h in enumerate(hosts)])  # fmt: skip
+            timed("host finalise", lambda: [finalise(m, *jax.tree.map(lambda a: a[i], (trace, final)), method, shapes)
+                                            for i, m in enumerate(members[: len(molecules)])])  # fmt: skip
         return stages, parts
 
     one_pass()
@@ -135,8 +135,8 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=3, help="timed windows per side, after the cold one")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--split-repeats", type=int, default=3, help="passes of the stage split (0: none)")
-    parser.add_argument("--integrals", choices=("host", "device"), default=GENERATOR_DFT_DEFAULTS.get("integrals", "host"),
-                        help="our side's integrals: libcint on the host, or the JAX kernels (default: the generator's)")
+    parser.add_argument("--integrals", choices=("libcint", "jax"), default=GENERATOR_DFT_DEFAULTS["integrals"],
+                        help="our side's integrals: libcint's, or the JAX kernels (default: the generator's)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", UserWarning)
     work = Path(tempfile.mkdtemp(prefix="qm1b-throughput-"))

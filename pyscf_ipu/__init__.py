@@ -6,10 +6,12 @@ The public API::
     result = run_rks(parse_molecule(mol="water"), RKSConfig(xc="b3lyp", basis="sto-3g"))
     result.energy, result.homo, result.lumo, result.gap_ev
 
-Batches of conformers: ``submit_batch(prepare(molecules, config), config).results()``.
+Batches of conformers: ``method = resolve(config)``, then
+``submit_batch(prepare(molecules, method), method).results()``.
 """
 
 from .config import RKSConfig
+from .method import Method, resolve
 from .geometries import from_xyz, parse_molecule
 from .molecule import Molecule, MoleculeError, from_atom_string, from_name
 from .results import SCFResult
@@ -17,6 +19,7 @@ from .prepare import prepare
 from .rks import run_rks, submit_batch
 
 __all__ = [
+    "Method",
     "Molecule",
     "MoleculeError",
     "RKSConfig",
@@ -26,6 +29,7 @@ __all__ = [
     "from_xyz",
     "parse_molecule",
     "prepare",
+    "resolve",
     "run_rks",
     "submit_batch",
 ]

@@ -43,7 +43,7 @@ def element_kind(basis: str, symbol: str, fitted: bool = False) -> tuple:
 
 
 def _shells(basis: str, symbol: str) -> tuple:
-    from .mole import element_basis
+    from .pyscf_mole import element_basis
 
     return tuple((shell[0], len(shell) - 1, len(shell[1]) - 1) for shell in element_basis(basis, symbol))
 
@@ -212,8 +212,8 @@ class SizeBucket:
         return -(-points // GRID_ALIGNMENT) * GRID_ALIGNMENT
 
     @property
-    def sizes(self) -> tuple[int, int]:
-        """(Np, Gp), the SCF problem's padded shape."""
+    def shapes(self) -> tuple[int, int]:
+        """(Np, Gp), the SCF problem's padded shapes."""
         return self.nao, self.grid_points
 
     def label(self) -> str:

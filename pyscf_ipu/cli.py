@@ -19,6 +19,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .config import FITTED_WITHOUT_FORCES, ConfigError, RKSConfig, add_config_arguments, config_from_arguments
 from .runtime import disable_numpy_huge_pages, enable_compilation_cache, reuse_freed_memory
@@ -26,6 +27,9 @@ from .ipu.plan import TileMemoryError
 from .geometries import parse_molecule
 from .molecule import NAMED_MOLECULES, Molecule, MoleculeError
 from .units import HARTREE_TO_EV, HARTREE_TO_MEV
+
+if TYPE_CHECKING:  # the module itself is imported only where a run needs JAX
+    from .method import Method
 
 EXIT_BAD_INPUT = 2
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
@@ -138,16 +142,17 @@ def check_lines(result, reference) -> list[str]:
     return lines
 
 
-def check_memory(molecule: Molecule, config: RKSConfig, budget_gb: float) -> None:
+def check_memory(molecule: Molecule, method: Method, budget_gb: float) -> None:
     """:class:`~pyscf_ipu.memory.MemoryBudgetError` if the run's estimated peak is above ``budget_gb``."""
     from .buckets import SizeBucket
     from .memory import batch_memory, check_budget
-    from .mole import build_mole
+    from .pyscf_mole import build_mole
 
+    config = method.config
     build_mole(molecule, config.basis)  # an unknown basis or element is named first, as the run would
     bucket = SizeBucket.of(molecule, config.basis, config.grid_level, config.occupied_step)
     fitted = "" if config.density_fitted else "--jk df (density fitting: no N^4 array), "
-    check_budget(batch_memory(bucket, config, 1), budget_gb,
+    check_budget(batch_memory(bucket, method, 1), budget_gb,
                  f"{molecule.name or molecule.formula} at {config.basis} ({bucket.nao} AOs, J-K backend {config.jk})",
                  f"try {fitted}a smaller basis or, where the machine has the memory, a larger --memory-budget")
 
@@ -155,19 +160,17 @@ def check_memory(molecule: Molecule, config: RKSConfig, budget_gb: float) -> Non
 def run_command(args: argparse.Namespace) -> int:
     reuse_freed_memory()  # first: before JAX runs anything
     from .ipu.profile import plot_tile_map, summary_lines  # imported here: importing JAX takes a moment
-    from .jk import get_jk_backend
     from .memory import default_budget
+    from .method import resolve
     from .prepare import prepare
-    from .rks import run_rks
-    from .xc.functionals import get_functional
+    from .rks import submit_batch
 
     molecule = parse_molecule(
         xyz=args.xyz, atoms=args.atoms, mol=args.mol, unit=args.unit, charge=args.charge, spin=args.spin
     )
     try:
         config = config_from_arguments(args, RKSConfig)
-        functional = get_functional(config.xc)
-        get_jk_backend(config.jk, config)
+        method = resolve(config)
         if args.forces and config.density_fitted:
             raise ValueError(FITTED_WITHOUT_FORCES)
         if args.fixed_grid and not args.forces:
@@ -176,7 +179,7 @@ def run_command(args: argparse.Namespace) -> int:
             raise ValueError(f"--profile and --profile-plot describe the ipu backend; this run uses --jk {config.jk}")
         if args.memory_budget is not None and args.memory_budget <= 0:
             raise ValueError(f"--memory-budget is in GB and must be positive, got {args.memory_budget}")
-        check_memory(molecule, config, args.memory_budget or default_budget())
+        check_memory(molecule, method, args.memory_budget or default_budget())
     except ValueError as err:
         raise ConfigError(str(err)) from None
     enable_compilation_cache()
@@ -184,14 +187,14 @@ def run_command(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        host = prepare([molecule], config)[0]
-        result = run_rks(molecule, config, host=host, profile=bool(args.profile or args.profile_plot))
+        prepared = prepare([molecule], method)
+        (result,) = submit_batch(prepared, method, profile=bool(args.profile or args.profile_plot)).results()
     result = dataclasses.replace(result, seconds=time.perf_counter() - start)  # the host preparation included
     gradient = None
     if args.forces:
         from .forces import nuclear_gradient
 
-        gradient = nuclear_gradient(host, result, functional, grid_response=not args.fixed_grid)
+        gradient = nuclear_gradient(prepared[0], result, method.functional, grid_response=not args.fixed_grid)
     if result.jk_profile is not None:
         if args.profile:
             Path(args.profile).write_text(json.dumps(result.jk_profile, indent=1))

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 PRECISIONS = ("float32", "float64")
-INTEGRALS = ("host", "device")
+INTEGRALS = ("libcint", "jax")
+# Old spellings of renamed option values, still accepted (and read in stored settings) as the new ones.
+RENAMED_VALUES: dict[str, dict[str, str]] = {"integrals": {"host": "libcint", "device": "jax"}}
 FITTED_JK = ("df",)  # J-K backends that contract density-fitted 3-centre integrals instead of the s8 ERIs
 OCCUPIED_STEP = 8  # their size buckets round the occupied-orbital count up to a multiple of this
-FITTED_WITHOUT_FORCES = ("--forces differentiates the exact ERIs through the device integrals; it does not combine "
+FITTED_WITHOUT_FORCES = ("--forces differentiates the exact ERIs through the JAX integrals; it does not combine "
                          "with --jk df (density fitting)")  # fmt: skip
 
 
@@ -25,9 +27,10 @@ class ConfigError(ValueError):
     """A bad setting; the message names it and the allowed values."""
 
 
-def option(default, help: str, choices=None, metavar=None):
-    """A config field whose metadata becomes its command-line option (see :func:`add_config_arguments`)."""
-    return field(default=default, metadata={"help": help, "choices": choices, "metavar": metavar})
+def option(default, help: str, choices=None, metavar=None, renamed: dict[str, str] | None = None):
+    """A config field whose metadata becomes its command-line option (see :func:`add_config_arguments`);
+    ``renamed`` maps old spellings of its values to the current ones."""
+    return field(default=default, metadata={"help": help, "choices": choices, "metavar": metavar, "renamed": renamed})
 
 
 @dataclass(frozen=True)
@@ -67,10 +70,11 @@ class RKSConfig:
                      "ERIs by the fitting error)")
     max_iterations: int = option(20, "maximum SCF iterations (QM1B: 20)")
     integrals: str = option(
-        "host",
-        "where the one-electron integrals and ERIs are computed: host (libcint, float64) or device (JAX, in the "
-        "SCF precision; pyscf_ipu.integrals)",
+        "libcint",
+        "what computes the one-electron integrals and ERIs: libcint (PySCF's, float64) or jax (pyscf_ipu.integrals, "
+        "the ERIs in the SCF precision); the old spellings host and device still work",
         choices=INTEGRALS,
+        renamed=RENAMED_VALUES["integrals"],
     )
     eri_threshold: float = option(0.0, "Schwarz screening: drop (ij|kl) with sqrt((ij|ij)(kl|kl)) below this")
     eri_expcutoff: float = option(
@@ -90,6 +94,7 @@ class RKSConfig:
     ipu: IPUConfig = field(default=IPUConfig(), metadata={"nested": True})
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "integrals", RENAMED_VALUES["integrals"].get(self.integrals, self.integrals))
         if self.integrals not in INTEGRALS:
             raise ConfigError(f"integrals must be one of {', '.join(INTEGRALS)}, got {self.integrals!r}")
         if self.precision not in PRECISIONS:
@@ -156,9 +161,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, defaults: dict | 
         if tp is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
+            renamed = f.metadata.get("renamed") or {}
             parser.add_argument(
                 flag,
-                type=tp,
+                type=(lambda value, tp=tp, renamed=renamed: tp(renamed.get(value, value))) if renamed else tp,
                 default=default,
                 choices=f.metadata.get("choices"),
                 metavar=f.metadata.get("metavar"),

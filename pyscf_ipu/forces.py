@@ -1,4 +1,4 @@
-r"""Nuclear gradients dE/dR of a converged RKS (or HF) energy, by ``jax.grad`` through the device integrals.
+r"""Nuclear gradients dE/dR of a converged RKS (or HF) energy, by ``jax.grad`` through the JAX integrals.
 
 At self-consistency the energy is stationary in the orbitals under the orthonormality constraint,
 so its total derivative with respect to a nuclear coordinate is the partial derivative of the
@@ -13,7 +13,7 @@ Symp. 13, 225 (1979); Helgaker, Jorgensen and Olsen, 13.6):
         + E_{xc}[\rho_R] + V_{NN}(R) - \operatorname{tr} W S(R)\Big],
 
 with D = 2 C_occ C_occ^T and W = 2 C_occ diag(eps_occ) C_occ^T from the converged orbitals. The
-function in brackets is written in JAX on the device integrals (:mod:`pyscf_ipu.integrals`, float64)
+function in brackets is written in JAX on the JAX integrals (:mod:`pyscf_ipu.integrals`, float64)
 and differentiated by ``jax.grad``; nothing is differentiated through the SCF iterations.
 
 By default the quadrature grid is held fixed in space (points and weights), as PySCF's default RKS
@@ -36,8 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .packed import degeneracy_weights, tril_unpack
-from .grid import atom_grids, grid_points_and_weights
-from .prepare import HostProblem
+from .grid import atom_grids, grid_coords_and_weights
+from .prepare import PreparedProblem
 from .integral_sources import eri_plan
 from .integrals.ao_values import ao_values_at
 from .integrals.basis import primitive_basis
@@ -59,7 +59,7 @@ def two_electron_coefficients(dm: np.ndarray, exchange: float) -> np.ndarray:
     return multiplicity * (coulomb - exact)
 
 
-def nuclear_gradient(host: HostProblem, result: SCFResult, functional: Functional, grid_response: bool = False
+def nuclear_gradient(prepared: PreparedProblem, result: SCFResult, functional: Functional, grid_response: bool = False
                      ) -> np.ndarray:  # fmt: skip
     """(natm, 3) dE/dR in Hartree/Bohr at ``result``'s converged orbitals.
 
@@ -67,8 +67,8 @@ def nuclear_gradient(host: HostProblem, result: SCFResult, functional: Functiona
     the points and Becke weights with the atoms (:mod:`pyscf_ipu.grid`), as PySCF's
     ``grid_response = True`` does: the exact derivative of the energy as the SCF computes it.
     """
-    mol = host.mol
-    nocc = host.nocc
+    mol = prepared.mol
+    nocc = prepared.nocc
     occupied = result.mo_coeff[:, :nocc]  # (N, nocc)
     dm = 2.0 * occupied @ occupied.T
     weighted = 2.0 * (occupied * result.mo_energy[:nocc]) @ occupied.T
@@ -76,7 +76,7 @@ def nuclear_gradient(host: HostProblem, result: SCFResult, functional: Functiona
     plan = eri_plan(result.config.basis, tuple(mol.elements))
     coefficients = two_electron_coefficients(dm, functional.hf_exchange)
     charges = mol.atom_charges().astype(np.float64)
-    moving = atom_grids(mol, result.config.grid_level) if grid_response and host.grid_points else None
+    moving = atom_grids(mol, result.config.grid_level) if grid_response and prepared.grid_points else None
     with jax.enable_x64(True):
         dm_, weighted_, coefficients_ = (jnp.asarray(a) for a in (dm, weighted, coefficients))
         charges_ = jnp.asarray(charges)
@@ -86,11 +86,11 @@ def nuclear_gradient(host: HostProblem, result: SCFResult, functional: Functiona
             ints = one_electron_at(basis, coords)
             total = jnp.sum(dm_ * (ints["kinetic"] + ints["nuclear"])) - jnp.sum(weighted_ * ints["overlap"])
             total += jnp.dot(coefficients_, eri_s8(plan, coords[None], jnp.float64)[0])
-            if host.grid_points and functional.pieces:
+            if prepared.grid_points and functional.pieces:
                 if moving is None:
-                    points, weights = host.grid_coords, jnp.asarray(host.grid_weights)
+                    points, weights = prepared.grid_coords, jnp.asarray(prepared.grid_weights)
                 else:
-                    points, weights = grid_points_and_weights(moving, coords)
+                    points, weights = grid_coords_and_weights(moving, coords)
                 total += xc_energy(functional, ao_values_at(basis, points, coords), weights, dm_)
             distance = jnp.linalg.norm(coords[pairs[0]] - coords[pairs[1]], axis=-1)
             return total + jnp.sum(charges_[pairs[0]] * charges_[pairs[1]] / distance)

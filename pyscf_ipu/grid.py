@@ -21,7 +21,7 @@ with Treutler's size adjustment a_AB = (rho_B/rho_A - rho_A/rho_B)/4 from the sq
 the Bragg radii, clipped to [-1/2, 1/2] (Becke, J. Chem. Phys. 88, 2547 (1988); Treutler and
 Ahlrichs, J. Chem. Phys. 102, 346 (1995)); PySCF's ``VXCgen_grid`` computes the same. The atomic
 grids come from PySCF once per element (:func:`atom_grids`); the partition is in JAX
-(:func:`grid_points_and_weights`), so the whole grid follows the atoms under ``jax.grad``: the
+(:func:`grid_coords_and_weights`), so the whole grid follows the atoms under ``jax.grad``: the
 grid response of the forces. PySCF's zero-weight alignment padding is not reproduced (the SCF pads
 grids itself).
 """
@@ -78,7 +78,7 @@ def pad_grids(grids: AtomGrids, points: int, natm: int) -> AtomGrids:
                      np.pad(grids.present, (0, atoms)))  # fmt: skip
 
 
-def grid_points_and_weights(grids: AtomGrids, coords) -> tuple[jax.Array, jax.Array]:
+def grid_coords_and_weights(grids: AtomGrids, coords) -> tuple[jax.Array, jax.Array]:
     """((G, 3) points, (G,) weights) for atom positions ``coords`` (natm, 3) Bohr, in coords' precision."""
     coords = jnp.asarray(coords)
     dtype = coords.dtype
@@ -103,4 +103,4 @@ def grid_points_and_weights(grids: AtomGrids, coords) -> tuple[jax.Array, jax.Ar
 
 # conformers at once, each with its molecule's grids (:func:`pad_grids`): arguments, not constants,
 # so one program serves every molecule of a size bucket
-grid_program = compiled(jax.vmap(grid_points_and_weights), name="grid")
+grid_program = compiled(jax.vmap(grid_coords_and_weights), name="grid")

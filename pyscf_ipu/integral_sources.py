@@ -1,6 +1,7 @@
 """Integral sources: where a batch's one-electron integrals, ERIs and grid come from.
 
-Two strategies behind one interface (:class:`IntegralSource`), chosen by name (``RKSConfig.integrals``):
+Two strategies behind one interface (:class:`IntegralSource`), registered by name in
+:data:`INTEGRAL_SOURCES` (``RKSConfig.integrals``; :func:`pyscf_ipu.method.resolve` picks one):
 :class:`LibcintIntegrals` (PySCF's libcint on the host, float64: the reference) and
 :class:`JaxIntegrals` (the JAX kernels of :mod:`pyscf_ipu.integrals`, one program per stage for a
 whole batch of conformers). Both take the conformers of one size bucket as PySCF ``Mole`` objects;
@@ -22,7 +23,7 @@ from pyscf import gto
 from .buckets import SizeBucket, pad_atoms
 from .config import RKSConfig
 from .integrals.ao_values import AOTables, ao_tables
-from .mole import placeholder_mole
+from .pyscf_mole import placeholder_mole
 from .packed import s8_size
 from .programs import compiled, precision_scope, usable_cores
 
@@ -190,7 +191,7 @@ def device_grids(mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple[np.ndar
 
 class IntegralSource(Protocol):
     """Where a batch's integrals and grid come from: one object per source, chosen by name
-    (``RKSConfig.integrals``, :func:`integral_source`). Every method takes the conformers of one
+    (``RKSConfig.integrals``, resolved by :func:`pyscf_ipu.method.resolve`). Every method takes the conformers of one
     size bucket as PySCF ``Mole`` objects."""
 
     name: str
@@ -226,7 +227,7 @@ class LibcintIntegrals:
     """libcint through PySCF, in float64 on the host: the reference. A float32 loop holds these
     integrals rounded, so the finalisation contracts the host's float64 ERIs instead."""
 
-    name: str = "host"
+    name: str = "libcint"
 
     def one_electron(self, mols, bucket):
         return libcint_one_electron(mols)
@@ -262,7 +263,7 @@ class JaxIntegrals:
     then this host, where libcint computes them faster than the device program runs, with no
     program to compile or load (``docs/decisions/one-electron-on-a-cpu.md``); both are float64."""
 
-    name: str = "device"
+    name: str = "jax"
 
     def one_electron(self, mols, bucket):
         if jax.default_backend() == "cpu":
@@ -290,11 +291,3 @@ class JaxIntegrals:
 
 
 INTEGRAL_SOURCES: dict[str, IntegralSource] = {source.name: source for source in (LibcintIntegrals(), JaxIntegrals())}
-
-
-def integral_source(name: str) -> IntegralSource:
-    """The integral source registered under ``name`` (``RKSConfig.integrals``)."""
-    try:
-        return INTEGRAL_SOURCES[name]
-    except KeyError:
-        raise ValueError(f"unknown integral source {name!r}: choose one of {', '.join(INTEGRAL_SOURCES)}") from None

@@ -20,8 +20,8 @@ A backend is a frozen (hashable) object:
   takes for one conformer of ``bucket`` at its peak, its temporaries included (for
   :mod:`pyscf_ipu.memory`).
 
-Backends are chosen by name from :data:`JK_BACKENDS` (each entry builds the backend from the run's
-:class:`RKSConfig`); nothing inspects array shapes to pick one. ``ipu`` (the default) is the
+Backends are registered by name in :data:`JK_BACKENDS` (each entry builds the backend from the run's
+:class:`RKSConfig`; :func:`pyscf_ipu.method.resolve` picks one); nothing inspects array shapes to pick one. ``ipu`` (the default) is the
 tile-partitioned contraction on a simulated IPU (:mod:`pyscf_ipu.ipu`); ``dense`` is the reference;
 ``df`` contracts density-fitted integrals (no N^4 array at all).
 """
@@ -43,7 +43,7 @@ from .config import RKSConfig
 from .packed import (FittedERI, PackedERI, degeneracy_weights, pair_index, quartet_bytes, s8_accumulate, symmetrise,
                      unique_quartets)
 from .ipu import IPUJK, ipu_model
-from .padding import aligned_empty, bucket, pad_into, pad_to, stack_members
+from .padding import aligned_empty, padded_size, pad_into, pad_to, stack_members
 from .programs import compiled, full_precision, on_device, precision_scope
 
 
@@ -62,36 +62,6 @@ class JKBackend(Protocol):
 
 
 
-class FinalContraction(Protocol):
-    """The float64 finalisation's share of J and K on the device: (J, K, tr(D K)) of its purified
-    density, each None where the host contracts it instead (from its float64 integrals)."""
-
-    def final(self, data, dm: jnp.ndarray) -> tuple[jnp.ndarray | None, jnp.ndarray | None, jnp.ndarray | None]: ...
-
-
-@dataclass(frozen=True)
-class HostContraction:
-    """No contraction on the device: what the float64 finalisation gets where the host's float64
-    ERIs are more exact than the loop's (libcint's integrals in a float32 loop); it contracts them there."""
-
-    name: str = "host"
-
-    def final(self, data, dm):
-        return None, None, None
-
-
-@dataclass(frozen=True)
-class DeviceContraction:
-    """J and K by the loop's own ``backend`` on its arrays, summed in the finalisation's float64:
-    where the loop's integrals are as exact as any the host holds (device integrals)."""
-
-    backend: JKBackend
-
-    def final(self, data, dm):
-        vj, vk = self.backend.contract(data, dm)
-        return vj, vk, jnp.sum(dm * vk)
-
-
 @dataclass(frozen=True)
 class DenseJK:
     """The reference: both contractions as matrix-vector products over (N^2, N^2) ERI matrices.
@@ -102,7 +72,7 @@ class DenseJK:
     name: str = "dense"
 
     def prepare(self, eris, nao_padded, dtype):
-        # device integrals come in float32; ao2mo reads doubles
+        # JAX integrals come in float32; ao2mo reads doubles
         members = [ao2mo.restore(1, np.asarray(e.s8, np.float64), e.nao).astype(dtype) for e in eris]  # (N,)*4 each
         return stack_members([_dense_matrices(jnp.asarray(eri), nao_padded) for eri in members])
 
@@ -141,7 +111,7 @@ class S8JK:
 
     def prepare(self, eris, nao_padded, dtype):
         quartets = [unique_quartets(e.s8, e.nao) for e in eris]
-        size = bucket(max(len(values) for values, _ in quartets), minimum=1024)  # one shape for the batch
+        size = padded_size(max(len(values) for values, _ in quartets), minimum=1024)  # one shape for the batch
         return stack_members([{"values": pad_to(values * degeneracy_weights(index), (size,), dtype),
                                "index": pad_to(index, (size, 4))} for values, index in quartets])  # fmt: skip
 
@@ -212,30 +182,11 @@ class FittedJK:
         # scatter adds D_ij and D_ji into pair ij (padded AOs' pairs land on the zero column)
         rho = data.packed @ jnp.zeros(data.packed.shape[1], dm.dtype).at[data.pairs].add(dm)  # (Qp,)
         vj = (rho @ data.packed)[data.pairs]  # a reduction over Q of the (i, Q, j) layout is slow batched
-        y = _exchange_factor(data.factor, _density_factor(dm, data.rank))  # (R Qp, Np)
+        y = exchange_factor(data.factor, density_factor(dm, data.rank))  # (R Qp, Np)
         return vj, y.T @ y
 
 
-@dataclass(frozen=True)
-class FittedExchange:
-    """The float64 finalisation's contraction where the loop density-fits: K on the device from the
-    loop's float32 factor, J left to the host (PySCF's contraction of the float64 factor, Q N^2).
-
-    K's two products are the loop's own (:meth:`FittedJK.contract`), in float32 rather than the
-    host's float64 (the errors are in ``docs/decisions/density-fitting.md``). Its energy,
-    tr(D K) = sum_Q ||W^T B_Q W||^2 with D = W W^T, comes from one more small product
-    (R Q, N) x (N, R) whose squares are summed in float64: tr(D K) over the float32 K itself would
-    carry K's rounding, about 1e-7 of the exchange energy, into the label.
-    """
-
-    def final(self, data: FittedArrays, dm):
-        w = _density_factor(dm, data.rank).astype(data.factor.dtype)  # (Np, R)  D = W W^T
-        y = _exchange_factor(data.factor, w)  # (R Qp, Np)
-        z = (y @ w).astype(dm.dtype)  # (R Qp, R)  the blocks W^T B_Q W
-        return None, (y.T @ y).astype(dm.dtype), jnp.sum(z * z)
-
-
-def _density_factor(dm, rank: int):
+def density_factor(dm, rank: int):
     """(Np, R): U diag(w)^(1/2) over the ``rank`` largest eigenpairs of the density ``dm`` (Np, Np),
     so that D = W W^T for densities of at most that rank."""
     n = dm.shape[0]
@@ -243,7 +194,7 @@ def _density_factor(dm, rank: int):
     return u[:, n - rank :] * jnp.sqrt(jnp.maximum(w[n - rank :], 0.0))
 
 
-def _exchange_factor(bt, w):
+def exchange_factor(bt, w):
     """(R Qp, Np): Y with K = Y^T Y, from the factor ``bt`` (Np, Qp, Np) and ``w`` (Np, R) of the density.
 
     (B_Q W)^T at [r, (Q, i)] from the (N, Q N) view: B_Q is symmetric, so row j of that view holds
@@ -273,20 +224,10 @@ JK_BACKENDS: dict[str, Callable[[RKSConfig], JKBackend]] = {
 }
 
 
-def jk_matrices(name: str, eri_s8: np.ndarray, nao: int, dm: np.ndarray, dtype=np.float32,
-                config: RKSConfig = RKSConfig()) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """J and K (each (N, N), numpy) of the symmetric density ``dm`` by the backend ``name``, in ``dtype``."""
-    backend = get_jk_backend(name, config)
+def jk_matrices(backend: JKBackend, eri_s8: np.ndarray, nao: int, dm: np.ndarray,
+                dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """J and K (each (N, N), numpy) of the symmetric density ``dm`` by ``backend``, in ``dtype``."""
     with precision_scope(np.dtype(dtype).name):
         data = backend.prepare([PackedERI.of(eri_s8)], nao, dtype)
         j, k = jax.jit(full_precision(jax.vmap(backend.contract)))(data, jnp.asarray(dm, dtype)[None])
         return np.asarray(j[0]), np.asarray(k[0])
-
-
-def get_jk_backend(name: str, config: RKSConfig = RKSConfig()) -> JKBackend:
-    """The J-K backend registered under ``name``, set up from ``config``."""
-    try:
-        factory = JK_BACKENDS[name]
-    except KeyError:
-        raise ValueError(f"unknown J-K backend {name!r}: choose one of {', '.join(JK_BACKENDS)}") from None
-    return factory(config)

@@ -16,10 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .buckets import SizeBucket
-from .config import RKSConfig
-from .integral_sources import integral_source
-from .jk import get_jk_backend
-from .xc.functionals import get_functional
+from .method import Method
 
 GB = 1e9
 PROCESS_BYTES = int(0.5 * GB)  # JAX, XLA and PySCF loaded, with a small molecule's arrays
@@ -45,21 +42,21 @@ class MemoryEstimate:
         return " + ".join(f"{what} {n / GB:.1f} GB" for what, n in self.parts if n)
 
 
-def batch_memory(bucket: SizeBucket, config: RKSConfig, conformers: int, prepared_ahead: int = 0) -> MemoryEstimate:
-    """The peak of a batch of ``conformers`` of ``bucket``'s molecules under ``config``.
+def batch_memory(bucket: SizeBucket, method: Method, conformers: int, prepared_ahead: int = 0) -> MemoryEstimate:
+    """The peak of a batch of ``conformers`` of ``bucket``'s molecules under ``method``.
 
     ``prepared_ahead``: conformers of the next batch whose host preparation is held at the same time
     (the generator prepares batch k+1 while batch k runs).
     """
-    value_bytes = np.dtype(config.precision).itemsize
+    value_bytes = method.dtype.itemsize
     nao = bucket.nao
-    grid = bucket.grid_points if get_functional(config.xc).pieces else 0
-    held = integral_source(config.integrals).held_bytes(nao, grid, value_bytes)  # one conformer's
+    grid = bucket.grid_points if method.needs_grid else 0
+    held = method.integrals.held_bytes(nao, grid, value_bytes)  # one conformer's
     making = 0  # bytes held only while one conformer's ERIs are made
-    if config.density_fitted:  # the float64 fitted factor instead of the s8 ERIs
+    if method.config.density_fitted:  # the float64 fitted factor instead of the s8 ERIs
         held = {**held, "eris": 8 * bucket.naux * nao * (nao + 1) // 2}
         making = held["eris"]  # libcint's 3-centre integrals beside the factor made from them
-    jk = get_jk_backend(config.jk, config).layout_bytes(bucket, value_bytes)
+    jk = method.backend.layout_bytes(bucket, value_bytes)
     device_ao = 4 * grid * nao * value_bytes  # (4, Gp, Np) in the loop's precision
     host = conformers + prepared_ahead
     return MemoryEstimate((
@@ -81,11 +78,11 @@ def default_budget() -> float:
     return round(DEFAULT_SHARE * total / GB, 1)
 
 
-def largest_batch(bucket: SizeBucket, config: RKSConfig, most: int, budget_gb: float) -> int:
+def largest_batch(bucket: SizeBucket, method: Method, most: int, budget_gb: float) -> int:
     """The largest batch of at most ``most`` conformers of ``bucket`` whose peak, with the next batch
     prepared beside it (as the generator runs), fits ``budget_gb``; 0 if not even one does."""
     fits = (size for size in range(most, 0, -1)
-            if batch_memory(bucket, config, size, prepared_ahead=size).total <= budget_gb * GB)  # fmt: skip
+            if batch_memory(bucket, method, size, prepared_ahead=size).total <= budget_gb * GB)  # fmt: skip
     return next(fits, 0)
 
 

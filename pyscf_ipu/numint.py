@@ -51,7 +51,7 @@ def _xc_energy_and_electrons(functional: Functional, ao, weights, dm) -> tuple[j
 
 def grid_block(points: int) -> int:
     """Points per block: 1024 or the largest power of two below it that divides ``points``; padded
-    grids (multiples of 256, see ``padding.bucket``) get at least 256. Larger blocks stop fitting
+    grids (multiples of 256, see ``padding.padded_size``) get at least 256. Larger blocks stop fitting
     in cache, smaller ones pay more loop overhead."""
     for size in (1024, 512, 256, 128, 64, 32, 16, 8):
         if points % size == 0:

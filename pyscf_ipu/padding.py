@@ -1,8 +1,10 @@
-"""Shared shapes: round sizes up to a few buckets so that compiled code is reused across molecules.
+"""Shared shapes: counts rounded up to a few padded sizes, so that compiled code is reused across
+molecules, and the arrays padded to them.
 
-A jitted function compiles once per input shape. Rounding the number of AOs, grid points and stored
-integrals up to buckets makes many molecules share one compiled SCF loop; the padded entries carry
-zero weight (grid), zero integrals (ERI) or are kept as empty virtual orbitals (AOs).
+A jitted function compiles once per input shape. Rounding a count (stored integrals, primitives,
+ERI chunks) up to :func:`padded_size` makes many molecules share one compiled program; the padded
+entries carry zero weight (grid), zero integrals (ERI) or are kept as empty virtual orbitals (AOs).
+A molecule's AO and grid shapes come from its size bucket (:mod:`pyscf_ipu.buckets`) instead.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 from .programs import on_device
 
 
-def bucket(n: int, minimum: int = 8, steps_per_octave: int = 8) -> int:
+def padded_size(n: int, minimum: int = 8, steps_per_octave: int = 8) -> int:
     """Round ``n`` up to a multiple of ``2**floor(log2 n) / steps_per_octave`` (at least ``minimum``).
 
     The step grows with ``n``, so padding wastes at most 1/steps_per_octave (12.5% by default) while
@@ -103,3 +105,9 @@ def stack_members(members: list[dict]) -> dict[str, jax.Array]:
     if len({tuple(sorted(m)) for m in members}) != 1:
         raise ValueError("a batch needs one J-K layout (the tile plans chose different strategies)")
     return {key: stack_padded([m[key] for m in members]) for key in members[0]}
+
+
+def fill_batch(items: list, size: int) -> list:
+    """``items`` filled up to ``size`` with copies of the last, so that a short final batch runs the
+    compiled programs of a full one (callers drop the copies' results)."""
+    return list(items) + list(items[-1:]) * max(0, size - len(items))

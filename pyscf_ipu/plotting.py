@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .figures import new_figure, save_png
-from .prepare import HostProblem
+from .prepare import PreparedProblem
 from .results import SCFResult
 from .units import HARTREE_TO_EV
 
@@ -29,25 +29,25 @@ def principal_frame(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return centre, axes
 
 
-def _atoms_in_plane(ax, host: HostProblem, centre, axes) -> None:
-    xy = (host.molecule.positions - centre) @ axes[:2].T
+def _atoms_in_plane(ax, prepared: PreparedProblem, centre, axes) -> None:
+    xy = (prepared.molecule.positions - centre) @ axes[:2].T
     ax.scatter(xy[:, 0], xy[:, 1], s=40, c="black", zorder=3)
-    for (x, y), symbol in zip(xy, host.molecule.symbols):
+    for (x, y), symbol in zip(xy, prepared.molecule.symbols):
         ax.annotate(symbol, (x, y), xytext=(3, 3), textcoords="offset points", fontsize=8, zorder=4)
 
 
-def plot_grid(host: HostProblem, path: str | Path) -> Path:
+def plot_grid(prepared: PreparedProblem, path: str | Path) -> Path:
     """The integration grid projected onto the molecule's plane, each point coloured by log10 weight."""
-    centre, axes = principal_frame(host.molecule.positions)
-    real = host.grid_weights > 0  # zero weight: PySCF's alignment padding, points Becke gives nothing
-    xy = (host.grid_coords[real] - centre) @ axes[:2].T
-    log_w = np.log10(host.grid_weights[real])
+    centre, axes = principal_frame(prepared.molecule.positions)
+    real = prepared.grid_weights > 0  # zero weight: PySCF's alignment padding, points Becke gives nothing
+    xy = (prepared.grid_coords[real] - centre) @ axes[:2].T
+    log_w = np.log10(prepared.grid_weights[real])
     order = np.argsort(log_w)  # heavy (outer) points last, on top
     fig, ((ax,),) = new_figure(size=(6.5, 5.5))
     low = np.percentile(log_w, 2)  # a few near-zero Becke weights would stretch the scale to 1e-40
     points = ax.scatter(xy[order, 0], xy[order, 1], c=np.maximum(log_w[order], low), s=3, cmap="viridis",
                         linewidths=0)  # fmt: skip
-    _atoms_in_plane(ax, host, centre, axes)
+    _atoms_in_plane(ax, prepared, centre, axes)
     fig.colorbar(points, ax=ax, label="log10 quadrature weight (Bohr^3)")
     ax.set_aspect("equal")
     ax.set_xlabel("first principal axis (Bohr)")
@@ -78,7 +78,7 @@ def plot_scf_history(result: SCFResult, path: str | Path) -> Path:
     return save_png(fig, path)
 
 
-def plot_orbitals(host: HostProblem, result: SCFResult, path: str | Path, *, height: float = 1.0,
+def plot_orbitals(prepared: PreparedProblem, result: SCFResult, path: str | Path, *, height: float = 1.0,
                   margin: float = 3.0, points: int = 120) -> Path:  # fmt: skip
     """Contour slices of the HOMO and LUMO in a plane parallel to the molecule's, ``height`` Bohr above it.
 
@@ -88,13 +88,13 @@ def plot_orbitals(host: HostProblem, result: SCFResult, path: str | Path, *, hei
     """
     from pyscf import dft
 
-    centre, axes = principal_frame(host.molecule.positions)
-    xy = (host.molecule.positions - centre) @ axes[:2].T
+    centre, axes = principal_frame(prepared.molecule.positions)
+    xy = (prepared.molecule.positions - centre) @ axes[:2].T
     lo, hi = xy.min(axis=0) - margin, xy.max(axis=0) + margin
     s, t = np.meshgrid(np.linspace(lo[0], hi[0], points), np.linspace(lo[1], hi[1], points))
     plane = centre + s.reshape(-1, 1) * axes[0] + t.reshape(-1, 1) * axes[1] + height * axes[2]  # (P, 3)
-    ao = dft.numint.eval_ao(host.mol, plane)  # (P, N)
-    nocc = host.nocc
+    ao = dft.numint.eval_ao(prepared.mol, plane)  # (P, N)
+    nocc = prepared.nocc
     fig, axes_grid = new_figure(ncols=2, size=(11, 4.8))
     for ax, (name, index) in zip(axes_grid[0], (("HOMO", nocc - 1), ("LUMO", nocc))):
         values = (ao @ result.mo_coeff[:, index]).reshape(s.shape)
@@ -102,7 +102,7 @@ def plot_orbitals(host: HostProblem, result: SCFResult, path: str | Path, *, hei
         levels = np.linspace(-top, top, 21)
         filled = ax.contourf(s, t, values, levels=levels, cmap="RdBu_r")
         ax.contour(s, t, values, levels=levels[1::2], colors="k", linewidths=0.3)
-        _atoms_in_plane(ax, host, centre, axes)
+        _atoms_in_plane(ax, prepared, centre, axes)
         fig.colorbar(filled, ax=ax, label="orbital value (Bohr^-3/2)")
         ax.set_aspect("equal")
         ax.set_xlabel("Bohr")
@@ -119,7 +119,7 @@ def plot_eri(eri_s8: np.ndarray, nao: int, path: str | Path, *, threshold: float
     """
     from pyscf import ao2mo
 
-    eri_s8 = np.asarray(eri_s8, np.float64)  # device integrals come in float32; ao2mo reads doubles
+    eri_s8 = np.asarray(eri_s8, np.float64)  # JAX integrals come in float32; ao2mo reads doubles
     full = ao2mo.restore(1, eri_s8, nao).reshape(nao * nao, nao * nao)
     npair = nao * (nao + 1) // 2
     s4 = ao2mo.restore(4, eri_s8, nao)  # (npair, npair)

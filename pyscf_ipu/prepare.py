@@ -1,10 +1,10 @@
-"""The preparation of a batch of conformers for the SCF loop, in float64 at each molecule's sizes.
+"""The preparation of a batch of conformers for the SCF loop, on the host, at each molecule's sizes.
 
 Everything the loop needs that is not the loop itself: the one-electron integrals, the
-8-fold-symmetric ERI with optional Schwarz screening, the Becke grid (and, with host integrals,
+8-fold-symmetric ERI with optional Schwarz screening, the Becke grid (and, with libcint integrals,
 the AO values on it), the MINAO initial guess and an orthogonaliser of the overlap matrix. The
 integrals and the grid come from the run's :mod:`integral source <pyscf_ipu.integral_sources>`;
-the result is one :class:`HostProblem` per conformer, of plain numpy arrays. Padding to shared
+the result is one :class:`PreparedProblem` per conformer, of plain numpy arrays. Padding to shared
 shapes and the cast to the loop's precision happen later (:mod:`pyscf_ipu.problem`).
 """
 
@@ -19,21 +19,23 @@ from pyscf import dft, gto, lib, scf
 from pyscf.scf import addons, atom_hf
 
 from .buckets import SizeBucket
-from .config import RKSConfig
-from .integral_sources import ao_template, integral_source
+from .integral_sources import ao_template
 from .integrals.ao_values import AOTables
-from .mole import build_mole, element_basis
+from .method import Method
+from .pyscf_mole import build_mole, element_basis
 from .molecule import Molecule
 from .packed import PackedERI, s8_aos, s8_size
-from .xc.functionals import get_functional
 
 # Eigenvalues of S below this are treated as linear dependence and projected out (PySCF's lindep).
 LINEAR_DEPENDENCE_THRESHOLD = 1e-8
 
 
 @dataclass(frozen=True, eq=False)
-class HostProblem:
-    """The float64 inputs of one SCF run, at the molecule's true sizes (N AOs, G grid points)."""
+class PreparedProblem:
+    """One conformer's inputs to the SCF loop as prepared on the host: numpy arrays in float64 at the
+    molecule's own sizes (N AOs, G grid points), but for the ERIs of the JAX integral source, which
+    stay in the loop's precision at the size bucket's AOs (read-only; the molecule's are their
+    leading part), and for the AO values, which that source leaves to the device (``ao`` None)."""
 
     molecule: Molecule
     mol: gto.Mole = field(repr=False)
@@ -41,7 +43,7 @@ class HostProblem:
     overlap: np.ndarray  # (N, N)
     hcore: np.ndarray  # (N, N)  T + V
     eri_s8: np.ndarray  # (N(N+1)/2 * (N(N+1)/2 + 1) / 2,)  screened, PySCF's s8 packing; float64 from
-    # libcint, or in the run's precision from the device integrals (then read-only)
+    # libcint, or in the run's precision from the JAX integrals (then read-only)
     eri_kept: int  # non-zero unique integrals after screening
     eri_fitted: np.ndarray  # (naux, N(N+1)/2) float64: the density-fitted ERIs (integral_sources.fitted_eri)
     # where the J-K backend is density fitted; then eri_s8 is empty, else this is (0, 0)
@@ -66,7 +68,7 @@ class HostProblem:
 
     @property
     def eri_nao(self) -> int:
-        """The AOs of ``eri_s8``: the molecule's (libcint), or its bucket's (the device integrals write
+        """The AOs of ``eri_s8``: the molecule's (libcint), or its bucket's (the JAX integrals write
         the bucket's s8 array, of which the molecule's is the leading part; the rest is zero)."""
         return s8_aos(self.eri_s8.shape[0])
 
@@ -146,8 +148,21 @@ def orthogonaliser(overlap: np.ndarray) -> np.ndarray:
     return u[:, keep] / np.sqrt(s[keep])
 
 
-def prepare(molecules: list[Molecule], config: RKSConfig) -> list[HostProblem]:
-    """PySCF's float64 preparation of ``molecules`` under ``config``: conformers of molecules of one
+@dataclass(frozen=True)
+class _Integrals:
+    """One conformer's integrals and guess as the integral source and PySCF gave them."""
+
+    overlap: np.ndarray  # (N, N)
+    hcore: np.ndarray  # (N, N)
+    eri: np.ndarray  # s8, or empty where density fitted
+    nonzero: int  # non-zero entries of ``eri``
+    fitted: np.ndarray  # (naux, npair), or (0, 0) where not density fitted
+    grid: tuple | None  # (points, weights, owners) from the JAX source; None: PySCF's on the host
+    guess: np.ndarray  # (N, N)  the MINAO density
+
+
+def prepare(molecules: list[Molecule], method: Method) -> list[PreparedProblem]:
+    """PySCF's float64 preparation of ``molecules`` under ``method``: conformers of molecules of one
     size bucket (:class:`SizeBucket`), a batch.
 
     The one-electron integrals, the ERIs and the grids come from the run's integral source, each in
@@ -156,7 +171,7 @@ def prepare(molecules: list[Molecule], config: RKSConfig) -> list[HostProblem]:
     so our results and PySCF's refer to the same quadrature; only PySCF's spatial sort of the points
     is skipped. A functional without a grid part (Hartree-Fock) gets no grid.
     """
-    needs_grid = bool(get_functional(config.xc).pieces)
+    config = method.config
     mols = [build_mole(molecule, config.basis) for molecule in molecules]  # checks the elements and basis
     bucket = SizeBucket.of(molecules[0], config.basis, config.grid_level, config.occupied_step)
     if any(not bucket.fits(molecule) for molecule in molecules[1:]):
@@ -170,7 +185,7 @@ def prepare(molecules: list[Molecule], config: RKSConfig) -> list[HostProblem]:
         guesses = [minao_guess(mol) for mol in mols]
     guess_seconds = (time.perf_counter() - t) / len(mols)
 
-    source = integral_source(config.integrals)
+    source = method.integrals
     t = time.perf_counter()
     one_electron = source.one_electron(mols, bucket)
     one_electron_seconds = (time.perf_counter() - t) / len(mols)
@@ -185,28 +200,29 @@ def prepare(molecules: list[Molecule], config: RKSConfig) -> list[HostProblem]:
     eri_seconds = (time.perf_counter() - t) / len(mols)
 
     t = time.perf_counter()
-    grids = source.grids(mols, bucket) if needs_grid else [None] * len(mols)
+    grids = source.grids(mols, bucket) if method.needs_grid else [None] * len(mols)
     grid_seconds = (time.perf_counter() - t) / len(mols)
     timings = {"one_electron": one_electron_seconds, "eri": eri_seconds, "grid": grid_seconds, "guess": guess_seconds}
-    return [_prepare_one(molecule, mol, *ints, eri, count, fit, grid, guess, config, needs_grid, bucket, dict(timings))
-            for molecule, mol, ints, eri, count, fit, grid, guess
-            in zip(molecules, mols, one_electron, eris, counts, fitted, grids, guesses)]  # fmt: skip
+    integrals = [_Integrals(*ints, eri, count, fit, grid, guess) for ints, eri, count, fit, grid, guess
+                 in zip(one_electron, eris, counts, fitted, grids, guesses)]  # fmt: skip
+    return [_prepare_one(molecule, mol, ints, method, bucket, dict(timings))
+            for molecule, mol, ints in zip(molecules, mols, integrals)]
 
 
-def _prepare_one(molecule: Molecule, mol: gto.Mole, overlap: np.ndarray, hcore: np.ndarray, eri: np.ndarray,
-                 nonzero: int, fitted: np.ndarray, grid: tuple | None, dm0: np.ndarray, config: RKSConfig,
-                 needs_grid: bool, bucket: SizeBucket, timings: dict[str, float]) -> HostProblem:  # fmt: skip
-    """The rest of one conformer's preparation, from its integrals and its initial density ``dm0``:
-    orthogonaliser, screening, grid. ``nonzero`` counts the non-zero entries of ``eri`` (counted
-    again after a Schwarz screening). ``grid`` (points, weights, owners) from the JAX integral source
-    leaves the AO values to the device (``ao`` None); without it, PySCF builds the grid and
+def _prepare_one(molecule: Molecule, mol: gto.Mole, ints: _Integrals, method: Method, bucket: SizeBucket,
+                 timings: dict[str, float]) -> PreparedProblem:  # fmt: skip
+    """The rest of one conformer's preparation, from its integrals ``ints``: orthogonaliser,
+    screening (which counts the non-zero ERIs again), grid. A grid from the JAX integral source
+    leaves the AO values to the device (``ao`` None); without one, PySCF builds the grid and
     evaluates the AO values here."""
+    config = method.config
     t = time.perf_counter()
-    x = orthogonaliser(overlap)
+    x = orthogonaliser(ints.overlap)
     timings["one_electron"] += time.perf_counter() - t
 
     t = time.perf_counter()
     nao = mol.nao_nr()
+    eri, nonzero = ints.eri, ints.nonzero
     if config.eri_threshold > 0:  # screening zeroes more: count what is left
         n = s8_aos(eri.shape[0])  # the molecule's AOs (libcint) or its bucket's (device)
         eri = schwarz_screen(eri, n * (n + 1) // 2, config.eri_threshold)
@@ -214,9 +230,9 @@ def _prepare_one(molecule: Molecule, mol: gto.Mole, overlap: np.ndarray, hcore: 
     timings["eri"] += time.perf_counter() - t
 
     t = time.perf_counter()
-    if grid is not None:
-        (coords, weights, owners), ao = grid, None
-    elif needs_grid:
+    if ints.grid is not None:
+        (coords, weights, owners), ao = ints.grid, None
+    elif method.needs_grid:
         grids = dft.gen_grid.Grids(mol)
         grids.level = config.grid_level
         grids.build(with_non0tab=False, sort_grids=False)
@@ -228,17 +244,17 @@ def _prepare_one(molecule: Molecule, mol: gto.Mole, overlap: np.ndarray, hcore: 
     else:
         coords, weights, owners, ao = np.zeros((0, 3)), np.zeros(0), np.zeros(0, int), np.zeros((4, 0, nao))
 
-    return HostProblem(
+    return PreparedProblem(
         molecule=molecule,
         mol=mol,
         nocc=molecule.nelectron // 2,
-        overlap=overlap,
-        hcore=hcore,
+        overlap=ints.overlap,
+        hcore=ints.hcore,
         eri_s8=eri,
         eri_kept=nonzero,
-        eri_fitted=fitted,
+        eri_fitted=ints.fitted,
         orthogonaliser=x,
-        density_guess=dm0,
+        density_guess=ints.guess,
         grid_coords=np.asarray(coords),
         grid_weights=np.asarray(weights),
         grid_owners=np.asarray(owners),

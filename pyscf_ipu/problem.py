@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from .integral_sources import conformer_coords
-from .prepare import HostProblem
+from .prepare import PreparedProblem
 from .jk import JKBackend
 from .packed import FittedERI, PackedERI, s8_size
 from .padding import aligned_empty, pad_into, pad_to, stack_padded
@@ -50,87 +50,81 @@ class SCFProblem:
         return self.hcore.shape[0], self.weights.shape[0]
 
 
-def padded_sizes(host: HostProblem) -> tuple[int, int]:
+def padded_shapes(prepared: PreparedProblem) -> tuple[int, int]:
     """(Np, Gp): the AO count and grid size of the problem's size bucket (see :mod:`pyscf_ipu.buckets`),
     Gp 0 without a grid (Hartree-Fock). Molecules of one bucket share every compiled program."""
-    npad, gpad = host.bucket.sizes
-    return npad, gpad if host.grid_points else 0
+    npad, gpad = prepared.bucket.shapes
+    return npad, gpad if prepared.grid_points else 0
 
 
-def device_ao_values(hosts: list[HostProblem], dtype, sizes: tuple[int, int]) -> jax.Array:
+def device_ao_values(members: list[PreparedProblem], dtype, shapes: tuple[int, int]) -> jax.Array:
     """(C, 4, Gp, Np): the AO values of conformers whose host preparation left them to the device
     (``ao`` None, from :func:`~pyscf_ipu.integral_sources.device_grids`), evaluated by one program in ``dtype``,
     padded with zeros."""
     from .integrals.ao_values import ao_values
 
-    coords = conformer_coords([h.mol for h in hosts], hosts[0].bucket)  # (C, natm, 3)
-    offsets = [h.grid_coords - c[h.grid_owners] for h, c in zip(hosts, coords)]  # float64
-    return ao_values([h.ao_tables for h in hosts], coords, offsets, [h.grid_owners for h in hosts], sizes, dtype)
+    coords = conformer_coords([h.mol for h in members], members[0].bucket)  # (C, natm, 3)
+    offsets = [h.grid_coords - c[h.grid_owners] for h, c in zip(members, coords)]  # float64
+    return ao_values([h.ao_tables for h in members], coords, offsets, [h.grid_owners for h in members], shapes, dtype)
 
 
-def batch_members(hosts: list[HostProblem], batch_size: int | None) -> list[HostProblem]:
-    """``hosts`` padded to ``batch_size`` by repeating the last, so that a short final batch reuses
-    the compiled loop of a full one (callers drop those extra results)."""
-    return list(hosts) + [hosts[-1]] * max(0, (batch_size or 0) - len(hosts))
-
-
-def build_batch(hosts: list[HostProblem], backend: JKBackend, dtype, sizes: tuple[int, int] | None = None) -> SCFProblem:
-    """The conformers ``hosts`` (molecules of one size bucket) as one problem with a leading batch
+def build_batch(members: list[PreparedProblem], backend: JKBackend, dtype, shapes: tuple[int, int] | None = None) -> SCFProblem:
+    """The conformers ``members`` (molecules of one size bucket) as one problem with a leading batch
     axis, for the vmapped loop: each padded to the bucket's shapes and cast to ``dtype``, stacked.
 
-    ``sizes`` defaults to the bucket's :func:`padded_sizes` (see :func:`batch_members` to pad the
-    batch itself). AO values left to the device are evaluated there for the whole batch
+    ``shapes`` defaults to the bucket's :func:`padded_shapes` (:func:`~pyscf_ipu.padding.fill_batch`
+    pads the batch itself). AO values left to the device are evaluated there for the whole batch
     (:func:`device_ao_values`); host ones are cast and padded straight into their slot of the
     batch's array, in one pass. The J-K arrays come from the backend's ``prepare``, from every
     conformer's integrals as the bucket's s8 array (the molecule's leading, zeros after).
     """
-    if len({h.bucket for h in hosts}) != 1:
+    if len({h.bucket for h in members}) != 1:
         raise ValueError("a batch needs conformers of molecules of one size bucket")
-    npad, gpad = sizes = sizes or padded_sizes(hosts[0])
-    arrays = [_padded_arrays(h, sizes) for h in hosts]
-    if len({h.ao is None for h in hosts}) != 1:
+    npad, gpad = shapes = shapes or padded_shapes(members[0])
+    arrays = [_padded_arrays(h, shapes) for h in members]
+    if len({h.ao is None for h in members}) != 1:
         raise ValueError("a batch needs one preparation: some conformers' AO values are on the host, some not")
-    if hosts[0].ao is None:
-        ao = device_ao_values(hosts, dtype, sizes)
+    if members[0].ao is None:
+        ao = device_ao_values(members, dtype, shapes)
     else:
-        ao = aligned_empty((len(hosts), 4, gpad, npad), dtype)
-        for slot, host in zip(ao, hosts):
-            pad_into(slot, host.ao)
+        ao = aligned_empty((len(members), 4, gpad, npad), dtype)
+        for slot, prepared in zip(ao, members):
+            pad_into(slot, prepared.ao)
         ao = on_device(ao, may_alias=True)  # new and never written again: the device may adopt it
     return SCFProblem(
         **{k: stack_padded([np.asarray(a[k], dtype) for a in arrays]) for k in arrays[0]},
         ao=ao,
-        jk=backend.prepare(backend_eris(hosts, npad), npad, dtype),
+        jk=backend.prepare(backend_eris(members, npad), npad, dtype),
     )
 
 
-def backend_eris(hosts: list[HostProblem], npad: int) -> list[PackedERI] | list[FittedERI]:
+def backend_eris(members: list[PreparedProblem], npad: int) -> list[PackedERI] | list[FittedERI]:
     """The conformers' ERIs as the J-K backend takes them: the density-fitted factors where the
     preparation made those, else each conformer's s8 array padded to ``npad`` AOs (the device's
     already are: no copy)."""
-    if hosts[0].eri_fitted.size:
-        bucket = hosts[0].bucket
-        return [FittedERI(h.eri_fitted, h.nao, bucket.naux, bucket.occupied_rank) for h in hosts]
+    if members[0].eri_fitted.size:
+        bucket = members[0].bucket
+        return [FittedERI(h.eri_fitted, h.nao, bucket.naux, bucket.occupied_rank) for h in members]
     return [PackedERI(h.eri_s8 if h.eri_nao == npad else pad_to(h.eri_s8, (s8_size(npad),)), npad, h.eri_kept)
-            for h in hosts]  # fmt: skip
+            for h in members]  # fmt: skip
 
 
-def _padded_arrays(host: HostProblem, sizes: tuple[int, int]) -> dict[str, np.ndarray]:
-    """The problem's arrays but the AO values and the J-K data, padded to ``sizes``, in float64."""
-    n, g = host.nao, host.grid_points
-    npad, gpad = sizes
+def _padded_arrays(prepared: PreparedProblem, shapes: tuple[int, int]) -> dict[str, np.ndarray]:
+    """The problem's arrays but the AO values and the J-K data, padded to ``shapes``, in float64."""
+    n, g = prepared.nao, prepared.grid_points
+    npad, gpad = shapes
     if npad < n or gpad < g:
-        raise ValueError(f"padded sizes {(npad, gpad)} are smaller than the problem's {(n, g)}")
-    m = host.orthogonaliser.shape[1]
+        raise ValueError(f"padded shapes {(npad, gpad)} are smaller than the problem's {(n, g)}")
+    m = prepared.orthogonaliser.shape[1]
     return dict(
-        hcore=pad_to(host.hcore, (npad, npad)),
-        overlap=padded_overlap(host.overlap, npad),
-        orthogonaliser=pad_to(host.orthogonaliser, (npad, npad)),
+        hcore=pad_to(prepared.hcore, (npad, npad)),
+        overlap=padded_overlap(prepared.overlap, npad),
+        orthogonaliser=pad_to(prepared.orthogonaliser, (npad, npad)),
         virtual_shift=np.where(np.arange(npad) < m, 0.0, VIRTUAL_SHIFT),
-        density_guess=pad_to(host.density_guess, (npad, npad)),
-        occupation=np.where(np.arange(npad) < host.nocc, 2.0, 0.0),
-        nuclear_repulsion=np.asarray(host.nuclear_repulsion),
-        weights=pad_to(host.grid_weights, (gpad,)),
+        density_guess=pad_to(prepared.density_guess, (npad, npad)),
+        occupation=np.where(np.arange(npad) < prepared.nocc, 2.0, 0.0),
+        nuclear_repulsion=np.asarray(prepared.nuclear_repulsion),
+        weights=pad_to(prepared.grid_weights, (gpad,)),
     )
 
 

@@ -22,9 +22,9 @@ from pyscf import dft, lib, scf
 
 from .buckets import auxiliary_basis
 from .config import RKSConfig
-from .mole import build_mole
+from .pyscf_mole import build_mole
 from .molecule import Molecule
-from .xc.functionals import get_functional
+from .method import resolve
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def pyscf_method(molecule: Molecule, config: RKSConfig):
     same fitting basis where ``config`` is. It gets PySCF's default memory budget on top of what this
     process already holds (see the module doc)."""
     mol = build_mole(molecule, config.basis)
-    functional = get_functional(config.xc)
+    functional = resolve(config).functional
     if functional.pieces:
         mf = dft.RKS(mol)
         mf.xc = functional.libxc_code

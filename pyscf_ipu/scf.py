@@ -18,7 +18,8 @@ steps; it stops early once that holds and the largest element of the DIIS commut
 stop threshold as well, or has stalled within ten times of it (its float32 rounding floor, which
 grows with the basis: diazepam at def2-SVP stalls near 3e-5).
 Every array has a padded shape from :class:`~pyscf_ipu.problem.SCFProblem`, so one compiled loop
-serves every molecule of a shape bucket; settings that change the trace are in :class:`LoopSettings`.
+serves every molecule of a size bucket; settings that change the trace are in
+:class:`~pyscf_ipu.method.LoopSettings`.
 """
 
 from __future__ import annotations
@@ -29,40 +30,15 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from .config import RKSConfig
-from .jk import JKBackend, get_jk_backend
+from .method import LoopSettings
 from .numint import weighted_points, xc_energy_and_potential
 from .problem import SCFProblem
 from .units import HARTREE_TO_EV
-from .xc.functionals import Functional, get_functional
 from .programs import compiled, over_batch
 
 QM1B_STD_WINDOW = 5
 STALL_FACTOR = 10.0  # a stalled commutator ends the loop only below this times the stop threshold
 STALL_ITERATIONS = 2  # ... after this many iterations above half its earlier best
-
-
-@dataclass(frozen=True)
-class LoopSettings:
-    """The static (compile-time) part of a run: changing any of these retraces the loop."""
-
-    functional: Functional
-    backend: JKBackend
-    max_iterations: int = 20
-    diis_space: int = 8
-    stop_threshold: float = 1e-5
-    convergence_std_ev: float = 0.01
-
-    @classmethod
-    def from_config(cls, config: RKSConfig, backend: JKBackend | None = None) -> LoopSettings:
-        return cls(
-            functional=get_functional(config.xc),
-            backend=backend or get_jk_backend(config.jk, config),
-            max_iterations=config.max_iterations,
-            diis_space=config.diis_space,
-            stop_threshold=config.stop_threshold,
-            convergence_std_ev=config.convergence_std_ev,
-        )
 
 
 @jax.tree_util.register_dataclass
@@ -80,22 +56,33 @@ class SCFTrace:
     converged: jax.Array  # ()  QM1B's criterion, see :func:`converged`
 
 
-def fock_and_energy(problem: SCFProblem, settings: LoopSettings, dm, grid_points):
-    """Step 1: (F, E) for the density ``dm``; the grid's points from ``grid_points`` on have zero
+def fock_matrix(hcore, vj, vk, vxc, hf_exchange: float):
+    r""":math:`F = H + J - \tfrac{a_x}{2} K + V_{xc}` (numpy or JAX arrays alike: the loop's and the
+    float64 finalisation's)."""
+    return hcore + vj - (0.5 * hf_exchange) * vk + vxc
+
+
+def energy_terms(dm, hcore, vj, exchange_trace, exc, hf_exchange: float, nuclear_repulsion) -> dict:
+    r"""The total energy's terms, Hartree, in the order they are summed:
+    :math:`\mathrm{tr}(DH) + \tfrac12 \mathrm{tr}(DJ) - \tfrac{a_x}{4}\mathrm{tr}(DK) + E_{xc} + E_{nuc}`,
+    with ``exchange_trace`` = tr(D K) (numpy or JAX arrays alike)."""
+    return {
+        "one_electron": (dm * hcore).sum(),
+        "coulomb": 0.5 * (dm * vj).sum(),
+        "exact_exchange": -0.25 * hf_exchange * exchange_trace,
+        "xc": exc,
+        "nuclear_repulsion": nuclear_repulsion,
+    }
+
+
+def fock_and_energy(problem: SCFProblem, settings: LoopSettings, dm, weighted):
+    """Step 1: (F, E) for the density ``dm``; the grid's points from ``weighted`` on have zero
     weight (see :func:`~pyscf_ipu.numint.xc_energy_and_potential`)."""
-    functional = settings.functional
-    ax = functional.hf_exchange
+    ax = settings.functional.hf_exchange
     vj, vk = settings.backend.contract(problem.jk, dm)
-    exc, vxc, _ = xc_energy_and_potential(functional, problem.ao, problem.weights, dm, grid_points)
-    fock = problem.hcore + vj - (0.5 * ax) * vk + vxc
-    energy = (
-        jnp.sum(dm * problem.hcore)
-        + 0.5 * jnp.sum(dm * vj)
-        - (0.25 * ax) * jnp.sum(dm * vk)
-        + exc
-        + problem.nuclear_repulsion
-    )
-    return fock, energy
+    exc, vxc, _ = xc_energy_and_potential(settings.functional, problem.ao, problem.weights, dm, weighted)
+    terms = energy_terms(dm, problem.hcore, vj, jnp.sum(dm * vk), exc, ax, problem.nuclear_repulsion)
+    return fock_matrix(problem.hcore, vj, vk, vxc, ax), sum(terms.values())
 
 
 def diis_extrapolate(focks, errors, count):
@@ -191,10 +178,10 @@ class LoopState:
     done: jax.Array  # ()  the stop criterion held
 
 
-def scf_loop(problem: SCFProblem, settings: LoopSettings, grid_points) -> SCFTrace:
+def scf_loop(problem: SCFProblem, settings: LoopSettings, weighted) -> SCFTrace:
     """The SCF iterations of one conformer's ``problem`` (the kernel :data:`scf_program` batches).
 
-    ``grid_points``: the grid's points from it on have zero weight (the batch's largest).
+    ``weighted``: the grid's points from this index on have zero weight (the batch's largest count).
     """
     dm0 = problem.density_guess
     n = dm0.shape[0]
@@ -204,7 +191,7 @@ def scf_loop(problem: SCFProblem, settings: LoopSettings, grid_points) -> SCFTra
 
     def step(state: LoopState) -> LoopState:
         it, dm = state.iteration, state.density
-        fock, energy = fock_and_energy(problem, settings, dm, grid_points)
+        fock, energy = fock_and_energy(problem, settings, dm, weighted)
         # E_k - E_{k-1} by the trapezoid rule: exact for the quadratic (one-electron, Coulomb,
         # exchange) part of E[D], third order in the step for E_xc. Unlike the difference of two
         # float32 totals of ~1e3 Hartree, it keeps the meV-scale convergence visible.
@@ -272,5 +259,5 @@ def scf_program(problems: SCFProblem, settings: LoopSettings) -> SCFTrace:
     Batches run one at a time: two loops at once, from two threads, can deadlock XLA's CPU thread
     pool on a batched ``eigh`` (``docs/decisions/one-loop-at-a-time.md``).
     """
-    grid_points = jnp.max(weighted_points(problems.weights))  # one, unbatched: see xc_energy_and_potential
-    return over_batch(lambda problem: scf_loop(problem, settings, grid_points))(problems)
+    weighted = jnp.max(weighted_points(problems.weights))  # one, unbatched: see xc_energy_and_potential
+    return over_batch(lambda problem: scf_loop(problem, settings, weighted))(problems)

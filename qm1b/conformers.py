@@ -25,7 +25,8 @@ from pyscf_ipu.buckets import SizeBucket
 from pyscf_ipu.molecule import Molecule, MoleculeError, validate
 from pyscf_ipu.units import BOHR_PER_ANGSTROM
 
-from .inputs import GeometryInput, MoleculeInput, builtin_sample, read_geometries, read_smiles, select
+from .inputs import (GeometryInput, MoleculeInput, ParsedSmiles, builtin_sample, parse_smiles, read_geometries,
+                     read_smiles, select)
 from .schema import Failure
 
 RELAX_METHODS = ("mmff",)
@@ -84,22 +85,17 @@ def conformer_seed(seed: int, molecule_id: int) -> int:
             return x + 1
 
 
-def _parse(smiles: str):
-    """The RDKit molecule of a neutral ``smiles``; :class:`ConformerError` if there is none."""
-    from rdkit import Chem, rdBase
-
-    with rdBase.BlockLogs():  # the reason goes to the failures table; RDKit's stderr chatter would not
-        mol = Chem.MolFromSmiles(smiles)
-    if mol is None or mol.GetNumAtoms() == 0:
+def _neutral(smiles: str, parsed: ParsedSmiles | None):
+    """The RDKit molecule of a neutral, parsed ``smiles``; :class:`ConformerError` if there is none."""
+    if parsed is None or not parsed.symbols:
         raise ConformerError("bad SMILES", smiles)
-    charge = Chem.GetFormalCharge(mol)
-    if charge != 0:
-        raise ConformerError(f"charged species (charge {charge:+d})", smiles)
-    return mol
+    if parsed.charge != 0:
+        raise ConformerError(f"charged species (charge {parsed.charge:+d})", smiles)
+    return parsed.molecule()
 
 
 def embed_conformers(
-    smiles: str, count: int, seed: int, molecule_id: int, relax: str | None = None
+    smiles: str, count: int, seed: int, molecule_id: int, relax: str | None = None, parsed: ParsedSmiles | None = None
 ) -> list[Molecule]:
     """Up to ``count`` ETKDGv3 conformers of ``smiles``, as validated molecules in Bohr.
 
@@ -113,6 +109,7 @@ def embed_conformers(
 
     ``relax``: ``None`` (QM1B's choice: raw ETKDG geometries) or ``"mmff"`` (MMFF94 optimisation of
     every conformer; unconverged optimisations are kept as they are after ``MMFF_MAX_ITERS`` steps).
+    ``parsed``: the SMILES already parsed (:func:`~qm1b.inputs.parse_smiles`), else it is parsed here.
 
     Raises :class:`ConformerError` for an unparsable SMILES, a charged species, a molecule ETKDG cannot
     embed, one MMFF has no parameters for, or an odd electron count (a radical: the reason is the
@@ -127,7 +124,7 @@ def embed_conformers(
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
 
-    mol = Chem.AddHs(_parse(smiles))
+    mol = Chem.AddHs(_neutral(smiles, parse_smiles(smiles) if parsed is None else parsed))
     params = AllChem.ETKDGv3()
     params.randomSeed = conformer_seed(seed, molecule_id)
     params.numThreads = 1  # one molecule per call; parallelism comes from shards
@@ -190,18 +187,14 @@ class EmbeddedConformers:
         """The molecule's size bucket (its atoms with hydrogens added; ``occupied_step`` as the run's
         :attr:`~pyscf_ipu.config.RKSConfig.occupied_step`); None if RDKit cannot read it or the basis
         lacks one of its elements (the run records the failure)."""
-        from rdkit import Chem, rdBase
-
-        with rdBase.BlockLogs():
-            mol = Chem.MolFromSmiles(entry.smiles)
-        if mol is None:
+        parsed = entry.parsed
+        if parsed is None:
             return None
-        symbols = [a.GetSymbol() for a in Chem.AddHs(mol).GetAtoms()]
-        return _bucket(symbols, basis, grid_level, occupied_step, Chem.GetFormalCharge(mol))
+        return _bucket(parsed.symbols, basis, grid_level, occupied_step, parsed.charge)
 
     def conformers(self, entry: MoleculeInput) -> tuple[Conformers, list[Failure]]:
         """The molecule's conformers (no failures of single conformers); :class:`ConformerError` if none."""
-        molecules = embed_conformers(entry.smiles, self.count, self.seed, entry.molecule_id, self.relax)
+        molecules = embed_conformers(entry.smiles, self.count, self.seed, entry.molecule_id, self.relax, entry.parsed)
         return list(enumerate(molecules)), []
 
 

@@ -5,8 +5,8 @@ Molecules are ordered by size bucket (:mod:`pyscf_ipu.buckets`) and their confor
 of ``batch_size``, filled from one molecule or several of a bucket: a bucket's molecules share every
 shape, so a batch runs as one vmapped program per stage, and the stored programs and persistent
 compilation cache spare a restarted run the tracing and compiling. The integrals come from the JAX
-kernels by default (``--integrals host``: libcint's). While the device works on batch k, the host
-prepares batch k+1 (only its host-side steps overlap with device integrals: XLA's CPU client runs
+kernels by default (``--integrals libcint``: libcint's). While the device works on batch k, the host
+prepares batch k+1 (only its host-side steps overlap with the JAX integrals: XLA's CPU client runs
 the programs of one thread in order, so the integrals' programs wait for batch k's loop); batch k
 is then finalised and committed to the shard as one atomic part (see
 :mod:`qm1b.store`). A killed run resumes with ``--resume``: committed conformers and
@@ -32,18 +32,18 @@ from pyscf_ipu.config import FITTED_WITHOUT_FORCES, IPUConfig, RKSConfig, option
 from pyscf_ipu.runtime import default_cache_dir, disable_numpy_huge_pages, enable_compilation_cache, reuse_freed_memory
 from pyscf_ipu.forces import nuclear_gradient
 from pyscf_ipu.memory import GB, batch_memory, check_budget, default_budget, largest_batch
-from pyscf_ipu.prepare import HostProblem, prepare
+from pyscf_ipu.method import Method, resolve
+from pyscf_ipu.padding import fill_batch
+from pyscf_ipu.prepare import PreparedProblem, prepare
 from pyscf_ipu.molecule import Molecule, MoleculeError
 from pyscf_ipu.programs import MATMUL_PRECISION, device_description
 from pyscf_ipu.results import SCFResult
 from pyscf_ipu.rks import BatchRun, submit_batch
-from pyscf_ipu.units import HARTREE_TO_EV
-from pyscf_ipu.xc.functionals import get_functional
 
 from .conformers import ConformerError, ConformerSource, EmbeddedConformers, FileConformers
 from .cores import claim_cores, task_environment
 from .inputs import Input, parse_range, parse_shard
-from .schema import SCALAR_COLUMNS, Failure, RecordBatch
+from .schema import Failure, RecordBatch
 from .store import ShardWriter, shard_count
 
 EXECUTORS = ("local", "ray")
@@ -51,8 +51,8 @@ EXECUTORS = ("local", "ray")
 # - QM1B's functional, B3LYP with the VWN5 correlation term (PySCF 2.2's "b3lyp"; since PySCF 2.3
 #   "b3lyp" means the VWN-RPA variant, which single points keep as PySCF's default);
 # - the JAX integrals, which label a stream of conformers faster than libcint's, cold and restarted
-#   (benchmarks/realistic.py); a single point keeps libcint's, the reference (``--integrals host``).
-GENERATOR_DFT_DEFAULTS: dict = {"integrals": "device", "xc": "b3lyp5"}
+#   (benchmarks/realistic.py); a single point keeps libcint's, the reference (``--integrals libcint``).
+GENERATOR_DFT_DEFAULTS: dict = {"integrals": "jax", "xc": "b3lyp5"}
 # Conformers the convergence watch judges together (or a batch, if larger): four molecules' worth at
 # the default 8 conformers, so that one molecule whose conformers all fail cannot stop a run.
 CONVERGENCE_WINDOW = 32
@@ -81,7 +81,7 @@ class GenerateConfig:
     min_converged: float = option(0.5, "stop the run (exit code 4) once fewer than this share of the last conformers "
                                   f"converged (at least {CONVERGENCE_WINDOW} of them, or a batch): a broken setup, "
                                   "not hard molecules; 0 never stops (fixed iteration counts)")  # fmt: skip
-    forces: bool = option(False, "add a forces column (eV/Bohr, -dE/dR by jax.grad through the device integrals; "
+    forces: bool = option(False, "add a forces column (eV/Bohr, -dE/dR by jax.grad through the JAX integrals; "
                                  "seconds per conformer)")  # fmt: skip
     executor: str = option("local", "run in this process, or as many small Ray tasks that free workers pull",
                            choices=EXECUTORS)  # fmt: skip
@@ -207,7 +207,7 @@ class ConvergenceWatch:
                 "(--min-converged 0 labels on regardless)")  # fmt: skip
 
 
-def check_memory(gen: GenerateConfig, dft: RKSConfig, buckets) -> None:
+def check_memory(gen: GenerateConfig, method: Method, buckets) -> None:
     """:class:`~pyscf_ipu.memory.MemoryBudgetError` if a batch of the largest of ``buckets``, with the
     next batch prepared beside it, would need more than the memory budget; the message gives the
     largest batch size that fits."""
@@ -216,10 +216,11 @@ def check_memory(gen: GenerateConfig, dft: RKSConfig, buckets) -> None:
         return
     budget = gen.memory_budget or default_budget()
 
-    asked = batch_memory(largest, dft, gen.batch_size, prepared_ahead=gen.batch_size)
+    dft = method.config
+    asked = batch_memory(largest, method, gen.batch_size, prepared_ahead=gen.batch_size)
     if asked.total <= budget * GB:
         return
-    fits = largest_batch(largest, dft, gen.batch_size - 1, budget)
+    fits = largest_batch(largest, method, gen.batch_size - 1, budget)
     fitted = "" if dft.density_fitted else "--jk df (density fitting: no N^4 array), "
     advice = (f"--batch-size {fits} fits" if fits else
               f"not even a batch of one fits: try {fitted}a smaller basis or, where the machine has the memory, "
@@ -237,29 +238,71 @@ def load_inputs(gen: GenerateConfig) -> list[Input]:
     return gen.source.inputs(heavy, gen.limit, parse_shard(gen.shard))
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Batch:
     """Conformers labelled together: of one molecule or of several of one size bucket."""
 
     members: list[tuple[Input, int, Molecule]]  # (input, conformer id, conformer)
-    hosts: list[HostProblem] = field(default_factory=list)
 
     @property
     def molecules(self) -> list[Molecule]:
         return [m for _, _, m in self.members]
 
 
-def _records(
-    batch: _Batch, results: list[SCFResult], drop_unconverged: bool, seconds: float,
-    gradients: list[np.ndarray] | None = None,
-) -> tuple[RecordBatch | None, list[Failure]]:
-    """The batch's labelled conformers as records (eV), and failures for NaN or dropped ones.
+@dataclass(frozen=True)
+class _Settled:
+    """Conformers of one input that need no labelling: failures to record and conformers done earlier."""
 
-    ``seconds``: the generator's wall time for this batch, shared among the records it writes, so
-    that the records' seconds add up to the run's time (failed conformers' time included).
-    ``gradients``: dE/dR (natoms, 3) Hartree/Bohr of each conformer, stored as forces in eV/Bohr.
-    """
-    rows, failures, kept_gradients = [], [], []
+    failures: list[Failure]
+    skipped: int  # conformers already committed or recorded (resume)
+    progress: int  # conformers the progress bar advances by
+    seconds: float = 0.0  # spent making the input's conformers
+
+
+def _batches(inputs: list[Input], buckets: dict, source: ConformerSource, done: set, batch_size: int
+             ) -> Iterator[_Batch | _Settled]:  # fmt: skip
+    """Conformer batches still to do, in the inputs' order (grouped by their size ``buckets``, by
+    molecule id), and what each input settles without labelling. A batch takes ``batch_size``
+    conformers of one bucket, from one molecule or several; a molecule without a bucket (an element
+    the basis lacks) goes alone, to fail as a whole. ``done``: the keys already in the shard."""
+    pending: list[tuple[Input, int, Molecule]] = []
+    pending_bucket = None
+    for entry in inputs:
+        expected = source.expected(entry)
+        if (entry.molecule_id, -1) in done:
+            yield _Settled([], expected, expected)
+            continue
+        t = time.perf_counter()
+        try:
+            conformers, failures = source.conformers(entry)
+        except ConformerError as err:
+            yield _Settled([Failure(entry.description, err.reason, entry.molecule_id, -1)], 0, expected,
+                           time.perf_counter() - t)  # fmt: skip
+            continue
+        seconds = time.perf_counter() - t
+        new = [f for f in failures if f.key not in done]
+        todo = [(entry, cid, m) for cid, m in conformers if (entry.molecule_id, cid) not in done]
+        yield _Settled(new, len(conformers) + len(failures) - len(todo) - len(new), expected - len(todo), seconds)
+        if not todo:
+            continue
+        bucket = buckets[entry.molecule_id]
+        if pending and (bucket is None or bucket != pending_bucket):
+            yield _Batch(pending)
+            pending = []
+        pending_bucket = bucket
+        pending += todo
+        while len(pending) >= batch_size or (pending and bucket is None):
+            yield _Batch(pending[:batch_size])
+            pending = pending[batch_size:]
+    if pending:
+        yield _Batch(pending)
+
+
+def _labelled(batch: _Batch, results: list[SCFResult], gradients: list[np.ndarray] | None, drop_unconverged: bool
+              ) -> tuple[list[tuple], list[np.ndarray] | None, list[Failure]]:  # fmt: skip
+    """The batch's conformers that become records, each (SMILES, molecule id, conformer id, conformer,
+    result), with their gradients; failures for NaN labels or forces, and for dropped ones."""
+    rows, kept_gradients, failures = [], [], []
     for k, ((entry, cid, molecule), r) in enumerate(zip(batch.members, results)):
         labels = np.array([r.energy, r.homo, r.lumo, r.gap, r.energy_std_ev])
         if gradients is not None and not np.all(np.isfinite(gradients[k])):
@@ -269,60 +312,93 @@ def _records(
         elif drop_unconverged and not r.converged:
             failures.append(Failure(entry.description, "not converged (--drop-unconverged)", entry.molecule_id, cid))
         else:
-            rows.append((entry, cid, molecule, r))
+            rows.append((entry.smiles, entry.molecule_id, cid, molecule, r))
             if gradients is not None:
                 kept_gradients.append(gradients[k])
-    if not rows:
-        return None, failures
-    entries, cids, molecules, kept = zip(*rows)
-    columns = {
-        "smile": [e.smiles for e in entries],
-        "atoms": [m.formula for m in molecules],
-        "energy": [r.energy * HARTREE_TO_EV for r in kept],
-        "homo": [r.homo * HARTREE_TO_EV for r in kept],
-        "lumo": [r.lumo * HARTREE_TO_EV for r in kept],
-        "y": [r.gap_ev for r in kept],
-        "N": [r.nao for r in kept],
-        "std": [r.energy_std_ev for r in kept],
-        "converged": [r.converged for r in kept],
-        "iterations": [r.iterations for r in kept],
-        "seconds": [seconds / len(rows)] * len(rows),
-        "molecule_id": [e.molecule_id for e in entries],
-        "conformer_id": list(cids),
-    }
-    records = RecordBatch(
-        columns={k: np.asarray(v, dtype=SCALAR_COLUMNS[k]) if k not in ("smile", "atoms") else np.asarray(v, object)
-                 for k, v in columns.items()},  # fmt: skip
-        natoms=np.array([m.natom for m in molecules]),
-        z=np.concatenate([m.atomic_numbers for m in molecules]).astype(np.int8),
-        pos=np.concatenate([m.positions for m in molecules]).astype(np.float32),
-        forces=None if gradients is None else (-HARTREE_TO_EV * np.concatenate(kept_gradients)).astype(np.float32),
-    )
-    return records, failures
+    return rows, None if gradients is None else kept_gradients, failures
+
+
+@dataclass
+class _Ledger:
+    """The one place a run's outcomes go: committed to the shard, counted in the summary, shown on
+    the progress bar and judged by the convergence watch."""
+
+    writer: ShardWriter
+    summary: Summary
+    bar: object  # a tqdm progress bar
+    watch: ConvergenceWatch
+    last_commit: float  # when the last batch was committed: a record's seconds are its share since
+
+    def settle(self, settled: _Settled) -> None:
+        if settled.failures:
+            self.writer.commit(None, settled.failures)
+        self.summary.failures += len(settled.failures)
+        self.summary.skipped += settled.skipped
+        self.summary.timings["conformers"] += settled.seconds
+        self.bar.update(settled.progress)
+
+    def label(self, batch: _Batch, results: list[SCFResult], gradients: list[np.ndarray] | None,
+              forces_seconds: float, drop_unconverged: bool) -> None:  # fmt: skip
+        """Commit a labelled batch: its records (their seconds the generator's wall time since the
+        last commit, failed conformers' time included) and its failures."""
+        for result in results:  # host preparation, transfer, waiting for the device, finalisation
+            self.summary.timings.update(result.timings)
+        if gradients is not None:
+            self.summary.timings["forces"] += forces_seconds
+        now = time.perf_counter()
+        rows, gradients, failures = _labelled(batch, results, gradients, drop_unconverged)
+        records = RecordBatch.from_results(rows, now - self.last_commit, gradients) if rows else None
+        self.writer.commit(records, failures)
+        self.last_commit = time.perf_counter()
+        self.summary.timings["write"] += self.last_commit - now
+        self.summary.conformers += len(rows)
+        self.summary.converged += sum(bool(r.converged) for *_, r in rows)
+        self.summary.failures += len(failures)
+        self.bar.update(len(batch.members))
+        self.watch.add(len(results), sum(r.converged and np.isfinite(r.energy) for r in results))
+
+
+def _results(batch: _Batch, prepared: list[PreparedProblem], run: BatchRun, method: Method, forces: bool
+             ) -> tuple[list[SCFResult], list[np.ndarray] | None, float]:  # fmt: skip
+    """The batch's results (its filling members' dropped), the gradients where ``forces`` asks for
+    them (with the grid's response: the exact derivative of the stored energy), and their seconds."""
+    results = run.results()[: len(batch.members)]
+    if not forces:
+        return results, None, 0.0
+    t = time.perf_counter()
+    gradients = [nuclear_gradient(p, r, method.functional, grid_response=True) for p, r in zip(prepared, results)]
+    return results, gradients, time.perf_counter() - t
+
+
+def input_buckets(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input]) -> dict[int, SizeBucket | None]:
+    """Each input's size bucket by molecule id (None: RDKit cannot read it, or the basis lacks an element)."""
+    return {m.molecule_id: gen.source.bucket(m, dft.basis, dft.grid_level, dft.occupied_step) for m in inputs}
 
 
 def run_shard(gen: GenerateConfig, dft: RKSConfig) -> Summary:
     """Generate one shard (``--shard i/n``) in this process: the ``local`` executor."""
     shard, num_shards = parse_shard(gen.shard)
-    return label_molecules(gen, dft, load_inputs(gen), shard, num_shards, gen.resume)
+    inputs = load_inputs(gen)
+    return label_molecules(gen, dft, inputs, input_buckets(gen, dft, inputs), (shard, num_shards), gen.resume)
 
 
-def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], shard: int, num_shards: int,
-                    resume: bool) -> Summary:  # fmt: skip
-    """Label ``inputs`` into shard ``shard`` of ``num_shards`` of ``gen.out``, continuing what it holds
-    if ``resume``: a local run, and each Ray task. :class:`NotConvergingError` once most recent
-    conformers fail to converge (:class:`ConvergenceWatch`), after what was committed is merged."""
+def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], buckets: dict[int, SizeBucket | None],
+                    shard: tuple[int, int], resume: bool) -> Summary:  # fmt: skip
+    """Label ``inputs`` (of the size ``buckets`` by molecule id) into shard ``shard`` = (i, n) of
+    ``gen.out``, continuing what it holds if ``resume``: a local run, and each Ray task.
+    :class:`NotConvergingError` once most recent conformers fail to converge
+    (:class:`ConvergenceWatch`), after what was committed is merged."""
     from tqdm import tqdm
 
     start = time.perf_counter()
     enable_compilation_cache(default_cache_dir() / "jax")
     disable_numpy_huge_pages()
+    method = resolve(dft)
     source = gen.source
-    buckets = {m.molecule_id: source.bucket(m, dft.basis, dft.grid_level, dft.occupied_step) for m in inputs}
-    check_memory(gen, dft, buckets.values())
+    shard, num_shards = shard
+    check_memory(gen, method, buckets.values())
     inputs = sorted(inputs, key=lambda m: (_bucket_order(buckets[m.molecule_id]), m.molecule_id))
     summary = Summary(out=gen.out, shard=f"{shard}/{num_shards}", molecules=len(inputs))
-    timings = summary.timings
     versions = provenance()
     watch = ConvergenceWatch(gen.min_converged, max(CONVERGENCE_WINDOW, gen.batch_size),
                              f"--max-iterations ({dft.max_iterations}), --basis ({dft.basis}), --precision "
@@ -333,55 +409,27 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], sh
         for path, aside in writer.set_aside:
             print(f"qm1b: {path} could not be read; set aside as {aside.name}, its rows are computed again",
                   file=sys.stderr)
-        done = writer.done()
         bar = tqdm(total=sum(source.expected(m) for m in inputs), unit="conf", disable=not gen.progress,
                    smoothing=0.1)  # fmt: skip
-        inflight: tuple[_Batch, BatchRun] | None = None
-        last_commit = time.perf_counter()
-
-        def finish(item: tuple[_Batch, BatchRun]) -> None:
-            nonlocal last_commit
-            batch, run = item
-            results = run.results()[: len(batch.members)]  # the batch's padding members dropped
-            for result in results:  # host preparation, transfer, waiting for the device, finalisation
-                timings.update(result.timings)
-            gradients = None
-            if gen.forces:
-                t = time.perf_counter()
-                functional = get_functional(dft.xc)
-                # with the grid's response: the exact derivative of the stored energy
-                gradients = [nuclear_gradient(h, r, functional, grid_response=True) for h, r in zip(batch.hosts, results)]
-                timings["forces"] += time.perf_counter() - t
-            now = time.perf_counter()
-            records, failures = _records(batch, results, gen.drop_unconverged, now - last_commit, gradients)
-            writer.commit(records, failures)
-            last_commit = time.perf_counter()
-            timings["write"] += last_commit - now
-            summary.conformers += len(records) if records is not None else 0
-            summary.converged += int(records.columns["converged"].sum()) if records is not None else 0
-            summary.failures += len(failures)
-            bar.update(len(batch.members))
-            watch.add(len(results), sum(r.converged and np.isfinite(r.energy) for r in results))
-
+        ledger = _Ledger(writer, summary, bar, watch, time.perf_counter())
+        inflight: tuple[_Batch, list[PreparedProblem], BatchRun] | None = None
         try:
-            for batch in _batches(inputs, buckets, gen, done, writer, summary, bar, timings):
-                # a short batch is filled up with copies of its last conformer: every batch of a size
-                # bucket then runs the same programs (their results are dropped)
-                padded = batch.molecules + batch.molecules[-1:] * (gen.batch_size - len(batch.members))
-                try:
-                    hosts = prepare(padded, dft)
-                except MoleculeError as err:  # e.g. an element the basis lacks: the whole molecule fails
-                    entries = {e.molecule_id: e for e, _, _ in batch.members}
-                    writer.commit(None, [Failure(e.description, str(err), e.molecule_id, -1) for e in entries.values()])
-                    summary.failures += len(entries)
-                    bar.update(len(batch.members))
+            for item in _batches(inputs, buckets, source, writer.done(), gen.batch_size):
+                if isinstance(item, _Settled):
+                    ledger.settle(item)
                     continue
-                batch.hosts = hosts[: len(batch.members)]
-                if inflight is not None:
-                    finish(inflight)  # the device worked on it while this batch was prepared
-                inflight = (batch, submit_batch(hosts, dft, batch_size=gen.batch_size))
+                try:  # a short batch is filled up: every batch of a size bucket then runs the same programs
+                    prepared = prepare(fill_batch(item.molecules, gen.batch_size), method)
+                except MoleculeError as err:  # e.g. an element the basis lacks: the whole molecule fails
+                    entries = {e.molecule_id: e for e, _, _ in item.members}
+                    ledger.settle(_Settled([Failure(e.description, str(err), e.molecule_id, -1) for e in entries.values()],
+                                           0, len(item.members)))  # fmt: skip
+                    continue
+                if inflight is not None:  # the device worked on it while this batch was prepared
+                    ledger.label(inflight[0], *_results(*inflight, method, gen.forces), gen.drop_unconverged)
+                inflight = (item, prepared[: len(item.members)], submit_batch(prepared, method))
             if inflight is not None:
-                finish(inflight)
+                ledger.label(inflight[0], *_results(*inflight, method, gen.forces), gen.drop_unconverged)
         except NotConvergingError as err:
             stop = err  # the shard closes as usual below: what was committed is merged and kept
         bar.close()
@@ -389,52 +437,6 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], sh
     if stop is not None:
         raise stop
     return summary
-
-
-def _batches(inputs, buckets, gen, done, writer, summary, bar, timings) -> Iterator[_Batch]:
-    """Conformer batches still to do, in the inputs' order (grouped by their size ``buckets``, by
-    molecule id): a batch takes ``batch_size`` conformers of one bucket, from one molecule or
-    several; a molecule without a bucket (an element the basis lacks) goes alone, to fail as a
-    whole; failures of whole molecules and of single frames are committed."""
-    source = gen.source
-    pending: list[tuple[Input, int, Molecule]] = []
-    pending_bucket = None
-    for entry in inputs:
-        expected = source.expected(entry)
-        if (entry.molecule_id, -1) in done:
-            summary.skipped += expected
-            bar.update(expected)
-            continue
-        t = time.perf_counter()
-        try:
-            conformers, failures = source.conformers(entry)
-        except ConformerError as err:
-            writer.commit(None, [Failure(entry.description, err.reason, entry.molecule_id, -1)])
-            summary.failures += 1
-            bar.update(expected)
-            continue
-        finally:
-            timings["conformers"] += time.perf_counter() - t
-        new = [f for f in failures if f.key not in done]
-        if new:
-            writer.commit(None, new)
-            summary.failures += len(new)
-        todo = [(entry, cid, m) for cid, m in conformers if (entry.molecule_id, cid) not in done]
-        summary.skipped += len(conformers) + len(failures) - len(todo) - len(new)
-        bar.update(expected - len(todo))
-        if not todo:
-            continue
-        bucket = buckets[entry.molecule_id]
-        if pending and (bucket is None or bucket != pending_bucket):
-            yield _Batch(pending)
-            pending = []
-        pending_bucket = bucket
-        pending += todo
-        while len(pending) >= gen.batch_size or (pending and bucket is None):
-            yield _Batch(pending[: gen.batch_size])
-            pending = pending[gen.batch_size :]
-    if pending:
-        yield _Batch(pending)
 
 
 class ClusterLostError(RuntimeError):
@@ -461,13 +463,13 @@ def ray_tasks(gen: GenerateConfig, molecules: int) -> int:
     return max(1, -(-molecules // gen.task_molecules))
 
 
-def _ray_task(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], shard: int, num_shards: int) -> Summary:
+def _ray_task(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], buckets: dict, shard: tuple[int, int]) -> Summary:
     """One Ray task: claim ``gen.task_threads`` cores of the node for this worker and set up its
     memory reuse (both before JAX starts), then label ``inputs`` into their shard, continuing what
     an earlier attempt committed."""
     claim_cores(gen.task_threads)
     reuse_freed_memory()
-    return label_molecules(gen, dft, inputs, shard, num_shards, resume=True)
+    return label_molecules(gen, dft, inputs, buckets, shard, resume=True)
 
 
 def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
@@ -481,7 +483,8 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
     source, inputs = gen.source, load_inputs(gen)
     if not gen.resume and shard_count(gen.out):
         raise FileExistsError(f"{gen.out} already holds a dataset: pass --resume to continue it, or choose another --out")
-    check_memory(gen, dft, {source.bucket(m, dft.basis, dft.grid_level, dft.occupied_step) for m in inputs})  # each task's batches
+    buckets = input_buckets(gen, dft, inputs)
+    check_memory(gen, resolve(dft), buckets.values())  # each task's batches
     n = ray_tasks(gen, len(inputs))
     chunks = [[m for m in inputs if m.molecule_id % n == k] for k in range(n)]
     ray.init(address=gen.ray_address, ignore_reinit_error=True, log_to_driver=False)
@@ -490,8 +493,8 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
                                          runtime_env={"env_vars": task_environment(gen.task_threads)})
     quiet = dataclasses.replace(gen, progress=False)
     # the output was checked above, so every task resumes its shard: a retried task continues it
-    pending = {task.remote(quiet, dft, chunk, k, n): sum(map(source.expected, chunk)) for k, chunk in enumerate(chunks)
-               if chunk}  # fmt: skip
+    pending = {task.remote(quiet, dft, chunk, {m.molecule_id: buckets[m.molecule_id] for m in chunk}, (k, n)):
+               sum(map(source.expected, chunk)) for k, chunk in enumerate(chunks) if chunk}  # fmt: skip
     summaries = []
     with tqdm(total=sum(pending.values()), unit="conf", disable=not gen.progress, smoothing=0.1) as bar:
         while pending:

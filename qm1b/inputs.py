@@ -15,6 +15,7 @@ import itertools
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
@@ -44,10 +45,15 @@ class MoleculeInput:
         """What names the molecule in the failures table: its SMILES."""
         return self.smiles
 
+    @cached_property
+    def parsed(self) -> ParsedSmiles | None:
+        """The SMILES as RDKit reads it, parsed once per input (None if it cannot)."""
+        return parse_smiles(self.smiles)
+
     @property
     def heavy_atoms(self) -> int | None:
         """Its heavy atoms (RDKit); None if RDKit cannot parse the SMILES."""
-        return heavy_atom_count(self.smiles)
+        return None if self.parsed is None else self.parsed.heavy_atoms
 
 
 @dataclass(frozen=True, eq=False)
@@ -174,13 +180,39 @@ def read_geometries(path: str | Path) -> list[GeometryInput]:
     return molecules
 
 
-def heavy_atom_count(smiles: str) -> int | None:
-    """The number of non-hydrogen atoms of ``smiles`` (RDKit), or None if RDKit cannot parse it."""
+@dataclass(frozen=True)
+class ParsedSmiles:
+    """What a run needs of a SMILES, from one RDKit parse: its atoms for the size bucket and the
+    heavy-atom filter, and RDKit's molecule (as its compact binary) for the conformer embedding."""
+
+    symbols: tuple[str, ...]  # every atom, hydrogens added (RDKit's AddHs order)
+    charge: int  # the formal charge
+    heavy_atoms: int
+    binary: bytes  # ``Chem.Mol.ToBinary()`` of the parsed molecule, without added hydrogens
+
+    def molecule(self):
+        """RDKit's molecule again, from its binary (no second SMILES parse)."""
+        from rdkit import Chem
+
+        return Chem.Mol(self.binary)
+
+
+def parse_smiles(smiles: str) -> ParsedSmiles | None:
+    """``smiles`` parsed by RDKit, or None if it cannot be (the generator records that failure)."""
     from rdkit import Chem, rdBase
 
     with rdBase.BlockLogs():  # unparsable SMILES are expected here; they fail later, with a record
         mol = Chem.MolFromSmiles(smiles)
-    return None if mol is None else mol.GetNumHeavyAtoms()
+    if mol is None:
+        return None
+    symbols = tuple(atom.GetSymbol() for atom in Chem.AddHs(mol).GetAtoms())
+    return ParsedSmiles(symbols, Chem.GetFormalCharge(mol), mol.GetNumHeavyAtoms(), mol.ToBinary())
+
+
+def heavy_atom_count(smiles: str) -> int | None:
+    """The number of non-hydrogen atoms of ``smiles`` (RDKit), or None if RDKit cannot parse it."""
+    parsed = parse_smiles(smiles)
+    return None if parsed is None else parsed.heavy_atoms
 
 
 def _check_range(heavy_atoms: tuple[int, int]) -> None:

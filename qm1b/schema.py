@@ -27,10 +27,16 @@ record's share, exactly as in the HDF5 files (see :mod:`qm1b.store`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import h5py
 import numpy as np
+
+from pyscf_ipu.units import HARTREE_TO_EV
+
+if TYPE_CHECKING:
+    from pyscf_ipu.molecule import Molecule
+    from pyscf_ipu.results import SCFResult
 
 SCHEMA_VERSION = 1
 
@@ -124,6 +130,32 @@ class RecordBatch:
         )
         batch.validate()
         return batch
+
+    @classmethod
+    def from_results(cls, labelled: Sequence[tuple[str, int, int, Molecule, SCFResult]], seconds: float,
+                     gradients: Sequence[np.ndarray] | None = None) -> RecordBatch:  # fmt: skip
+        """Records of labelled conformers, each (SMILES, molecule id, conformer id, conformer, result),
+        with every energy converted from Hartree to eV; ``seconds`` is shared equally among them, and
+        ``gradients`` (dE/dR, (natoms, 3) Hartree/Bohr each) are stored as forces in eV/Bohr."""
+        smiles, molecule_ids, conformer_ids, molecules, results = zip(*labelled)
+        columns = {
+            "smile": smiles,
+            "atoms": [m.formula for m in molecules],
+            "energy": [HARTREE_TO_EV * r.energy for r in results],
+            "homo": [HARTREE_TO_EV * r.homo for r in results],
+            "lumo": [HARTREE_TO_EV * r.lumo for r in results],
+            "y": [HARTREE_TO_EV * r.gap for r in results],
+            "N": [r.nao for r in results],
+            "std": [r.energy_std_ev for r in results],  # computed in eV by the loop
+            "converged": [r.converged for r in results],
+            "iterations": [r.iterations for r in results],
+            "seconds": [seconds / len(results)] * len(results),
+            "molecule_id": molecule_ids,
+            "conformer_id": conformer_ids,
+        }
+        forces = None if gradients is None else -HARTREE_TO_EV * np.concatenate(gradients)
+        return cls.from_columns(columns, [m.natom for m in molecules], np.concatenate([m.atomic_numbers for m in molecules]),
+                                np.concatenate([m.positions for m in molecules]), forces)  # fmt: skip
 
     @classmethod
     def concat(cls, batches: Iterable[RecordBatch]) -> RecordBatch:

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from pyscf_ipu.config import RKSConfig
+from pyscf_ipu.method import resolve
 from pyscf_ipu.runtime import default_cache_dir, enable_compilation_cache
-from pyscf_ipu.prepare import HostProblem, prepare
+from pyscf_ipu.prepare import PreparedProblem, prepare
 from pyscf_ipu.molecule import Molecule
 from pyscf_ipu.reference import Reference, pyscf_reference
 
@@ -38,16 +39,16 @@ def qm9_nine_heavy() -> dict[int, Molecule]:
 
 @pytest.fixture(scope="session")
 def host_of(qm9_nine_heavy):
-    """host_of(name, basis, grid_level) -> HostProblem, the last few kept (level 3 ones are large)."""
-    cache: dict[tuple, HostProblem] = {}
+    """host_of(name, basis, grid_level) -> PreparedProblem, the last few kept (level 3 ones are large)."""
+    cache: dict[tuple, PreparedProblem] = {}
 
-    def get(name: str, basis: str, grid_level: int) -> HostProblem:
+    def get(name: str, basis: str, grid_level: int) -> PreparedProblem:
         key = (name, basis, grid_level)
         if key not in cache:
             if len(cache) >= 8:
                 cache.pop(next(iter(cache)))
             config = RKSConfig(basis=basis, grid_level=grid_level)
-            cache[key] = prepare([molecule_by_name(name, qm9_nine_heavy)], config)[0]
+            cache[key] = prepare([molecule_by_name(name, qm9_nine_heavy)], resolve(config))[0]
         return cache[key]
 
     return get

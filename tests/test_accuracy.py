@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from pyscf_ipu.config import RKSConfig
-from pyscf_ipu.problem import padded_sizes
+from pyscf_ipu.method import resolve
+from pyscf_ipu.problem import padded_shapes
 from pyscf_ipu.rks import run_rks
 from pyscf_ipu.units import HARTREE_TO_MEV
 
@@ -44,9 +45,9 @@ def case(host_of):
 
     def get(name, basis, grid_level):
         host = host_of(name, basis, grid_level)
-        sizes = padded_sizes(host)
+        sizes = padded_shapes(host)
         if name.startswith("qm9:") and basis == "sto-3g":  # one bucket for the QM9 set
-            group = [padded_sizes(host_of(q, basis, grid_level)) for q in QM9]
+            group = [padded_shapes(host_of(q, basis, grid_level)) for q in QM9]
             sizes = tuple(int(s) for s in np.max(group, axis=0))
         return host.molecule, host, sizes
 
@@ -57,7 +58,7 @@ def case(host_of):
 def test_float64_energy_within_1e6_hartree(case, reference, name, xc, basis):
     molecule, host, sizes = case(name, basis, 0)
     config = RKSConfig(xc=xc, basis=basis, precision="float64", max_iterations=60, stop_commutator=1e-9)
-    result = run_rks(molecule, config, host=host, sizes=sizes)
+    result = run_rks(molecule, config, prepared=host, shapes=sizes)
     ref = reference(molecule, config)
     print(f"{name} {xc}/{basis} float64: dE {result.energy - ref.energy:+.2e} Hartree, {result.iterations} iterations")
     assert abs(result.energy - ref.energy) < 1e-6, (result.energy - ref.energy)
@@ -70,7 +71,7 @@ def test_float64_energy_within_1e6_hartree(case, reference, name, xc, basis):
 def test_float32_within_2_mev(case, reference, name, xc, basis, grid_level, jk):
     molecule, host, sizes = case(name, basis, grid_level)
     config = RKSConfig(xc=xc, basis=basis, grid_level=grid_level, jk=jk)  # float32, max 20 iterations
-    result = run_rks(molecule, config, host=host, sizes=sizes)
+    result = run_rks(molecule, config, prepared=host, shapes=sizes)
     ref = reference(molecule, config)
     diffs = {
         "energy": result.energy - ref.energy,
@@ -110,9 +111,9 @@ def test_float32_labels_with_device_integrals_within_2_mev(case, reference, qm9_
     from .molecules import molecule_by_name
 
     molecule = molecule_by_name(name, qm9_nine_heavy)
-    config = RKSConfig(integrals="device")
+    config = RKSConfig(integrals="jax")
     _, _, sizes = case(name, "sto-3g", 0)  # the group's shared shapes, as above
-    result = run_rks(molecule, config, host=prepare([molecule], config)[0], sizes=sizes)
+    result = run_rks(molecule, config, prepared=prepare([molecule], resolve(config))[0], shapes=sizes)
     ref = reference(molecule, config)
     mev = {k: round((getattr(result, k) - getattr(ref, k)) * HARTREE_TO_MEV, 4)
            for k in ("energy", "homo", "lumo", "gap")}  # fmt: skip

@@ -13,6 +13,7 @@ import pytest
 
 from pyscf_ipu.buckets import SizeBucket
 from pyscf_ipu.config import RKSConfig
+from pyscf_ipu.method import resolve
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.molecule import from_atom_string
 from pyscf_ipu.rks import submit_batch
@@ -82,11 +83,11 @@ def test_molecules_of_one_bucket_share_a_batch_and_every_program():
     from pyscf_ipu.integrals.eri_kernels import quartet_program
     from pyscf_ipu.scf import scf_program
 
-    config = RKSConfig(integrals="device")
+    config = RKSConfig(integrals="jax")
     ammonia, methane = from_atom_string(AMMONIA), from_atom_string(METHANE)
-    alone = [submit_batch(prepare([m, m], config), config).results()[0] for m in (ammonia, methane)]
+    alone = [submit_batch(prepare([m, m], resolve(config)), resolve(config)).results()[0] for m in (ammonia, methane)]
     programs = (quartet_program.signatures, scf_program.signatures)
-    mixed = submit_batch(prepare([ammonia, methane], config), config).results()
+    mixed = submit_batch(prepare([ammonia, methane], resolve(config)), resolve(config)).results()
     assert (quartet_program.signatures, scf_program.signatures) == programs  # nothing new compiled
     for single, member in zip(alone, mixed):
         assert member.nao == single.nao
@@ -95,9 +96,9 @@ def test_molecules_of_one_bucket_share_a_batch_and_every_program():
 
 
 def test_a_batch_refuses_molecules_of_two_buckets():
-    config = RKSConfig(integrals="device")
+    config = RKSConfig(integrals="jax")
     with pytest.raises(ValueError, match="one size bucket"):
-        prepare([from_atom_string(METHANE), from_atom_string(ETHANE)], config)
+        prepare([from_atom_string(METHANE), from_atom_string(ETHANE)], resolve(config))
 
 
 def test_a_new_process_loads_stored_programs_without_tracing(tmp_path):
@@ -106,6 +107,7 @@ def test_a_new_process_loads_stored_programs_without_tracing(tmp_path):
     script = textwrap.dedent(f"""
         import json
         from pyscf_ipu.config import RKSConfig
+        from pyscf_ipu.method import resolve
         from pyscf_ipu.runtime import enable_compilation_cache
         from pyscf_ipu.prepare import prepare
         from pyscf_ipu.molecule import from_atom_string
@@ -113,9 +115,10 @@ def test_a_new_process_loads_stored_programs_without_tracing(tmp_path):
         from pyscf_ipu.scf import scf_program
         from pyscf_ipu.integrals.eri_kernels import quartet_program
         enable_compilation_cache({str(tmp_path / "jax")!r})
-        config = RKSConfig(integrals="device")
+        config = RKSConfig(integrals="jax")
         m = from_atom_string({METHANE!r})
-        r = submit_batch(prepare([m, m], config), config).results()[0]
+        method = resolve(config)
+        r = submit_batch(prepare([m, m], method), method).results()[0]
         print(json.dumps([r.energy, scf_program.traced + quartet_program.traced,
                           scf_program.loaded + quartet_program.loaded]))
     """)

@@ -88,3 +88,20 @@ def test_the_dft_package_needs_no_generator_or_schnet_extras():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).resolve().parents[1])  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("given, meant", [("host", "libcint"), ("device", "jax"), ("libcint", "libcint"), ("jax", "jax")])
+def test_renamed_integral_sources_keep_their_old_spelling(given, meant):
+    """``--integrals host|device`` (the names before libcint|jax) still parse, as the sources they
+    meant, on both command lines; help names the current spellings only."""
+    import argparse
+
+    from pyscf_ipu.config import add_config_arguments, config_from_arguments
+
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, RKSConfig)
+    assert config_from_arguments(parser.parse_args(["--integrals", given]), RKSConfig).integrals == meant
+    assert RKSConfig(integrals=given).integrals == meant
+    assert "{libcint,jax}" in parser.format_help()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--integrals", "gpu"])

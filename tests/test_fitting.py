@@ -12,13 +12,13 @@ from pyscf import df
 from pyscf_ipu.buckets import auxiliary_basis
 from pyscf_ipu.cli import main
 from pyscf_ipu.config import ConfigError, RKSConfig
-from pyscf_ipu.jk import get_jk_backend
+from pyscf_ipu.finalisation import fitted_coulomb
+from pyscf_ipu.method import resolve
 from pyscf_ipu.molecule import from_name
 from pyscf_ipu.padding import pad_to
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.problem import backend_eris
 from pyscf_ipu.programs import full_precision
-from pyscf_ipu.results import fitted_coulomb
 from pyscf_ipu.rks import run_rks
 from pyscf_ipu.units import HARTREE_TO_MEV
 from qm1b.generate import GenerateConfig, generate
@@ -39,10 +39,10 @@ def test_fitted_jk_matches_pyscf_density_fitting(name, basis):
     Hamiltonian's occupied orbitals, rank nocc, within the bucket's occupied rank), and J of the MINAO
     guess, whose rank is higher (J is exact for any density; the guess's K keeps the bucket's rank).
     Float32 sums of O(1) terms keep 1e-5 of the largest element."""
-    host = prepare([from_name(name)], RKSConfig(basis=basis, jk="df"))[0]
+    host = prepare([from_name(name)], resolve(RKSConfig(basis=basis, jk="df")))[0]
     n, npad = host.nao, host.bucket.nao + 3
     assert host.nocc <= host.bucket.occupied_rank  # benzene's guess has rank 36 against 24 (water's: within)
-    backend = get_jk_backend("df")
+    backend = resolve(RKSConfig(jk="df")).backend
     member = jax.tree.map(lambda a: a[0], backend.prepare(backend_eris([host], npad), npad, np.float32))
     contract = jax.jit(full_precision(backend.contract))
     orbitals = scipy.linalg.eigh(host.hcore, host.overlap)[1][:, : host.nocc]
@@ -66,16 +66,16 @@ def test_the_finalisations_exchange_from_the_float32_factor(name, basis):
     about 1e-3 meV. tr(D K), summed in float64 from the blocks W^T B_Q W, keeps the exchange energy
     of B3LYP (a_x = 0.2) within 0.05 meV of the 2 meV label tolerance (measured 0.005-0.018 meV;
     tr(D K) over the float32 K itself was 0.035-0.082 meV off at benzene and paracetamol)."""
-    from pyscf_ipu.jk import FittedExchange
+    from pyscf_ipu.finalisation import FittedExchange
 
-    host = prepare([from_name(name)], RKSConfig(basis=basis, jk="df"))[0]
+    host = prepare([from_name(name)], resolve(RKSConfig(basis=basis, jk="df")))[0]
     n, npad = host.nao, host.bucket.nao + 3
-    backend = get_jk_backend("df")
+    backend = resolve(RKSConfig(jk="df")).backend
     member = jax.tree.map(lambda a: a[0], backend.prepare(backend_eris([host], npad), npad, np.float32))
     orbitals = scipy.linalg.eigh(host.hcore, host.overlap)[1][:, : host.nocc]
     dm = 2 * orbitals @ orbitals.T
     with jax.enable_x64(True):
-        j, k, trace = jax.jit(full_precision(FittedExchange().final))(member, pad_to(dm, (npad, npad)))
+        j, k, trace = jax.jit(full_precision(FittedExchange().on_device))(member, pad_to(dm, (npad, npad)))
     ref_k = pyscf_fitted_jk(host.mol, basis, dm)[1]
     k = np.asarray(k)
     assert j is None and k.dtype == np.float64  # J stays with the host's float64 factor
@@ -90,7 +90,7 @@ def test_a_metric_without_a_cholesky_factor_falls_back_to_pyscfs_eigen_decomposi
     or other rows, but the same fitted ERIs B^T B, to round-off of their O(1) entries (water at
     def2-SVP: 8.5e-14 on entries up to 4.8)."""
     from pyscf_ipu.integral_sources import fitted_eri
-    from pyscf_ipu.mole import build_mole
+    from pyscf_ipu.pyscf_mole import build_mole
 
     mol = build_mole(from_name("water"), "def2-svp")
     factor = fitted_eri(mol, "def2-svp")

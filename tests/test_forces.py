@@ -18,10 +18,10 @@ from pyscf import dft, scf
 
 from pyscf_ipu.config import RKSConfig
 from pyscf_ipu.forces import nuclear_gradient, two_electron_coefficients
+from pyscf_ipu.method import resolve
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.molecule import Molecule, from_name
 from pyscf_ipu.rks import run_rks
-from pyscf_ipu.xc.functionals import get_functional
 
 from .molecules import QM9, molecule_by_name
 
@@ -40,9 +40,9 @@ def pyscf_gradient(mol, config: RKSConfig) -> np.ndarray:
 
 
 def gradient_of(molecule: Molecule, config: RKSConfig):
-    host = prepare([molecule], config)[0]
-    result = run_rks(molecule, config, host=host)
-    return host, result, nuclear_gradient(host, result, get_functional(config.xc))
+    host = prepare([molecule], resolve(config))[0]
+    result = run_rks(molecule, config, prepared=host)
+    return host, result, nuclear_gradient(host, result, resolve(config).functional)
 
 
 @pytest.mark.parametrize("xc", ["b3lyp", "hf"])
@@ -63,10 +63,10 @@ def test_water_gradient_matches_a_finite_difference_on_a_fixed_grid():
 
     def energy(positions: np.ndarray) -> float:
         moved = dataclasses.replace(molecule, positions=positions)
-        other = prepare([moved], config)[0]
+        other = prepare([moved], resolve(config))[0]
         ao = dft.numint.eval_ao(other.mol, host.grid_coords, deriv=1)
         fixed = dataclasses.replace(other, grid_coords=host.grid_coords, grid_weights=host.grid_weights, ao=ao)
-        return run_rks(moved, config, host=fixed).energy
+        return run_rks(moved, config, prepared=fixed).energy
 
     h = 1e-3
     for atom, axis in [(0, 2), (1, 1), (2, 2)]:
@@ -79,7 +79,7 @@ def test_water_gradient_matches_a_finite_difference_on_a_fixed_grid():
 
 def test_two_electron_coefficients_give_the_coulomb_and_exchange_energies():
     """sum_u c_u (u) over the s8 ERIs equals E_J - a_x E_K / 2 from PySCF's J and K at the same density."""
-    mol = prepare([from_name("water")], RKSConfig(eri_expcutoff=0.0, xc="hf"))[0].mol
+    mol = prepare([from_name("water")], resolve(RKSConfig(eri_expcutoff=0.0, xc="hf")))[0].mol
     eri = mol.intor("int2e", aosym="s8")
     dm = np.random.default_rng(0).normal(size=(mol.nao, mol.nao))
     dm = dm + dm.T
@@ -106,9 +106,9 @@ def test_water_gradient_with_grid_response_matches_pyscf_and_a_plain_finite_diff
     against PySCF's grid_response=True and against central differences of the plain energy."""
     molecule = from_name("water")
     config = RKSConfig(**FLOAT64)
-    host = prepare([molecule], config)[0]
-    result = run_rks(molecule, config, host=host)
-    ours = nuclear_gradient(host, result, get_functional(config.xc), grid_response=True)
+    host = prepare([molecule], resolve(config))[0]
+    result = run_rks(molecule, config, prepared=host)
+    ours = nuclear_gradient(host, result, resolve(config).functional, grid_response=True)
     mf = dft.RKS(host.mol, xc=config.xc)
     mf.grids.level = config.grid_level
     mf.conv_tol = 1e-11
@@ -135,8 +135,8 @@ def test_jax_grid_is_pyscfs_grid():
     left out), at levels 0 and 3, on water and a 9-heavy-atom QM9 molecule."""
     import jax
 
-    from pyscf_ipu.grid import atom_grids, grid_points_and_weights
-    from pyscf_ipu.mole import build_mole
+    from pyscf_ipu.grid import atom_grids, grid_coords_and_weights
+    from pyscf_ipu.pyscf_mole import build_mole
     from pyscf_ipu.qm9 import qm9_molecules
 
     for molecule in (from_name("water"), qm9_molecules([21989])[0].molecule):
@@ -147,6 +147,6 @@ def test_jax_grid_is_pyscfs_grid():
             grids.build(sort_grids=False)
             real = grids.atm_idx >= 0
             with jax.enable_x64(True):
-                points, weights = grid_points_and_weights(atom_grids(mol, level), mol.atom_coords())
+                points, weights = grid_coords_and_weights(atom_grids(mol, level), mol.atom_coords())
             np.testing.assert_allclose(np.asarray(points), grids.coords[real], rtol=0, atol=1e-12)
             np.testing.assert_allclose(np.asarray(weights), grids.weights[real], rtol=1e-12, atol=1e-12)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy.special import hyp1f1
 
-from pyscf_ipu.mole import build_mole
+from pyscf_ipu.pyscf_mole import build_mole
 from pyscf_ipu.integrals.basis import cartesian_powers, primitive_basis
 from pyscf_ipu.integrals.boys import MAX_ORDER, boys, boys_family
 from pyscf_ipu.integrals.eri import eri_s8
@@ -205,10 +205,10 @@ def test_eri_workers_share_the_tiles_exactly():
         parts = _parts(plan, workers)
         for q in plan.quartets:
             shares = [r for part in parts for r in part.quartets if (r.bra, r.ket) == (q.bra, q.ket)]
-            assert len(shares) == workers and len({r.tiles.shape for r in shares}) == 1  # one program for all
+            assert len(shares) == workers and len({r.chunks.shape for r in shares}) == 1  # one program for all
             # the padding tiles write nowhere; every real tile is dealt exactly once
-            real = [r.tiles[(r.destination != NOWHERE).any((1, 2, 3, 4))] for r in shares]
-            assert sorted(map(tuple, np.concatenate(real))) == sorted(map(tuple, q.tiles))
+            real = [r.chunks[(r.destination != NOWHERE).any((1, 2, 3, 4))] for r in shares]
+            assert sorted(map(tuple, np.concatenate(real))) == sorted(map(tuple, q.chunks))
         dealt = np.concatenate([part.one_centre_index for part in parts])
         assert sorted(dealt[dealt != NOWHERE]) == sorted(plan.one_centre_index)
     coords = mol.atom_coords()[None] + np.random.default_rng(2).normal(scale=0.05, size=(2, mol.natm, 3))

@@ -14,12 +14,12 @@ from pyscf import scf
 
 from pyscf_ipu.cli import main
 from pyscf_ipu.config import RKSConfig
+from pyscf_ipu.method import resolve
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.ipu import IPUJK, TileMemoryError, Workload, ipu_model, plan, plan_on
 from pyscf_ipu.ipu.contract import contract, layout, place
 from pyscf_ipu.ipu.plan import split_even
 from pyscf_ipu.ipu.profile import plot_tile_map, profile_report
-from pyscf_ipu.jk import get_jk_backend
 from pyscf_ipu.molecule import from_name
 from pyscf_ipu.rks import run_rks
 from pyscf_ipu.units import HARTREE_TO_MEV
@@ -122,10 +122,10 @@ def relative_error(a, b):
 @pytest.fixture(scope="module", params=[("benzene", "sto-3g"), ("water", "6-31g*"), ("h2", "sto-3g")])
 def eri_case(request):
     name, basis = request.param
-    host = prepare([from_name(name)], RKSConfig(basis=basis, xc="hf"))[0]
+    host = prepare([from_name(name)], resolve(RKSConfig(basis=basis, xc="hf")))[0]
     c = np.random.default_rng(2).normal(size=(host.nao, max(1, host.nao // 2)))
     dm = c @ c.T / host.nao
-    dense = get_jk_backend("dense")
+    dense = resolve(RKSConfig(jk="dense")).backend
     data = member(dense.prepare([host.eri], host.nao, np.float32))
     j, k = jax.jit(dense.contract)(data, jnp.asarray(dm, jnp.float32))
     return host, dm, np.asarray(j, np.float64), np.asarray(k, np.float64)
@@ -159,18 +159,18 @@ def test_four_ipus_on_four_devices():
         """
         import jax, jax.numpy as jnp, numpy as np
         from pyscf_ipu.config import IPUConfig, RKSConfig
+        from pyscf_ipu.method import resolve
         from pyscf_ipu.prepare import prepare
         from pyscf_ipu.ipu import ipu_model, plan_on, Workload
         from pyscf_ipu.ipu.contract import contract, layout, place
-        from pyscf_ipu.jk import get_jk_backend
         from pyscf_ipu.molecule import from_name
         from pyscf_ipu.rks import run_rks
         assert jax.device_count() == 4
         for name, basis in [("benzene", "sto-3g"), ("water", "6-31g*")]:
-            host = prepare([from_name(name)], RKSConfig(basis=basis, xc="hf"))[0]
+            host = prepare([from_name(name)], resolve(RKSConfig(basis=basis, xc="hf")))[0]
             n = host.nao
             c = np.random.default_rng(3).normal(size=(n, n // 2)); dm = jnp.asarray(c @ c.T / n, jnp.float32)
-            dense = get_jk_backend("dense")
+            dense = resolve(RKSConfig(jk="dense")).backend
             j0, k0 = (np.asarray(a, np.float64) for a in dense.contract(jax.tree.map(lambda a: a[0], dense.prepare([host.eri], n, np.float32)), dm))
             w = Workload(n, int(np.count_nonzero(host.eri_s8)))
             for strategy in ("rows", "s8"):
@@ -239,20 +239,20 @@ def test_profile_report_and_tile_map(tmp_path):
 
 
 def test_profile_report_matches_plan():
-    host = prepare([from_name("water")], RKSConfig(xc="hf"))[0]
+    host = prepare([from_name("water")], resolve(RKSConfig(xc="hf")))[0]
     p = IPUJK(ipu_model(tiles=7), "s8").plans(host.eri, host.nao, np.float32)[1]
     report = profile_report(p, iterations=12)
     assert report["tiles_used"] == 7 and report["load_imbalance"] == pytest.approx(p.imbalance)
     assert report["estimate"]["seconds_all_iterations"] == pytest.approx(12 * p.iteration_seconds)
     assert report["eri_unique_kept"] == np.count_nonzero(host.eri_s8)
     # screening shows up as sparsity
-    screened = prepare([from_name("water")], RKSConfig(eri_threshold=1e-2, xc="hf"))[0]
+    screened = prepare([from_name("water")], resolve(RKSConfig(eri_threshold=1e-2, xc="hf")))[0]
     p2 = IPUJK(ipu_model(tiles=7), "s8").plans(screened.eri, screened.nao, np.float32)[1]
     assert profile_report(p2, 1)["eri_sparsity"] > report["eri_sparsity"]
 
 
 def test_layout_pads_only_the_last_tile():
-    host = prepare([from_name("water")], RKSConfig(xc="hf"))[0]
+    host = prepare([from_name("water")], resolve(RKSConfig(xc="hf")))[0]
     w = Workload(host.nao, int(np.count_nonzero(host.eri_s8)))
     p = plan_on(w, ipu_model(tiles=7), "s8", 1)
     data = layout(p, p, host.eri, np.float32)
@@ -273,7 +273,7 @@ def test_rows_placement_puts_every_row_where_row_source_says(ipus):
     from pyscf_ipu.packed import row_matrix, s8_to_s4
     from pyscf_ipu.ipu.contract import _tiled_rows, row_placement, row_source, tile_shape
 
-    host = prepare([from_name("water")], RKSConfig(xc="hf"))[0]
+    host = prepare([from_name("water")], resolve(RKSConfig(xc="hf")))[0]
     n, npad = host.nao, host.nao + 3
     p = plan_on(Workload(npad, int(np.count_nonzero(host.eri_s8))), ipu_model(num_ipus=4, tiles=4), "rows", ipus)
     source = row_source(p)
@@ -291,7 +291,7 @@ def test_eri_tile_plan_covers_every_quartet_once_balanced_and_within_memory():
     """The device ERIs' tile plan: every canonical shell quartet but the one-centre ones exactly once
     (counted here from PySCF's shells directly), balanced within 25% on a 9-heavy-atom molecule, every
     tile within its budget; a smaller budget spreads it over more IPUs, an impossible one is refused."""
-    from pyscf_ipu.mole import build_mole
+    from pyscf_ipu.pyscf_mole import build_mole
     from pyscf_ipu.integrals.eri_plan import plan_eri
     from pyscf_ipu.ipu.eri_tiles import plan_eri_tiles
     from pyscf_ipu.ipu.model import ipu_model

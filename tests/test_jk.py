@@ -7,9 +7,10 @@ import pytest
 from pyscf import scf
 
 from pyscf_ipu.config import FITTED_JK, RKSConfig
+from pyscf_ipu.method import resolve
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.packed import degeneracy_weights, unique_quartets
-from pyscf_ipu.jk import JK_BACKENDS, get_jk_backend
+from pyscf_ipu.jk import JK_BACKENDS
 from pyscf_ipu.molecule import from_name
 
 
@@ -30,7 +31,7 @@ def random_density(n, rng):
 @pytest.fixture(scope="module", params=[("benzene", "sto-3g"), ("water", "6-31g*")], ids=lambda p: "-".join(p))
 def case(request):
     name, basis = request.param
-    host = prepare([from_name(name)], RKSConfig(basis=basis, xc="hf"))[0]
+    host = prepare([from_name(name)], resolve(RKSConfig(basis=basis, xc="hf")))[0]
     dm = random_density(host.nao, np.random.default_rng(1))
     vj, vk = scf.hf.dot_eri_dm(host.eri_s8, dm, hermi=1)  # float64 reference
     return host, dm, vj, vk
@@ -43,7 +44,7 @@ def relative_error(a, b):
 @pytest.mark.parametrize("name", EXACT)
 def test_backend_float64_matches_pyscf(case, name):
     host, dm, vj, vk = case
-    backend = get_jk_backend(name)
+    backend = resolve(RKSConfig(jk=name)).backend
     npad = host.nao + 3  # padding must not change the result
     with jax.enable_x64(True):
         data = member(backend.prepare([host.eri], npad, np.float64))
@@ -62,7 +63,7 @@ def test_float32_backends_agree_within_1e5(case):
     host, dm, vj, vk = case
     results = {}
     for name in EXACT:
-        backend = get_jk_backend(name)
+        backend = resolve(RKSConfig(jk=name)).backend
         data = member(backend.prepare([host.eri], host.nao, np.float32))
         results[name] = jax.jit(backend.contract)(data, jnp.asarray(dm, jnp.float32))
         assert results[name][0].dtype == jnp.float32
@@ -76,7 +77,7 @@ def test_float32_backends_agree_within_1e5(case):
 
 def test_degeneracy_weights_count_every_element_once():
     """Expanding unique quartets over their 8 permutations with these weights rebuilds the full tensor."""
-    host = prepare([from_name("water")], RKSConfig(xc="hf"))[0]
+    host = prepare([from_name("water")], resolve(RKSConfig(xc="hf")))[0]
     n = host.nao
     values, index = unique_quartets(host.eri_s8, n)
     weights = degeneracy_weights(index)
@@ -91,5 +92,5 @@ def test_degeneracy_weights_count_every_element_once():
 
 
 def test_unknown_backend():
-    with pytest.raises(ValueError, match="choose one of ipu, dense, s8"):
-        get_jk_backend("gpu-magic")
+    with pytest.raises(ValueError, match="unknown J-K backend 'gpu-magic': choose one of dense, df, ipu, s8"):
+        resolve(RKSConfig(jk="gpu-magic"))

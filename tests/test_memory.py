@@ -11,6 +11,7 @@ import pytest
 from pyscf_ipu.buckets import SizeBucket
 from pyscf_ipu.config import RKSConfig
 from pyscf_ipu.memory import GB, batch_memory
+from pyscf_ipu.method import resolve
 from pyscf_ipu.molecule import from_name
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "1"}
@@ -30,7 +31,7 @@ def test_the_estimate_bounds_the_measured_peak_from_above_and_closely():
     The estimate must not fall below the real peak (a run it lets through must fit), and must not
     exceed it by more than 30% (it would refuse runs that fit)."""
     config = RKSConfig(basis="6-31g", xc="b3lyp5")
-    estimate = batch_memory(SizeBucket.of(from_name("paracetamol"), config.basis, config.grid_level), config, 1).total
+    estimate = batch_memory(SizeBucket.of(from_name("paracetamol"), config.basis, config.grid_level), resolve(config), 1).total
     measured = peak_of(["run", "--mol", "paracetamol", "--basis", "6-31g", "--xc", "b3lyp5"])
     assert measured <= estimate <= 1.3 * measured, (measured / GB, estimate / GB)
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from pyscf_ipu.config import IPUConfig, RKSConfig
+from pyscf_ipu.method import resolve
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.jk import jk_matrices
 from pyscf_ipu.molecule import from_name
@@ -19,8 +20,8 @@ def assert_png(path):
 
 @pytest.fixture(scope="module")
 def water():
-    host = prepare([from_name("water")], RKSConfig())[0]
-    return host, run_rks(host.molecule, RKSConfig(), host=host)
+    host = prepare([from_name("water")], resolve(RKSConfig()))[0]
+    return host, run_rks(host.molecule, RKSConfig(), prepared=host)
 
 
 def test_dft_plots(water, tmp_path):
@@ -31,7 +32,8 @@ def test_dft_plots(water, tmp_path):
     assert_png(plot_scf_history(result, tmp_path / "scf.png"))
     assert_png(plot_orbitals(host, result, tmp_path / "orbitals.png", height=0.0, points=40))
     assert_png(plot_eri(host.eri_s8, host.nao, tmp_path / "eri.png"))
-    matrices = {name: jk_matrices(name, host.eri_s8, host.nao, result.density) for name in ("dense", "s8")}
+    matrices = {name: jk_matrices(resolve(RKSConfig(jk=name)).backend, host.eri_s8, host.nao, result.density)
+                for name in ("dense", "s8")}
     assert_png(plot_jk(matrices, tmp_path / "jk.png"))
 
 
@@ -47,11 +49,10 @@ def test_principal_frame_finds_the_plane_of_a_planar_molecule():
 @pytest.mark.parametrize("strategy", ["rows", "s8"])
 def test_tile_owner_map_places_everything_once(water, strategy, tmp_path):
     from pyscf_ipu.ipu.profile import plot_tile_owners, tile_owner_map
-    from pyscf_ipu.jk import get_jk_backend
 
     host, _ = water
     n = host.nao
-    shape, real = get_jk_backend("ipu", RKSConfig(ipu=IPUConfig(jk_strategy=strategy))).plans(host.eri, n, np.float32)
+    shape, real = resolve(RKSConfig(ipu=IPUConfig(jk_strategy=strategy))).backend.plans(host.eri, n, np.float32)
     maps = tile_owner_map(shape, real, host.eri_s8, n)
     npair = n * (n + 1) // 2
     tiles = set()

@@ -5,14 +5,15 @@ import pytest
 from pyscf import ao2mo, dft, scf
 
 from pyscf_ipu.config import ConfigError, RKSConfig
-from pyscf_ipu.mole import build_mole
+from pyscf_ipu.method import resolve
+from pyscf_ipu.pyscf_mole import build_mole
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.molecule import MoleculeError, from_atom_string, from_name
 
 
 @pytest.fixture(scope="module")
 def benzene_host():
-    return prepare([from_name("benzene")], RKSConfig())[0]
+    return prepare([from_name("benzene")], resolve(RKSConfig()))[0]
 
 
 def test_sizes_and_grid_match_pyscf(benzene_host):
@@ -39,7 +40,7 @@ def test_minao_guess_equals_pyscf_for_cno_f_and_h():
     molecule = from_atom_string("C 0 0 0; N 0 0 1.16; O 1.2 0 -0.7; F -1.3 0 -0.7; H 0 1.0 -0.4; H 0 -1.0 -0.4")
     for basis in ("sto-3g", "6-31g*"):
         mol = build_mole(molecule, basis)
-        np.testing.assert_allclose(prepare([molecule], RKSConfig(basis=basis))[0].density_guess,
+        np.testing.assert_allclose(prepare([molecule], resolve(RKSConfig(basis=basis)))[0].density_guess,
                                    scf.hf.init_guess_by_minao(mol), atol=1e-12)  # fmt: skip
 
 
@@ -57,8 +58,8 @@ def test_orthogonaliser_and_guess(benzene_host):
 
 def test_schwarz_screening_drops_small_integrals_only():
     molecule = from_atom_string("C 0 0 0; O 0 0 1.2; H 0 0.9 -0.6; H 0 -0.9 -0.6; Ne 0 0 6")
-    full = prepare([molecule], RKSConfig(eri_threshold=0.0))[0]
-    screened = prepare([molecule], RKSConfig(eri_threshold=1e-6))[0]
+    full = prepare([molecule], resolve(RKSConfig(eri_threshold=0.0)))[0]
+    screened = prepare([molecule], resolve(RKSConfig(eri_threshold=1e-6)))[0]
     dropped = (full.eri_s8 != 0) & (screened.eri_s8 == 0)
     assert screened.eri_kept < full.eri_kept and dropped.any()
     # Schwarz inequality: |(ij|kl)| <= sqrt((ij|ij)(kl|kl)) < threshold for every dropped integral.
@@ -69,7 +70,7 @@ def test_schwarz_screening_drops_small_integrals_only():
 
 @pytest.mark.parametrize("basis, nao", [("sto-3g", 7), ("6-31g", 13), ("6-31g*", 18)])
 def test_bases(basis, nao):
-    host = prepare([from_name("water")], RKSConfig(basis=basis))[0]
+    host = prepare([from_name("water")], resolve(RKSConfig(basis=basis)))[0]
     assert host.nao == nao
     mol = build_mole(from_name("water"), basis)
     np.testing.assert_allclose(ao2mo.restore(1, host.eri_s8, nao), mol.intor("int2e"), atol=1e-12)
@@ -84,16 +85,16 @@ def test_missing_elements_and_unknown_basis():
 
 
 def test_hartree_fock_skips_the_grid():
-    host = prepare([from_name("water")], RKSConfig(xc="hf"))[0]
+    host = prepare([from_name("water")], resolve(RKSConfig(xc="hf")))[0]
     assert host.grid_points == 0 and host.ao.shape == (4, 0, 7)
 
 
 def test_eri_primitive_screening_is_below_float32_resolution():
     """libcint's primitive screening at the default exponent cutoff changes integrals by < 1e-7 Ha."""
     molecule = from_name("benzene")
-    exact = prepare([molecule], RKSConfig(eri_expcutoff=0.0, xc="hf"))[0].eri_s8
-    screened = prepare([molecule], RKSConfig(xc="hf"))[0].eri_s8
-    coarse = prepare([molecule], RKSConfig(eri_expcutoff=15.0, xc="hf"))[0].eri_s8
+    exact = prepare([molecule], resolve(RKSConfig(eri_expcutoff=0.0, xc="hf")))[0].eri_s8
+    screened = prepare([molecule], resolve(RKSConfig(xc="hf")))[0].eri_s8
+    coarse = prepare([molecule], resolve(RKSConfig(eri_expcutoff=15.0, xc="hf")))[0].eri_s8
     assert RKSConfig().eri_expcutoff == 30.0
     np.testing.assert_allclose(screened, exact, rtol=0, atol=1e-7)
     assert np.max(np.abs(coarse - exact)) > 1e-7  # the cutoff really screens
@@ -101,32 +102,34 @@ def test_eri_primitive_screening_is_below_float32_resolution():
 
 @pytest.mark.parametrize("precision, atol", [("float64", 1e-10), ("float32", 2e-5)])
 def test_device_integrals_switch(precision, atol):
-    """``integrals="device"``: the same overlap, core Hamiltonian and ERIs as libcint, from JAX (on a
+    """``integrals="jax"``: the same overlap, core Hamiltonian and ERIs as libcint, from JAX (on a
     CPU the one-electron integrals come from libcint itself; the device program's are checked in
     :func:`test_conformers_prepared_together_match_libcint_one_by_one`).
 
     float32: the ERIs within 1e-6 (tests/test_integrals.py), the core Hamiltonian within 2e-5 (its
     nuclear attraction on an O core is ~60 Hartree, where float32 resolves 4e-6)."""
     molecule = from_name("water")
-    host = prepare([molecule], RKSConfig(basis="6-31g*", precision=precision, eri_expcutoff=0.0, xc="hf"))[0]
-    device = prepare([molecule], RKSConfig(basis="6-31g*", precision=precision, integrals="device", xc="hf"))[0]
+    host = prepare([molecule], resolve(RKSConfig(basis="6-31g*", precision=precision, eri_expcutoff=0.0, xc="hf")))[0]
+    device = prepare([molecule], resolve(RKSConfig(basis="6-31g*", precision=precision, integrals="jax", xc="hf")))[0]
     np.testing.assert_allclose(device.overlap, host.overlap, rtol=0, atol=atol)
     np.testing.assert_allclose(device.hcore, host.hcore, rtol=0, atol=atol)
     np.testing.assert_allclose(device.eri_s8, host.eri_s8, rtol=0, atol=min(atol, 1e-6))
-    with pytest.raises(ConfigError, match="integrals must be one of host, device"):
+    with pytest.raises(ConfigError, match="integrals must be one of libcint, jax"):
         RKSConfig(integrals="gpu")
 
 
 def test_integral_sources_are_the_config_choices():
-    """Each choice of ``RKSConfig.integrals`` names one registered source, and no other name does."""
+    """Each choice of ``RKSConfig.integrals`` names one registered source, and no other name does; the
+    old spellings (host, device) resolve to the sources they always meant, and name an unknown one
+    never reaches a source."""
     from pyscf_ipu.config import INTEGRALS
-    from pyscf_ipu.integral_sources import INTEGRAL_SOURCES, JaxIntegrals, LibcintIntegrals, integral_source
+    from pyscf_ipu.integral_sources import INTEGRAL_SOURCES, JaxIntegrals, LibcintIntegrals
 
-    assert set(INTEGRAL_SOURCES) == set(INTEGRALS)
-    assert all(integral_source(name).name == name for name in INTEGRALS)
-    assert isinstance(integral_source("host"), LibcintIntegrals) and isinstance(integral_source("device"), JaxIntegrals)
-    with pytest.raises(ValueError, match="unknown integral source 'gpu': choose one of host, device"):
-        integral_source("gpu")
+    assert set(INTEGRAL_SOURCES) == set(INTEGRALS) == {"libcint", "jax"}
+    assert all(resolve(RKSConfig(integrals=name)).integrals.name == name for name in INTEGRALS)
+    assert isinstance(resolve(RKSConfig(integrals="host")).integrals, LibcintIntegrals)
+    assert isinstance(resolve(RKSConfig(integrals="device")).integrals, JaxIntegrals)
+    assert RKSConfig(integrals="device") == RKSConfig(integrals="jax")  # one config, whichever spelling
 
 
 def test_conformers_prepared_together_match_libcint_one_by_one():
@@ -141,10 +144,10 @@ def test_conformers_prepared_together_match_libcint_one_by_one():
     rng = np.random.default_rng(3)
     conformers = [water.with_positions(water.positions + 0.1 * rng.normal(size=water.positions.shape))
                   for _ in range(3)]  # fmt: skip
-    hosts = prepare(conformers, RKSConfig(integrals="device", xc="hf"))
+    hosts = prepare(conformers, resolve(RKSConfig(integrals="jax", xc="hf")))
     assert len(hosts) == 3
     for conformer, device in zip(conformers, hosts):
-        host = prepare([conformer], RKSConfig(eri_expcutoff=0.0, xc="hf"))[0]
+        host = prepare([conformer], resolve(RKSConfig(eri_expcutoff=0.0, xc="hf")))[0]
         np.testing.assert_allclose(device.overlap, host.overlap, rtol=0, atol=1e-10)
         np.testing.assert_allclose(device.hcore, host.hcore, rtol=0, atol=1e-10)
         # the device's s8 array is its size bucket's (water's 2 H padded to 4): the molecule's leads, zeros follow
@@ -158,7 +161,7 @@ def test_conformers_prepared_together_match_libcint_one_by_one():
         np.testing.assert_allclose(overlap, mol.intor("int1e_ovlp"), rtol=0, atol=1e-10)
         np.testing.assert_allclose(hcore, mol.intor("int1e_kin") + mol.intor("int1e_nuc"), rtol=0, atol=1e-10)
     with pytest.raises(ValueError, match="one size bucket"):  # water and benzene: two buckets
-        prepare([water, from_name("benzene")], RKSConfig(integrals="device", xc="hf"))
+        prepare([water, from_name("benzene")], resolve(RKSConfig(integrals="jax", xc="hf")))
 
 
 def test_device_integrals_finalise_j_and_k_on_the_device():
@@ -170,21 +173,21 @@ def test_device_integrals_finalise_j_and_k_on_the_device():
     here 1.3e-9 Hartree, 3e-5 meV)."""
     from pyscf import scf
 
+    from pyscf_ipu.padding import fill_batch
     from pyscf_ipu.rks import run_rks, submit_batch
-    from pyscf_ipu.xc.functionals import get_functional
 
     water = from_name("water")
-    config = RKSConfig(integrals="device")
+    config = RKSConfig(integrals="jax")
     distorted = water.with_positions(water.positions + 0.1 * np.random.default_rng(5).normal(size=(3, 3)))
-    hosts = prepare([water, distorted], config)
+    hosts = prepare([water, distorted], resolve(config))
     assert hosts[0].eri_s8.dtype == np.float32 and not hosts[0].eri_s8.flags.writeable  # the device's, no copy
-    results = [run_rks(water, config, host=hosts[0]), *submit_batch(hosts, config, batch_size=4).results()]
+    results = [run_rks(water, config, prepared=hosts[0]), *submit_batch(fill_batch(hosts, 4), resolve(config)).results()[:2]]
     for host, result in zip([hosts[0], *hosts], results):
         npair = host.nao * (host.nao + 1) // 2  # the bucket's s8 array: the molecule's is its leading part
         vj, vk = scf.hf.dot_eri_dm(np.asarray(host.eri_s8[: npair * (npair + 1) // 2], np.float64), result.density,
                                    hermi=1)  # fmt: skip
         assert result.energy_terms["coulomb"] == pytest.approx(0.5 * np.sum(result.density * vj), abs=1e-9)
-        exchange = -0.25 * get_functional(config.xc).hf_exchange * np.sum(result.density * vk)
+        exchange = -0.25 * resolve(config).functional.hf_exchange * np.sum(result.density * vk)
         assert result.energy_terms["exact_exchange"] == pytest.approx(exchange, abs=1e-8)
     assert abs(results[1].energy - results[2].energy) > 1e-4  # each conformer its own
 
@@ -199,16 +202,15 @@ def test_device_grid_and_ao_values_match_pyscf(basis):
     bound of tests/test_integrals.py, with zeros on the padded points and AOs. 6-31G* has d shells,
     which go through the spherical transform; STO-3G has none, which skips it.
     """
-    from pyscf_ipu.jk import get_jk_backend
     from pyscf_ipu.problem import build_batch
 
     water = from_name("water")
     rng = np.random.default_rng(5)
     conformers = [water.with_positions(water.positions + 0.1 * rng.normal(size=water.positions.shape))
                   for _ in range(2)]  # fmt: skip
-    config = RKSConfig(basis=basis, integrals="device")
-    hosts = [prepare([c], config)[0] for c in conformers]  # one conformer per call: the ERI program of the tests above
-    backend = get_jk_backend("dense")
+    config = RKSConfig(basis=basis, integrals="jax")
+    hosts = [prepare([c], resolve(config))[0] for c in conformers]  # one conformer per call: the ERI program of the tests above
+    backend = resolve(RKSConfig(jk="dense")).backend
     sizes = (hosts[0].nao + 3, 256 * (hosts[0].grid_points // 256 + 1))
     batch = build_batch(hosts, backend, np.float32, sizes)
     for k, host in enumerate(hosts):

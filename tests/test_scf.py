@@ -14,11 +14,13 @@ import numpy as np
 import pytest
 
 from pyscf_ipu.config import RKSConfig
+from pyscf_ipu.method import resolve
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.molecule import from_atom_string, from_name
 from pyscf_ipu.problem import VIRTUAL_SHIFT, build_batch
+from pyscf_ipu.padding import fill_batch
 from pyscf_ipu.rks import run_rks, submit_batch
-from pyscf_ipu.scf import LoopSettings, diis_extrapolate, energy_std_ev, scf_program, stalled
+from pyscf_ipu.scf import diis_extrapolate, energy_std_ev, scf_program, stalled
 from pyscf_ipu.units import HARTREE_TO_EV, HARTREE_TO_MEV
 
 TIGHT64 = dict(precision="float64", max_iterations=60, stop_commutator=1e-9)
@@ -70,9 +72,9 @@ def test_padding_changes_nothing():
     """Padded AOs stay empty virtuals and padded grid points weigh nothing (float64: to round-off)."""
     molecule = from_name("water")
     config = RKSConfig(**TIGHT64)
-    host = prepare([molecule], config)[0]
-    tight = run_rks(molecule, config, host=host, sizes=(host.nao, host.grid_points))
-    padded = run_rks(molecule, config, host=host, sizes=(24, host.grid_points + 1000))
+    host = prepare([molecule], resolve(config))[0]
+    tight = run_rks(molecule, config, prepared=host, shapes=(host.nao, host.grid_points))
+    padded = run_rks(molecule, config, prepared=host, shapes=(24, host.grid_points + 1000))
     assert padded.shapes == (24, host.grid_points + 1000)
     assert padded.energy == pytest.approx(tight.energy, abs=1e-10)
     assert padded.homo == pytest.approx(tight.homo, abs=1e-10)
@@ -87,10 +89,10 @@ def test_xc_loop_stops_at_the_last_weighted_point():
     from pyscf_ipu.numint import weighted_points, xc_energy_and_potential
     from pyscf_ipu.padding import pad_to
 
-    host = prepare([from_name("water")], RKSConfig(precision="float64"))[0]
+    host = prepare([from_name("water")], resolve(RKSConfig(precision="float64")))[0]
     points = 1024 * -(-host.grid_points // 1024) + 2048  # two whole blocks of padding, at least
     ao, weights = pad_to(host.ao, (4, points, host.nao)), pad_to(host.grid_weights, (points,))
-    functional = LoopSettings.from_config(RKSConfig()).functional
+    functional = resolve(RKSConfig()).functional
     with jax.enable_x64(True):
         extent = weighted_points(jnp.asarray(weights))
         # the molecule's own last points may weigh nothing too (Becke's partition): then it stops before them
@@ -105,8 +107,8 @@ def test_xc_loop_stops_at_the_last_weighted_point():
 
 
 def test_padded_orbitals_sit_at_the_virtual_shift():
-    host = prepare([from_name("water")], RKSConfig())[0]
-    settings = LoopSettings.from_config(RKSConfig())
+    host = prepare([from_name("water")], resolve(RKSConfig()))[0]
+    settings = resolve(RKSConfig()).loop
     problems = build_batch([host], settings.backend, np.float32, (16, 4096))
     trace = jax.tree.map(lambda a: a[0], scf_program(problems, settings))
     mo = np.asarray(trace.mo_energy)
@@ -118,22 +120,22 @@ def test_padded_orbitals_sit_at_the_virtual_shift():
 def test_second_molecule_with_same_shapes_does_not_recompile(reference):
     config = RKSConfig()
     sizes = (16, 4096)
-    run_rks(from_name("water"), config, sizes=sizes)
+    run_rks(from_name("water"), config, shapes=sizes)
     compiled = scf_program.signatures
     # a different molecule (other atoms, electron count and grid) in the same padded shapes
     molecule = from_atom_string("N 0 0 0; H 0 0.94 0.38; H 0.81 -0.47 0.38; H -0.81 -0.47 0.38")
-    result = run_rks(molecule, config, sizes=sizes)
+    result = run_rks(molecule, config, shapes=sizes)
     assert scf_program.signatures == compiled
     assert_float32_close(result, reference(molecule, config))  # ... and is right
-    run_rks(molecule, config, sizes=(24, 4096))  # the cache key really is the shape
+    run_rks(molecule, config, shapes=(24, 4096))  # the cache key really is the shape
     assert scf_program.signatures == compiled + 1
 
 
 def test_dtypes_are_kept_and_x64_does_not_leak():
-    host = prepare([from_name("water")], RKSConfig())[0]
+    host = prepare([from_name("water")], resolve(RKSConfig()))[0]
     for precision in ("float32", "float64"):
         config = RKSConfig(precision=precision)
-        settings = LoopSettings.from_config(config)
+        settings = resolve(config).loop
         with jax.enable_x64(precision == "float64"):
             problems = build_batch([host], settings.backend, np.dtype(precision))
             trace = scf_program(problems, settings)
@@ -161,7 +163,7 @@ def test_a_commutator_stalled_at_its_rounding_floor_ends_the_loop():
     scatter around 3e-5 without reaching 1e-5. The stall ends the loop at the 15th iteration, after two
     without falling below half the earlier best; a commutator still halving, or stalled far above the
     threshold, does not."""
-    settings = LoopSettings.from_config(RKSConfig())
+    settings = resolve(RKSConfig()).loop
     floor = [2.1, 0.34, 0.82, 0.12, 4.8e-2, 4.8e-2, 9e-3, 3.8e-3, 8.3e-4, 3e-4, 1.2e-4, 1.3e-4, 2.4e-5,
              2.2e-5, 4.2e-5, 2.1e-5, 2.1e-5, 3.8e-5, 2.3e-5, 3e-5]  # fmt: skip
     stops = [it for it in range(20) if stalled(jnp.asarray(floor, jnp.float32), it, settings)]
@@ -219,9 +221,9 @@ def test_result_json_fields():
 
 def test_purification_restores_idempotency():
     """McWeeny: a density perturbed at float32 level becomes idempotent with the right trace again."""
-    from pyscf_ipu.results import purify
+    from pyscf_ipu.finalisation import purify
 
-    host = prepare([from_name("water")], RKSConfig())[0]
+    host = prepare([from_name("water")], resolve(RKSConfig()))[0]
     result = run_rks(from_name("water"), RKSConfig(**TIGHT64))
     s, dm = host.overlap, result.density
     noisy = dm + 1e-6 * np.random.default_rng(0).normal(size=dm.shape)
@@ -252,10 +254,10 @@ def test_batched_conformers_equal_single_runs():
     water = from_name("water")
     shifted = [water.with_positions(water.positions * s) for s in (1.0, 1.03, 0.98)]
     sizes = (8, 4096)
-    batch = submit_batch(prepare(shifted, RKSConfig()), RKSConfig(), sizes=sizes, batch_size=4).results()
-    assert len(batch) == 3
+    method = resolve(RKSConfig())
+    batch = submit_batch(fill_batch(prepare(shifted, method), 4), method, shapes=sizes).results()[:3]
     for molecule, result in zip(shifted, batch):
-        single = run_rks(molecule, RKSConfig(), sizes=sizes)
+        single = run_rks(molecule, RKSConfig(), shapes=sizes)
         # Batched and single loops sum in different orders (XLA blocks a batched matmul differently),
         # so their float32 densities differ at round-off, ~1e-7. The energy is variational (second
         # order in that difference); orbital energies are first order: 1e-6 Ha = 0.03 meV, far
@@ -274,14 +276,13 @@ def test_build_batch_equals_problems_built_one_by_one(jk):
     """The batch's arrays, padded straight into their slots (and, for the ipu backend's rows layout,
     gathered by one vmapped program), equal each conformer's own problem (a batch of one), the batch
     padding included."""
-    from pyscf_ipu.problem import batch_members
 
     water = from_name("water")
     config = RKSConfig(jk=jk)
-    hosts = [prepare([water.with_positions(water.positions * s)], config)[0] for s in (1.0, 1.04)]
-    backend = LoopSettings.from_config(config).backend
+    hosts = [prepare([water.with_positions(water.positions * s)], resolve(config))[0] for s in (1.0, 1.04)]
+    backend = resolve(config).backend
     sizes = (8, 4096)
-    batch = build_batch(batch_members(hosts, 3), backend, np.dtype("float32"), sizes)
+    batch = build_batch(fill_batch(hosts, 3), backend, np.dtype("float32"), sizes)
     singles = [build_batch([h], backend, np.dtype("float32"), sizes) for h in hosts + hosts[-1:]]
     assert jax.tree.structure(batch) == jax.tree.structure(singles[0])
     flat = [jax.tree.leaves(s) for s in singles]
@@ -297,19 +298,18 @@ def test_final_pass_reads_the_float32_loops_ao_values():
     V_xc by far less than the labels' 2 meV (7e-5 Ha): measured 2e-7 Ha and 7e-8 on 9-heavy-atom
     molecules, bounded here at 1e-6 Ha for E_xc (0.03 meV) and V_xc (a 0.03 meV orbital shift)."""
     from pyscf_ipu.padding import pad_to
-    from pyscf_ipu.jk import HostContraction
-    from pyscf_ipu.results import final_density_program, final_inputs
+    from pyscf_ipu.finalisation import LibcintERIs, final_density_program, final_inputs
 
     molecule = from_name("benzene")
-    host = prepare([molecule], RKSConfig())[0]
-    dm = run_rks(molecule, RKSConfig(), host=host).density
+    host = prepare([molecule], resolve(RKSConfig()))[0]
+    dm = run_rks(molecule, RKSConfig(), prepared=host).density
     sizes = (host.nao, 256 * -(-host.grid_points // 256))
     overlap, weights = final_inputs(host, sizes)
-    functional = LoopSettings.from_config(RKSConfig()).functional
+    functional = resolve(RKSConfig()).functional
     ao64 = pad_to(host.ao, (4, sizes[1], host.nao))
     with jax.enable_x64(True):  # a batch of one, as the generator dispatches it
         exact, rounded = (jax.tree.map(lambda a: a[0], final_density_program(
-            functional, HostContraction(), ao[None], weights[None], dm[None], overlap[None], {}))
+            functional, LibcintERIs(), ao[None], weights[None], dm[None], overlap[None], {}))
             for ao in (ao64, ao64.astype(np.float32)))  # fmt: skip
     assert exact.exc.dtype == rounded.exc.dtype == jnp.float64
     assert abs(float(rounded.exc - exact.exc)) < 1e-6

@@ -37,7 +37,9 @@ from pyscf import dft, gto, scf
 from pyscf.dft import libxc
 
 import pyscf_ipu.xc as xc
-from pyscf_ipu.xc import DENSITY_CUTOFF, FUNCTIONALS, get_functional
+from pyscf_ipu.config import RKSConfig
+from pyscf_ipu.method import resolve
+from pyscf_ipu.xc import DENSITY_CUTOFF, FUNCTIONALS
 
 # name -> (our piece, libxc code understood by pyscf)
 PIECES = {
@@ -129,7 +131,7 @@ def _libxc(code, dataset, zero_sigma=False):
 def _func(name):
     if name in PIECES:
         return PIECES[name][0]
-    return get_functional(name).energy_density
+    return FUNCTIONALS[name].energy_density
 
 
 def _reference_and_scales(name, dataset):
@@ -140,7 +142,7 @@ def _reference_and_scales(name, dataset):
         zero = tuple(np.zeros_like(r) for r in ref)
         z = tuple(np.abs(r) for r in _libxc(code, dataset, zero_sigma=True))
         return ref, zero, z
-    f = get_functional(name)
+    f = FUNCTIONALS[name]
     ref = _libxc(f.libxc_code, dataset)
     s = [np.zeros_like(r) for r in ref]
     z = [np.zeros_like(r) for r in ref]
@@ -270,7 +272,7 @@ def test_shapes_and_jit():
     rho, sigma = _random_data()
     r = jnp.asarray(rho[:12].reshape(3, 4), dtype=jnp.float32)
     s = jnp.asarray(sigma[:12].reshape(3, 4), dtype=jnp.float32)
-    f = get_functional("b3lyp")
+    f = FUNCTIONALS["b3lyp"]
     e_jit = jax.jit(f.energy_density)(r, s)
     assert e_jit.shape == (3, 4) and e_jit.dtype == jnp.float32
     np.testing.assert_allclose(e_jit, f.energy_density(r, s), rtol=1e-6)
@@ -281,17 +283,17 @@ def test_shapes_and_jit():
 # ---------------------------------------------------------------------------
 def test_registry():
     assert set(FUNCTIONALS) == {"b3lyp", "b3lyp5", "pbe", "hf"}
-    b3 = get_functional("B3LYP")
+    b3 = resolve(RKSConfig(xc=" B3LYP")).functional  # names are case- and space-insensitive
     assert b3 is FUNCTIONALS["b3lyp"]
     assert b3.hf_exchange == 0.2
-    assert get_functional("hf").hf_exchange == 1.0
-    assert get_functional("pbe").hf_exchange == 0.0
-    assert b3.needs_gradient and get_functional("pbe").needs_gradient
-    assert not get_functional("hf").needs_gradient
+    assert FUNCTIONALS["hf"].hf_exchange == 1.0
+    assert FUNCTIONALS["pbe"].hf_exchange == 0.0
+    assert b3.needs_gradient and FUNCTIONALS["pbe"].needs_gradient
+    assert not FUNCTIONALS["hf"].needs_gradient
     # weights of B3LYP (PySCF default = libxc HYB_GGA_XC_B3LYP, VWN-RPA)
     assert [w for w, _ in b3.pieces] == [0.08, 0.72, 0.19, 0.81]
     assert xc.vwn_rpa_c in [p for _, p in b3.pieces]
-    assert xc.vwn5_c in [p for _, p in get_functional("b3lyp5").pieces]
+    assert xc.vwn5_c in [p for _, p in FUNCTIONALS["b3lyp5"].pieces]
     # pyscf agrees on the amount of exact exchange
     for f in FUNCTIONALS.values():
         assert libxc.hybrid_coeff(f.libxc_code) == pytest.approx(f.hf_exchange)
@@ -299,14 +301,14 @@ def test_registry():
 
 def test_unknown_functional_lists_choices():
     with pytest.raises(ValueError) as exc_info:
-        get_functional("m06-2x")
+        resolve(RKSConfig(xc="m06-2x"))
     msg = str(exc_info.value)
     for choice in FUNCTIONALS:
         assert choice in msg
 
 
 def test_hf_energy_density_is_zero():
-    f = get_functional("hf")
+    f = FUNCTIONALS["hf"]
     rho = jnp.asarray([0.0, 1.0, 5.0], dtype=jnp.float32)
     e = f.energy_density(rho, None)
     assert e.dtype == jnp.float32 and np.all(np.asarray(e) == 0.0)

@@ -62,17 +62,17 @@ def ao_tables(basis: PrimitiveBasis) -> AOTables:
 
 
 def ao_values(tables: list[AOTables], atom_coords: np.ndarray, offsets: list[np.ndarray],
-                    owners: list[np.ndarray], sizes: tuple[int, int], dtype) -> jax.Array:  # fmt: skip
+                    owners: list[np.ndarray], shapes: tuple[int, int], dtype) -> jax.Array:  # fmt: skip
     """(C, 4, Gp, Np) for C conformers, each with its molecule's ``tables`` (molecules of one size
     bucket may mix): ``atom_coords`` (C, natm, 3) Bohr, ``offsets`` (G_c, 3) each point minus its
-    owner atom (float64, see the module doc), ``owners`` (G_c,) those atoms. ``sizes`` (Np, Gp) pads
+    owner atom (float64, see the module doc), ``owners`` (G_c,) those atoms. ``shapes`` (Np, Gp) pads
     the AOs and points with zeros.
 
     The geometry enters as the padded offsets and as each AO centre relative to each atom
     (C, natm, Nc', 3), both formed in float64 on the host; Nc' counts the dummy AOs that pad an
     untransformed basis to Np columns (zero coefficients: they sit anywhere).
     """
-    naos, points = sizes
+    naos, points = shapes
     transformed = any(t.cart2sph is not None for t in tables)
     ncart = max(t.exponents.shape[0] for t in tables) if transformed else naos
     nprim = max(t.exponents.shape[1] for t in tables)
@@ -82,16 +82,32 @@ def ao_values(tables: list[AOTables], atom_coords: np.ndarray, offsets: list[np.
     padded = np.zeros((len(offsets), points, 3))
     for k, o in enumerate(offsets):
         padded[k, : len(o)] = o
-    stacked = [np.stack(parts) for parts in zip(*constants)]
     dtype = np.dtype(dtype)
-    floats = [a.astype(dtype) for a in stacked[:3]] + [stacked[3]] + [stacked[4].astype(dtype) if transformed else None]
+    stacked = jax.tree.map(lambda *parts: np.stack(parts), *constants)._cast(lambda a: a.astype(dtype))
     owner = np.stack([np.pad(np.asarray(o, np.int32), (0, points - len(o))) for o in owners])
     count = np.array([len(o) for o in owners], np.int32)
     # host arrays: the compiled program copies them in one transfer (jnp.asarray runs a small program per array)
-    return ao_values_program(*floats, padded.astype(dtype), shifts.astype(dtype), owner, count)
+    return ao_values_program(stacked, padded.astype(dtype), shifts.astype(dtype), owner, count)
 
 
-def _constants(tables: AOTables, ncart: int, nprim: int, naos: int, transformed: bool) -> tuple:
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class _AOConstants:
+    """A basis's arrays as :func:`ao_kernel` takes them, for Nc' Cartesian AOs of K primitives."""
+
+    exponents: jax.Array  # (Nc', K)
+    coefficients: jax.Array  # (Nc', K)
+    derivative_coefficients: jax.Array  # (Nc', K)  -2 exponent x coefficient
+    powers: jax.Array  # (Nc', 3) int
+    cart2sph: jax.Array | None  # (Nc', N); None: the Cartesian AOs are the output
+
+    def _cast(self, cast) -> _AOConstants:
+        """The float arrays through ``cast``, the powers as they are."""
+        return _AOConstants(cast(self.exponents), cast(self.coefficients), cast(self.derivative_coefficients),
+                            self.powers, None if self.cart2sph is None else cast(self.cart2sph))  # fmt: skip
+
+
+def _constants(tables: AOTables, ncart: int, nprim: int, naos: int, transformed: bool) -> _AOConstants:
     """The basis's arrays as the kernel takes them (small: (Nc', K) and (Nc', N)): exponents,
     coefficients, -2 exponent x coefficients, powers and the spherical transform, padded to ``ncart``
     Cartesian AOs of ``nprim`` primitives and ``naos`` output columns (without a transform, the
@@ -105,10 +121,10 @@ def _constants(tables: AOTables, ncart: int, nprim: int, naos: int, transformed:
     else:
         cart2sph = np.eye(tables.exponents.shape[0]) if tables.cart2sph is None else tables.cart2sph
         cart2sph = np.pad(cart2sph, ((0, rows), (0, naos - cart2sph.shape[1])))
-    return exponents, coefficients, -2.0 * exponents * coefficients, powers, cart2sph
+    return _AOConstants(exponents, coefficients, -2.0 * exponents * coefficients, powers, cart2sph)
 
 
-def ao_kernel(exponents, coefficients, derivative_coefficients, powers, cart2sph, offsets, shifts, owners, count):
+def ao_kernel(constants: _AOConstants, offsets, shifts, owners, count):
     r"""(4, G, N) values and x/y/z gradients of one conformer (see :func:`_constants` and :func:`ao_values`).
 
     Per Cartesian AO :math:`\phi = x^i y^j z^l R(r^2)` with the contracted radial part
@@ -119,6 +135,8 @@ def ao_kernel(exponents, coefficients, derivative_coefficients, powers, cart2sph
     Every array is (G, Nc), one per coordinate and per primitive: XLA's CPU code vectorises along
     the last axis only (``docs/decisions/ao-values-layout.md``).
     """
+    exponents, coefficients, powers = constants.exponents, constants.coefficients, constants.powers
+    derivative_coefficients, cart2sph = constants.derivative_coefficients, constants.cart2sph
     real = (jnp.arange(offsets.shape[0]) < count)[:, None]  # (G, 1)
     d = [offsets[:, k, None] + shifts[:, :, k][owners] for k in range(3)]  # (G, Nc) each: point minus AO centre
     r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2]
@@ -159,6 +177,5 @@ def ao_values_at(basis: PrimitiveBasis, points, coords: jax.Array) -> jax.Array:
     transformed = tables.cart2sph is not None
     ncart = tables.exponents.shape[0]
     constants = _constants(tables, ncart, tables.exponents.shape[1], basis.cart2sph.shape[1], transformed)
-    floats = [jnp.asarray(a, dtype) for a in constants[:3]] + [jnp.asarray(constants[3])]
-    floats += [jnp.asarray(constants[4], dtype) if transformed else None]
-    return ao_kernel(*floats, jnp.asarray(points, dtype), -centres[None], owners, len(points))
+    constants = constants._cast(lambda a: jnp.asarray(a, dtype))
+    return ao_kernel(constants, jnp.asarray(points, dtype), -centres[None], owners, len(points))

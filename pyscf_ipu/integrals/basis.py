@@ -54,7 +54,7 @@ def contracted_shells(mol: gto.Mole):
     and d shells only, no ECPs (a ValueError names the offending shell).
     """
     if mol.has_ecp():
-        raise ValueError("ECP basis sets are not supported by the device integrals")
+        raise ValueError("ECP basis sets are not supported by the JAX integrals")
     for shell in range(mol.nbas):
         l, nprim, nctr = (int(mol._bas[shell, k]) for k in (gto.ANG_OF, gto.NPRIM_OF, gto.NCTR_OF))
         if l > MAX_L:

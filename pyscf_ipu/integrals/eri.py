@@ -1,6 +1,6 @@
 """The ERIs of a batch of conformers from their :mod:`.eri_plan`: the runner of the :mod:`.eri_kernels`.
 
-From host positions, the quartet tiles are dealt out in shares (:func:`_parts`), the first run on
+From host positions, the quartet chunks are dealt out in shares (:func:`_parts`), the first run on
 the calling thread and the others on worker threads, each share as one program, because XLA's CPU
 backend runs each loop fusion on one core;
 every share has the same shapes, so the shares and molecules of similar size run one compiled
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..padding import bucket
+from ..padding import padded_size
 from ..programs import compiled, on_device, usable_cores
 from .eri_kernels import pair_factors, pair_program, quartet_program
 from .eri_plan import NOWHERE, EriPlan, QuartetClass
@@ -34,7 +34,7 @@ def eri_s8(plans, coords, dtype=jnp.float32, workers: int | None = None) -> jax.
     Host (numpy) positions have their differences formed in float64 on the host: exact zeros within
     an atom, full precision between atoms, and the per-pair Hermite matrices are computed in
     float64 and rounded once (in float32 they carry a systematic error that shifts total energies
-    by meV). The quartet tiles are then shared out over ``workers`` threads (default:
+    by meV). The quartet chunks are then shared out over ``workers`` threads (default:
     :func:`default_workers`), the calling thread and ``workers - 1`` others, each running its share
     as its own program: XLA's CPU backend runs a loop fusion on one core. A share's output comes
     from the heap of the thread that runs it, and only the calling thread's keeps large freed
@@ -110,26 +110,26 @@ def default_workers() -> int:
 
 @lru_cache(maxsize=2)  # the shares copy the plan's destinations
 def _parts(plan: EriPlan, workers: int) -> tuple[EriPlan, ...]:
-    """``plan`` split into ``workers`` plans with disjoint tiles and equal shapes, so that every share,
+    """``plan`` split into ``workers`` plans with disjoint chunks and equal shapes, so that every share,
     and every molecule of similar size, runs one compiled program.
 
-    The tiles of all classes, in order, are dealt out in turn (balanced to a tile per class); each
-    share's class is then padded to a bucketed common count with tiles that write NOWHERE (the
+    The chunks of all classes, in order, are dealt out in turn (balanced to a chunk per class); each
+    share's class is then padded to a bucketed common count with chunks that write NOWHERE (the
     kernel skips them). The one-centre constants are dealt out likewise.
     """
     shares: list[list[QuartetClass]] = [[] for _ in range(workers)]
     dealt = 0
     for q in plan.quartets:
-        owner = (dealt + np.arange(len(q.tiles))) % workers
-        dealt += len(q.tiles)
-        count = bucket(-(-len(q.tiles) // workers), minimum=1)
+        owner = (dealt + np.arange(len(q.chunks))) % workers
+        dealt += len(q.chunks)
+        count = padded_size(-(-len(q.chunks) // workers), minimum=1)
         for k in range(workers):
             mine = owner == k
             extra = count - int(mine.sum())
-            tiles = np.concatenate([q.tiles[mine], np.repeat(q.tiles[:1], extra, axis=0)])
+            chunks = np.concatenate([q.chunks[mine], np.repeat(q.chunks[:1], extra, axis=0)])
             nowhere = np.full((extra,) + q.destination.shape[1:], NOWHERE, np.int32)
-            shares[k].append(QuartetClass(q.bra, q.ket, tiles, np.concatenate([q.destination[mine], nowhere])))
-    count = bucket(-(-plan.one_centre_count // workers), minimum=64)
+            shares[k].append(QuartetClass(q.bra, q.ket, chunks, np.concatenate([q.destination[mine], nowhere])))
+    count = padded_size(-(-plan.one_centre_count // workers), minimum=64)
 
     def one_centre(values: np.ndarray, k: int, fill) -> np.ndarray:
         mine = values[k::workers]
@@ -146,7 +146,7 @@ def _static(plan: EriPlan):
 
 def _host_arrays(plan: EriPlan, what, dtype: str) -> tuple:
     """One plan's kernel inputs as host arrays: ``"pairs"``, the pair classes' exponent factors
-    (``dtype``) and atoms; ``("quartets", workers)``, per share of :func:`_parts`, the tiles, whether
+    (``dtype``) and atoms; ``("quartets", workers)``, per share of :func:`_parts`, the chunks, whether
     each has anything to compute, and s8 destinations of every quartet class, and the share's
     one-centre positions and values."""
     if what == "pairs":
@@ -158,7 +158,7 @@ def _host_arrays(plan: EriPlan, what, dtype: str) -> tuple:
                        + atoms)  # fmt: skip
         return tuple(out)
     _, workers = what
-    return tuple((tuple((q.tiles, (q.destination != NOWHERE).any((1, 2, 3, 4)), q.destination.reshape(-1))
+    return tuple((tuple((q.chunks, (q.destination != NOWHERE).any((1, 2, 3, 4)), q.destination.reshape(-1))
                         for q in part.quartets),
                   (part.one_centre_index, np.asarray(part.one_centre_value, dtype)))
                  for part in _parts(plan, workers))  # fmt: skip

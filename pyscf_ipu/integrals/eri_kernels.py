@@ -1,4 +1,4 @@
-r"""The ERI kernels: the values of an :mod:`.eri_plan`'s quartet tiles, by McMurchie-Davidson, in JAX.
+r"""The ERI kernels: the values of an :mod:`.eri_plan`'s quartet chunks, by McMurchie-Davidson, in JAX.
 
 For primitive Gaussians with product centres P (exponents a + b = p) and Q (c + d = q),
 
@@ -14,10 +14,10 @@ Helgaker, Jorgensen and Olsen, *Molecular Electronic-Structure Theory*, 9.9).
 
 Two programs: the **pair stage** forms, per shell pair and primitive pair, the Hermite matrix E
 (spherical AO pair, t u v) with the contraction coefficients and the Cartesian-to-spherical
-transform folded in; the **quartet stage** runs one kernel per quartet class over its tiles
-(``lax.map``, so memory stays bounded), each tile three matmuls and flat elementwise loops laid out
-for XLA's CPU backend, and scatters the values into the s8 array. Tiles with nothing to compute
-(the padding of a size bucket's tile grid) are skipped at run time.
+transform folded in; the **quartet stage** runs one kernel per quartet class over its chunks
+(``lax.map``, so memory stays bounded), each chunk three matmuls and flat elementwise loops laid out
+for XLA's CPU backend, and scatters the values into the s8 array. Chunks with nothing to compute
+(the padding of a size bucket's chunk grid) are skipped at run time.
 
 Geometry enters through differences: A - C between atoms from a float64 host table, and P - A =
 -(b/p)(A - B), so a quartet on one atom sees exactly zero displacements in float32 as well.
@@ -34,7 +34,7 @@ import numpy as np
 
 from ..programs import MappingBudget, compiled
 from .basis import cartesian_powers
-from .eri_plan import TILE, EriPlan, PairClass, cartesian_functions, cartesian_to_spherical
+from .eri_plan import CHUNK, EriPlan, PairClass, cartesian_functions, cartesian_to_spherical
 from .hermite import PairFactors, hermite_coefficients, hermite_coulomb, hermite_indices, stack_hermite
 
 
@@ -98,14 +98,14 @@ def _pair_data(la, lb, factors: PairFactors, p, scale, ab):
 
 def _ket_signed(ket_order: int, e_ket):
     """The ket's Hermite matrix with the signs (-1)^(tau + nu + phi) of the Coulomb contraction, per ket
-    pair as (n, Y, K2k H_k), the layout of a tile's matmul against R."""
+    pair as (n, Y, K2k H_k), the layout of a chunk's matmul against R."""
     n, k2, y, h = e_ket.shape
     sign = jnp.asarray([(-1.0) ** sum(g) for g in hermite_indices(ket_order)], e_ket.dtype)  # (H_k,)
     return (e_ket * sign).transpose(0, 2, 1, 3).reshape(n, y, k2 * h)
 
 
-def _tile(bra_order, ket_order, bra, ket, signed):
-    """(I, S_a S_b, J, S_c S_d) ERIs of one TILE x TILE square of quartets, from the data of its I bra
+def _chunk(bra_order, ket_order, bra, ket, signed):
+    """(I, S_a S_b, J, S_c S_d) ERIs of one CHUNK x CHUNK square of quartets, from the data of its I bra
     pairs (E (I, K2b, S_ab, H_b), p (I, K2b), P - A (3, I, K2b)) and J ket pairs (p (J, K2k), P - A
     (3, J, K2k), the signed Hermite matrices of :func:`_ket_signed`, and A - C (J, I, 3)).
 
@@ -116,8 +116,8 @@ def _tile(bra_order, ket_order, bra, ket, signed):
     bra's Hermite matrices contract the result.
     """
     e_b, p_b, pa_b = bra
-    p_k, pa_k, ket_tile, ac = ket
-    m = jax.lax.dynamic_index_in_dim(signed, ket_tile, keepdims=False)  # (J, Y, K2k H_k)
+    p_k, pa_k, ket_chunk, ac = ket
+    m = jax.lax.dynamic_index_in_dim(signed, ket_chunk, keepdims=False)  # (J, Y, K2k H_k)
     j, kk = p_k.shape
     i, kb = p_b.shape
     # Every primitive quartet's P - Q (x, y, z), as a batched matmul of pair factors per ket pair,
@@ -146,9 +146,9 @@ def _tile(bra_order, ket_order, bra, ket, signed):
     return jnp.einsum("jyhik,ikxh->ixjy", t, e_b)
 
 
-def _by_tile(x, index, axis=0):
-    """The rows of ``x`` (along ``axis``) of tiles ``index`` (T,): (T, ..., TILE, ...) with T leading."""
-    shape = x.shape[:axis] + (-1, TILE) + x.shape[axis + 1 :]
+def _by_chunk(x, index, axis=0):
+    """The rows of ``x`` (along ``axis``) of chunks ``index`` (T,): (T, ..., CHUNK, ...) with T leading."""
+    shape = x.shape[:axis] + (-1, CHUNK) + x.shape[axis + 1 :]
     # indices are in range by construction: clip spares the out-of-range select of the default mode
     return jnp.moveaxis(jnp.take(x.reshape(shape), index, axis=axis, mode="clip"), axis, 0)
 
@@ -165,30 +165,30 @@ def pair_stage(pair_l, pair_arrays, shifts, dtype: str):
 
 
 def quartet_stage(static, quartet_arrays, one_centre, data, shifts):
-    """The s8 array: the one-centre constants, then every quartet class's tiles (those with nothing
-    to compute, the padding of a size bucket's full tile grids, are skipped)."""
+    """The s8 array: the one-centre constants, then every quartet class's chunks (those with nothing
+    to compute, the padding of a size bucket's full chunk grids, are skipped)."""
     pair_l, quartet_classes, size = static
     one_centre_index, one_centre_value = one_centre
     out = jnp.zeros(size, shifts.dtype).at[one_centre_index].set(one_centre_value.astype(shifts.dtype), mode="drop")
-    for (x, y), (tiles, active, destination) in zip(quartet_classes, quartet_arrays):
+    for (x, y), (chunks, active, destination) in zip(quartet_classes, quartet_arrays):
         orders = tuple(max(la) + max(lb) for la, lb in (pair_l[x], pair_l[y]))  # Hermite orders of bra, ket
         (e_bra, p_bra, pa_bra, atom_bra), (e_ket, p_ket, pa_ket, atom_ket) = data[x], data[y]
-        # each tile's pairs gathered up front: the kernel then only reads its own slice
-        bra = (_by_tile(e_bra, tiles[:, 0]), _by_tile(p_bra, tiles[:, 0]), _by_tile(pa_bra, tiles[:, 0], 1))
-        ac = shifts[_by_tile(atom_bra, tiles[:, 0])[:, None, :], _by_tile(atom_ket, tiles[:, 1])[:, :, None]]  # (T, J, I, 3)
-        ket = (_by_tile(p_ket, tiles[:, 1]), _by_tile(pa_ket, tiles[:, 1], 1), tiles[:, 1], ac)
-        # the ket's signed Hermite matrices (Y x K2k H_k per pair): indexed per tile, not copied per tile
+        # each chunk's pairs gathered up front: the kernel then only reads its own slice
+        bra = (_by_chunk(e_bra, chunks[:, 0]), _by_chunk(p_bra, chunks[:, 0]), _by_chunk(pa_bra, chunks[:, 0], 1))
+        ac = shifts[_by_chunk(atom_bra, chunks[:, 0])[:, None, :], _by_chunk(atom_ket, chunks[:, 1])[:, :, None]]  # (T, J, I, 3)
+        ket = (_by_chunk(p_ket, chunks[:, 1]), _by_chunk(pa_ket, chunks[:, 1], 1), chunks[:, 1], ac)
+        # the ket's signed Hermite matrices (Y x K2k H_k per pair): indexed per chunk, not copied per chunk
         signed = _ket_signed(orders[1], e_ket)
-        signed = signed.reshape(-1, TILE, *signed.shape[1:])
-        shape = (TILE, e_bra.shape[2], TILE, e_ket.shape[2])
+        signed = signed.reshape(-1, CHUNK, *signed.shape[1:])
+        shape = (CHUNK, e_bra.shape[2], CHUNK, e_ket.shape[2])
 
-        def tile(arguments, orders=orders, signed=signed, shape=shape):
-            work, bra_tile, ket_tile = arguments
-            return jax.lax.cond(work, lambda: _tile(*orders, bra_tile, ket_tile, signed),
+        def chunk(arguments, orders=orders, signed=signed, shape=shape):
+            work, bra_chunk, ket_chunk = arguments
+            return jax.lax.cond(work, lambda: _chunk(*orders, bra_chunk, ket_chunk, signed),
                                 lambda: jnp.zeros(shape, shifts.dtype))  # fmt: skip
 
-        # checkpointed: a gradient recomputes each tile instead of keeping every tile's Boys values
-        values = jax.lax.map(jax.checkpoint(tile), (active, bra, ket))
+        # checkpointed: a gradient recomputes each chunk instead of keeping every chunk's Boys values
+        values = jax.lax.map(jax.checkpoint(chunk), (active, bra, ket))
         out = out.at[destination].set(values.reshape(-1), mode="drop", unique_indices=True)
     return out
 
@@ -197,7 +197,7 @@ def quartet_stage(static, quartet_arrays, one_centre, data, shifts):
 pair_program = compiled(
     lambda pair_l, arrays, shifts, dtype: jax.vmap(lambda a, s: pair_stage(pair_l, a, s, dtype))(arrays, shifts),
     static_argnums=(0, 3), name="eri_pairs")
-# Conformers one after another inside the program (lax.map), not vmapped into every tile: a tile's
+# Conformers one after another inside the program (lax.map), not vmapped into every chunk: a chunk's
 # arrays then stay cache-sized.
 quartet_program = compiled(
     lambda static, quartet_arrays, one_centre, data, shifts: jax.lax.map(

@@ -1,4 +1,4 @@
-r"""The ERI plan: which shell quartets the kernels evaluate, in which tiles, and where each value goes.
+r"""The ERI plan: which shell quartets the kernels evaluate, in which chunks, and where each value goes.
 
 Built once per basis (on the host, in numpy); :mod:`.eri_kernels` evaluates it and :mod:`.eri` runs it.
 
@@ -9,15 +9,15 @@ Built once per basis (on the host, in numpy); :mod:`.eri_kernels` evaluates it a
   the packed symmetric output does not see) are grouped in classes (l_a, K_a, l_b, K_b) of
   components and primitive counts, so that no shell is padded to another's primitive count.
 - **Shell quartets** (bra pair >= ket pair) are grouped in classes (bra class, ket class), each cut
-  into **tiles**: squares of :data:`TILE` bra x :data:`TILE` ket pairs. The tile plan of the
+  into **chunks**: squares of :data:`CHUNK` bra x :data:`CHUNK` ket pairs. The tile plan of the
   simulated IPU (:mod:`pyscf_ipu.ipu.eri_tiles`) hands out the same squares.
 - **Destinations:** the spherical values go straight into PySCF's 8-fold packed layout
   (``mol.intor("int2e", aosym="s8")``) through indices computed here; repeats, padding and
   one-centre quartets go to :data:`NOWHERE`.
 - **One-centre quartets** (all four shells on one atom) do not depend on the geometry and hold the
   largest integrals, so they are constants of the plan, from libcint in float64 (:func:`_one_centre`).
-- **Shared shapes:** pair rows, tiles, atoms, one-centre constants and the s8 length are rounded up
-  to buckets (:func:`~pyscf_ipu.padding.bucket`), or taken from a size bucket's
+- **Shared shapes:** pair rows, chunks, atoms, one-centre constants and the s8 length are rounded up
+  to buckets (:func:`~pyscf_ipu.padding.padded_size`), or taken from a size bucket's
   :class:`EriCapacity`, so that molecules of similar size run one compiled program.
 - **No screening:** every shell and primitive quartet is computed, so the plan depends on the basis
   and not on the geometry (``docs/decisions/eri-screening.md``).
@@ -33,16 +33,16 @@ import scipy.linalg
 from pyscf import gto
 
 from ..packed import s8_size
-from ..padding import bucket
+from ..padding import padded_size
 from .basis import cartesian_powers, contracted_shells
 
-TILE = 16  # pairs per side of a tile: a kernel call computes TILE x TILE shell quartets
+CHUNK = 16  # pairs per side of a chunk: a kernel call computes CHUNK x CHUNK shell quartets
 NOWHERE = np.iinfo(np.int32).max  # the destination of values to discard: beyond any s8 array
 
 
 def padded_s8_size(size: int) -> int:
     """The s8 array's length as computed: ``size`` bucketed (the tail beyond ``size`` is cut off)."""
-    return bucket(size, minimum=1024)
+    return padded_size(size, minimum=1024)
 
 
 def cartesian_functions(components: tuple[int, ...]) -> list[tuple[int, int, int]]:
@@ -114,7 +114,7 @@ def _packed(i, j):
 class PairClass:
     """Shell pairs (a, b) with components (la, lb) and primitive counts (ka, kb), (la, ka) >= (lb, kb).
 
-    The rows are padded to a bucketed number of whole tiles (:func:`~pyscf_ipu.padding.bucket`) by
+    The rows are padded to a bucketed number of whole chunks (:func:`~pyscf_ipu.padding.padded_size`) by
     repeating the first pair (its quartets go nowhere), so that molecules of similar size share shapes.
     """
 
@@ -123,7 +123,7 @@ class PairClass:
     ka: int
     kb: int
     count: int  # real pairs: rows [0, count)
-    first: np.ndarray  # (n,) shell a, n a multiple of TILE
+    first: np.ndarray  # (n,) shell a, n a multiple of CHUNK
     second: np.ndarray  # (n,) shell b
 
     @property
@@ -139,18 +139,18 @@ class PairClass:
 
 @dataclass(frozen=True)
 class QuartetClass:
-    """The shell quartets (bra pair | ket pair) of two pair classes, as TILE x TILE squares of pairs."""
+    """The shell quartets (bra pair | ket pair) of two pair classes, as CHUNK x CHUNK squares of pairs."""
 
     bra: int  # pair class of the bra
     ket: int  # pair class of the ket
-    tiles: np.ndarray  # (T, 2) bra tile and ket tile of each square: rows TILE * tile + (0 .. TILE)
-    destination: np.ndarray  # (T, TILE, S_a S_b, TILE, S_c S_d) index into the s8 array; NOWHERE for nothing
+    chunks: np.ndarray  # (T, 2) bra chunk and ket chunk of each square: rows CHUNK * chunk + (0 .. CHUNK)
+    destination: np.ndarray  # (T, CHUNK, S_a S_b, CHUNK, S_c S_d) index into the s8 array; NOWHERE for nothing
 
     def quartets(self) -> tuple[np.ndarray, np.ndarray]:
         """(bra rows, ket rows) of the quartets with values to write, in kernel order."""
         real = (self.destination != NOWHERE).any((2, 4))  # (T, I, J)
-        bra = TILE * self.tiles[:, 0, None, None] + np.arange(TILE)[None, :, None]
-        ket = TILE * self.tiles[:, 1, None, None] + np.arange(TILE)[None, None, :]
+        bra = CHUNK * self.chunks[:, 0, None, None] + np.arange(CHUNK)[None, :, None]
+        ket = CHUNK * self.chunks[:, 1, None, None] + np.arange(CHUNK)[None, None, :]
         bra, ket = np.broadcast_arrays(bra, ket)
         return bra[real], ket[real]
 
@@ -175,11 +175,11 @@ class EriPlan:
 @dataclass(frozen=True)
 class EriCapacity:
     """The shapes of a size bucket's ERI plans (:func:`eri_capacity` of its template molecule): every
-    plan made with it has these pair classes with these padded row counts, full tile grids and these
+    plan made with it has these pair classes with these padded row counts, full chunk grids and these
     sizes, so all molecules of the bucket run one program and may share a batch."""
 
     classes: tuple[tuple, ...]  # (l_a, K_a, l_b, K_b) of each pair class, in order
-    rows: tuple[int, ...]  # padded rows (pairs) of each class, multiples of TILE
+    rows: tuple[int, ...]  # padded rows (pairs) of each class, multiples of CHUNK
     nao: int
     natm: int
     one_centre: int
@@ -207,17 +207,17 @@ def _one_centre_count(mol: gto.Mole) -> int:
 def eri_capacity(template: gto.Mole) -> EriCapacity:
     """The ERI shapes of the size bucket whose template molecule is ``template``."""
     by_class = _pair_classes(shells_of(template))
-    rows = tuple(TILE * bucket(-(-len(m) // TILE), minimum=1) for m in by_class.values())
+    rows = tuple(CHUNK * padded_size(-(-len(m) // CHUNK), minimum=1) for m in by_class.values())
     return EriCapacity(tuple(by_class), rows, template.nao_nr(), template.natm, _one_centre_count(template))
 
 
 def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None) -> EriPlan:
-    """Group ``mol``'s shell pairs and quartets into classes and tiles and work out the s8 destinations.
+    """Group ``mol``'s shell pairs and quartets into classes and chunks and work out the s8 destinations.
 
-    Without ``capacity``, every count is rounded up to its own bucket (:func:`~pyscf_ipu.padding.bucket`)
-    and tiles without a quartet to compute are left out. With the ``capacity`` of ``mol``'s size
-    bucket, the plan takes the bucket's shapes: its classes' row counts, every tile of each quartet
-    class (a tile with nothing to compute is skipped by the kernel at run time), and the s8 array of
+    Without ``capacity``, every count is rounded up to its own bucket (:func:`~pyscf_ipu.padding.padded_size`)
+    and chunks without a quartet to compute are left out. With the ``capacity`` of ``mol``'s size
+    bucket, the plan takes the bucket's shapes: its classes' row counts, every chunk of each quartet
+    class (a chunk with nothing to compute is skipped by the kernel at run time), and the s8 array of
     the bucket's AOs, of which ``mol``'s is the leading part.
     """
     shells = shells_of(mol)
@@ -232,38 +232,38 @@ def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None) -> EriPlan:
     pairs = []
     for k, ((la, ka, lb, kb), members) in enumerate(by_class.items()):
         rows = np.array(members)
-        padded = TILE * bucket(-(-len(rows) // TILE), minimum=1) if capacity is None else capacity.rows[k]
+        padded = CHUNK * padded_size(-(-len(rows) // CHUNK), minimum=1) if capacity is None else capacity.rows[k]
         rows = np.concatenate([rows, np.repeat(rows[:1], padded - len(rows), axis=0)])
         pairs.append(PairClass(la, lb, ka, kb, len(members), rows[:, 0], rows[:, 1]))
     quartets = []
     for x in range(len(pairs)):
         for y in range(x + 1):
-            quartet = _quartet_class(shells, pairs, x, y, every_tile=capacity is not None)
+            quartet = _quartet_class(shells, pairs, x, y, every_chunk=capacity is not None)
             if quartet is not None:
                 quartets.append(quartet)
     index, value = _one_centre(mol)
     if capacity is None:
-        padded_natm, one_centre = bucket(mol.natm, minimum=4), len(index)
+        padded_natm, one_centre = padded_size(mol.natm, minimum=4), len(index)
     else:
         padded_natm, one_centre = capacity.natm, capacity.one_centre
     return EriPlan(shells, tuple(pairs), tuple(quartets), nao, size, mol.natm, index, value, padded_natm,
                    padded_s8_size(size), one_centre)  # fmt: skip
 
 
-def _quartet_class(shells: Shells, pairs, x: int, y: int, every_tile: bool = False) -> QuartetClass | None:
-    """The tiles of the quartets (class x | class y), x >= y; None if none of them is computed
-    (``every_tile``: all tiles, those with nothing to compute included, so the shape is the classes').
+def _quartet_class(shells: Shells, pairs, x: int, y: int, every_chunk: bool = False) -> QuartetClass | None:
+    """The chunks of the quartets (class x | class y), x >= y; None if none of them is computed
+    (``every_chunk``: all chunks, those with nothing to compute included, so the shape is the classes').
 
     A quartet is computed unless it is padding, a repeat ((ij|kl) with kl > ij within one class)
     or one-centre (all four shells on one atom: a constant of the plan, see :func:`_one_centre`).
     """
     bra, ket = pairs[x], pairs[y]
-    ti, tj = np.meshgrid(np.arange(len(bra.first) // TILE), np.arange(len(ket.first) // TILE), indexing="ij")
-    tiles = np.stack([ti.ravel(), tj.ravel()], 1)
+    ti, tj = np.meshgrid(np.arange(len(bra.first) // CHUNK), np.arange(len(ket.first) // CHUNK), indexing="ij")
+    chunks = np.stack([ti.ravel(), tj.ravel()], 1)
     if x == y:
-        tiles = tiles[tiles[:, 0] >= tiles[:, 1]]
-    bi = TILE * tiles[:, 0, None, None] + np.arange(TILE)[None, :, None]  # (T, I, 1)
-    ki = TILE * tiles[:, 1, None, None] + np.arange(TILE)[None, None, :]  # (T, 1, J)
+        chunks = chunks[chunks[:, 0] >= chunks[:, 1]]
+    bi = CHUNK * chunks[:, 0, None, None] + np.arange(CHUNK)[None, :, None]  # (T, I, 1)
+    ki = CHUNK * chunks[:, 1, None, None] + np.arange(CHUNK)[None, None, :]  # (T, 1, J)
     bi, ki = np.broadcast_arrays(bi, ki)  # (T, I, J)
     keep = (bi < bra.count) & (ki < ket.count)
     if x == y:
@@ -271,15 +271,15 @@ def _quartet_class(shells: Shells, pairs, x: int, y: int, every_tile: bool = Fal
     atoms = [shells.atom[c.first[rows]] for c, rows in ((bra, bi), (ket, ki))]
     atoms += [shells.atom[c.second[rows]] for c, rows in ((bra, bi), (ket, ki))]
     keep &= ~((atoms[0] == atoms[1]) & (atoms[0] == atoms[2]) & (atoms[0] == atoms[3]))
-    used = keep.any((1, 2)) | every_tile
+    used = keep.any((1, 2)) | every_chunk
     if not used.any():
         return None
-    tiles, bi, ki, keep = tiles[used], bi[used], ki[used], keep[used]
+    chunks, bi, ki, keep = chunks[used], bi[used], ki[used], keep[used]
     destination = _destinations(shells, bra, ket, bi.ravel(), ki.ravel(), x == y)  # (T I J, S_ab, S_cd)
     destination[~keep.ravel()] = NOWHERE
-    t, n = len(tiles), TILE
+    t, n = len(chunks), CHUNK
     destination = destination.reshape(t, n, n, *destination.shape[1:]).transpose(0, 1, 3, 2, 4)
-    return QuartetClass(x, y, tiles.astype(np.int32), np.ascontiguousarray(destination))
+    return QuartetClass(x, y, chunks.astype(np.int32), np.ascontiguousarray(destination))
 
 
 def _one_centre(mol: gto.Mole) -> tuple[np.ndarray, np.ndarray]:

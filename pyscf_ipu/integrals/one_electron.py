@@ -33,13 +33,14 @@ lose relative precision on core-valence elements).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..padding import bucket
+from ..padding import padded_size
 from .basis import PrimitiveBasis
 from .hermite import PairFactors, hermite_coefficients, hermite_coulomb, hermite_indices
 from ..programs import compiled
@@ -100,23 +101,22 @@ def _call(bases: list[PrimitiveBasis], centres: list, centre_shifts: list, dtype
     ``centre_shifts`` (natm, P, 3) per conformer, host float64 or (the forces) JAX arrays.
 
     Every size is padded to that of ``capacity`` (default: the largest basis), rounded up to a bucket
-    (:func:`~pyscf_ipu.padding.bucket`), so that molecules of one size bucket share the compiled
+    (:func:`~pyscf_ipu.padding.padded_size`), so that molecules of one size bucket share the compiled
     kernel: extra primitives repeat primitive 0 with no weight in any AO (so they share its site
     too), extra nuclei have no charge, extra AOs are zero; the matrices are cut back to the
     capacity's (N, N).
     """
     reference = capacity or max(bases, key=lambda b: b.exponents.shape[0])
-    nprim = bucket(max(reference.exponents.shape[0], *(b.exponents.shape[0] for b in bases)), minimum=8)
-    ncart = bucket(max(b.cart2sph.shape[0] for b in [reference, *bases]), minimum=8)
+    nprim = padded_size(max(reference.exponents.shape[0], *(b.exponents.shape[0] for b in bases)), minimum=8)
+    ncart = padded_size(max(b.cart2sph.shape[0] for b in [reference, *bases]), minimum=8)
     n = max(b.cart2sph.shape[1] for b in [reference, *bases])
-    naos = bucket(n, minimum=8)
-    natm = bucket(max(len(b.charges) for b in [reference, *bases]), minimum=4)
-    sites = bucket(max(_site_count(b) for b in {id(b): b for b in [reference, *bases]}.values()), minimum=8)
+    naos = padded_size(n, minimum=8)
+    natm = padded_size(max(len(b.charges) for b in [reference, *bases]), minimum=4)
+    sites = padded_size(max(_site_count(b) for b in {id(b): b for b in [reference, *bases]}.values()), minimum=8)
     lmax = int(max(b.powers.sum(axis=1).max() for b in [reference, *bases]))
     distinct = {id(b): _member_arrays(b, nprim, ncart, naos, natm, sites) for b in bases}  # a batch's conformers
     members = [distinct[id(b)] for b in bases]  # share their molecule's arrays
-    floats = [np.stack([m[k] for m in members]) for k in ("exponents", "contraction", "cart2sph", "charges", "one_centre")]
-    integers = [np.stack([m[k] for m in members]) for k in ("powers", "atom", "sites", "site_pair_of_row")]
+    stacked = {k: np.stack([m[k] for m in members]) for k in members[0] if k != "source"}
     xp = jnp if any(isinstance(c, jax.core.Tracer) for c in centres) else np  # the forces trace the positions
     source = [m["source"] for m in members]
     centres = xp.stack([c[i] for c, i in zip(centres, source)])  # (B, P', 3)
@@ -125,8 +125,31 @@ def _call(bases: list[PrimitiveBasis], centres: list, centre_shifts: list, dtype
     rows = np.stack(np.triu_indices(nprim))
     site_pairs = np.stack(np.triu_indices(sites))
     cast = (lambda a: a.astype(dtype)) if xp is jnp else (lambda a: np.asarray(a, dtype))  # host: one transfer
-    return one_electron_program(*(cast(a) for a in floats), cast(centres), cast(centre_shifts),
-                               *integers, rows, site_pairs, lmax, n)  # fmt: skip
+    floats = {k: cast(v) if k in _FLOATS else v for k, v in stacked.items()}
+    basis = _KernelBasis(**floats, centres=cast(centres), centre_shifts=cast(centre_shifts))
+    return one_electron_program(basis, rows, site_pairs, lmax, n)
+
+
+_FLOATS = ("exponents", "contraction", "cart2sph", "charges", "one_centre")  # in the run's dtype; the rest integers
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class _KernelBasis:
+    """A conformer's basis and positions as the kernel reads them, padded to the batch's sizes (see
+    :func:`_call`): P' primitives, C' Cartesian functions, N' AOs, A' nuclei, S' sites."""
+
+    exponents: jax.Array  # (P',)
+    contraction: jax.Array  # (P', C')
+    cart2sph: jax.Array  # (C', N')
+    charges: jax.Array  # (A',)
+    one_centre: jax.Array  # (3, N', N')  overlap, kinetic and own-nucleus attraction of one-atom pairs
+    powers: jax.Array  # (P', 3) int
+    atom: jax.Array  # (P',) int
+    sites: jax.Array  # (S',) int  a representative primitive of each (atom, exponent) site
+    site_pair_of_row: jax.Array  # (M,) int  each primitive pair's site pair
+    centres: jax.Array  # (P', 3)
+    centre_shifts: jax.Array  # (A', P', 3)  A - C of each nucleus C and primitive centre A
 
 
 def _site_count(basis: PrimitiveBasis) -> int:
@@ -164,8 +187,12 @@ def _select(table, i, j, t: int):
     return out
 
 
-def _one_electron(exponents, centres, powers, contraction, cart2sph, charges, centre_shifts, atom, one_centre,
-                  rows, sites, site_pairs, site_pair_of_row, *, lmax):  # fmt: skip
+def _one_electron(basis: _KernelBasis, rows, site_pairs, lmax: int) -> dict[str, jax.Array]:
+    """Overlap, kinetic and nuclear-attraction matrices (N', N') of one conformer's ``basis``, over the
+    primitive pairs ``rows`` (2, M) and site pairs ``site_pairs`` (2, Ms), Hermite tables to ``lmax``."""
+    exponents, centres, powers, contraction, cart2sph = (basis.exponents, basis.centres, basis.powers,
+                                                          basis.contraction, basis.cart2sph)  # fmt: skip
+    atom, one_centre, site_pair_of_row = basis.atom, basis.one_centre, basis.site_pair_of_row
     dtype = exponents.dtype
     n = exponents.shape[0]  # primitives
     alpha, beta = rows  # (M,) each
@@ -193,7 +220,7 @@ def _one_electron(exponents, centres, powers, contraction, cart2sph, charges, ce
     one_atom = atom[alpha] == atom[beta]
     overlap = jnp.where(one_atom, 0.0, sx * sy * sz)
     kinetic = jnp.where(one_atom, 0.0, tx * sy * sz + sx * ty * sz + sx * sy * tz)
-    w = _nuclear_hermite(exponents, centres, charges, centre_shifts, atom, sites, site_pairs, 2 * lmax)
+    w = _nuclear_hermite(exponents, centres, basis.charges, basis.centre_shifts, atom, basis.sites, site_pairs, 2 * lmax)
     ex, ey, ez = e_nuc
     nuclear = -(2.0 * math.pi / p) * sum(ex[t] * ey[u] * ez[v] * w[k][site_pair_of_row]
                                           for k, (t, u, v) in enumerate(hermite_indices(2 * lmax)))  # fmt: skip
@@ -208,21 +235,15 @@ def _one_electron(exponents, centres, powers, contraction, cart2sph, charges, ce
             "nuclear": spherical(nuclear) + one_centre[2]}  # fmt: skip
 
 
-def _one_electron_members(exponents, contraction, cart2sph, charges, one_centre, centres, centre_shifts, powers, atom,
-                          sites, site_pair_of_row, rows, site_pairs, lmax, naos):  # fmt: skip
-    """:func:`_one_electron` over conformers: every array (B, ...) but the shared ``rows`` and ``site_pairs``;
-    the matrices cut to ``naos`` AOs (in the program: a slice outside it is a program of its own)."""
-    def one(exponents, contraction, cart2sph, charges, one_centre, centres, centre_shifts, powers, atom, sites,
-            site_pair_of_row):  # fmt: skip
-        return _one_electron(exponents, centres, powers, contraction, cart2sph, charges, centre_shifts, atom,
-                             one_centre, rows, sites, site_pairs, site_pair_of_row, lmax=lmax)  # fmt: skip
-
-    out = jax.vmap(one)(exponents, contraction, cart2sph, charges, one_centre, centres, centre_shifts, powers, atom,
-                        sites, site_pair_of_row)  # fmt: skip
+def _one_electron_members(basis: _KernelBasis, rows, site_pairs, lmax: int, naos: int) -> dict[str, jax.Array]:
+    """:func:`_one_electron` over conformers: ``basis`` with a leading axis (B, ...), the shared
+    ``rows`` and ``site_pairs``; the matrices cut to ``naos`` AOs (in the program: a slice outside it
+    is a program of its own)."""
+    out = jax.vmap(lambda member: _one_electron(member, rows, site_pairs, lmax))(basis)
     return {key: value[..., :naos, :naos] for key, value in out.items()}
 
 
-one_electron_program = compiled(_one_electron_members, static_argnums=(13, 14))
+one_electron_program = compiled(_one_electron_members, static_argnums=(3, 4))
 
 
 def _nuclear_hermite(exponents, centres, charges, centre_shifts, atom, sites, site_pairs, order: int):

@@ -10,7 +10,7 @@ import numpy as np
 
 from .contract import contract, layout, place, rows_layout_batch
 from .model import IPUModel
-from ..padding import bucket, stack_members
+from ..padding import padded_size, stack_members
 from .plan import TilePlan, Workload, plan, plan_on
 from ..packed import PackedERI, quartet_bytes, s8_size
 
@@ -37,7 +37,7 @@ class IPUJK:
 
     def shape_plan(self, nao_padded: int, kept: int, value_bytes: int) -> TilePlan:
         """The plan of a shape bucket: it depends on sizes only, so it is made once per bucket."""
-        return _shape_plan(Workload(nao_padded, bucket(kept, minimum=1024), value_bytes), self.model, self.strategy)
+        return _shape_plan(Workload(nao_padded, padded_size(kept, minimum=1024), value_bytes), self.model, self.strategy)
 
     def real_plan(self, shape: TilePlan, nao: int, kept: int) -> TilePlan:
         """One molecule's own plan, on the strategy and IPUs of its bucket's ``shape`` plan."""

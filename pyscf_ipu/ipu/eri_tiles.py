@@ -18,8 +18,8 @@ and a modelled time on the slowest tile (bulk-synchronous).
 - **Split:** the quartet sequence is cut where a cumulative weight crosses multiples of total /
   tiles; the weight adds a quartet's share of all the work and its share of all the output bytes,
   so no tile gets more than about twice the mean of either (d classes are cheap per value but
-  have many values). The quartets come in the CPU kernels' order, squares of TILE bra x TILE
-  ket pairs (:data:`~pyscf_ipu.integrals.eri.TILE`), so a tile's run of them reads few distinct pairs.
+  have many values). The quartets come in the CPU kernels' order, squares of CHUNK bra x CHUNK
+  ket pairs (:data:`~pyscf_ipu.integrals.eri_plan.CHUNK`), so a tile's run of them reads few distinct pairs.
 - **Memory** of a tile: the Hermite matrices and P - A of every bra and ket pair its quartets read
   (each pair once per tile), plus its output values with their s8 positions (4 + 4 bytes each).
   The one-centre integrals are constants of the plan and are not placed.
@@ -97,7 +97,7 @@ def _class_costs(plan: EriPlan) -> tuple[list[np.ndarray], list[np.ndarray], lis
         total = order_b + order_k
         ops = 25 * (total + 1) + 3 * len(hermite_indices(total)) + 2 * hb * hk * (1 + outputs)
         primitives = bra.ka * bra.kb * ket.ka * ket.kb
-        # the kernels' order: squares of TILE bra x TILE ket pairs, so a tile's run of them reads few pairs
+        # the kernels' order: squares of CHUNK bra x CHUNK ket pairs, so a tile's run of them reads few pairs
         bra_rows, ket_rows = q.quartets()
         bras.append(bra_rows)
         kets.append(ket_rows)

@@ -9,12 +9,12 @@ and gradients are free of NaN/inf for any non-negative input.
 Pieces: :func:`slater_x` (LDA_X), :func:`b88_x` (GGA_X_B88),
 :func:`vwn5_c` (LDA_C_VWN), :func:`vwn_rpa_c` (LDA_C_VWN_RPA),
 :func:`lyp_c` (GGA_C_LYP), :func:`pbe_x` (GGA_X_PBE), :func:`pbe_c`
-(GGA_C_PBE).  Composite functionals: :data:`FUNCTIONALS`,
-:func:`get_functional`.
+(GGA_C_PBE).  Composite functionals: :data:`FUNCTIONALS`, by name
+(:func:`pyscf_ipu.method.resolve` looks them up).
 """
 from ._common import DENSITY_CUTOFF
 from .b88 import b88_x
-from .functionals import FUNCTIONALS, Functional, get_functional
+from .functionals import FUNCTIONALS, Functional
 from .lyp import lyp_c
 from .pbe import pbe_c, pbe_x
 from .slater import slater_x
@@ -31,5 +31,4 @@ __all__ = [
     "pbe_c",
     "Functional",
     "FUNCTIONALS",
-    "get_functional",
 ]

@@ -71,15 +71,3 @@ FUNCTIONALS: dict[str, Functional] = {
     ),
     "hf": Functional(name="hf", pieces=(), hf_exchange=1.0, libxc_code="hf"),
 }
-
-
-def get_functional(name: str) -> Functional:
-    """Look up a functional by (case-insensitive) name; ValueError if unknown."""
-    key = str(name).strip().lower()
-    try:
-        return FUNCTIONALS[key]
-    except KeyError:
-        choices = ", ".join(sorted(FUNCTIONALS))
-        raise ValueError(
-            f"unknown functional {name!r}; choose one of: {choices}"
-        ) from None

@@ -8,6 +8,8 @@ from typing import Iterable, Iterator
 import h5py
 import numpy as np
 
+from pyscf_ipu.config import RENAMED_VALUES
+
 from ..schema import SCALAR_COLUMNS, FORCES_DTYPE, SCHEMA_VERSION, STRING_DTYPE, Failure, RecordBatch
 
 
@@ -151,6 +153,13 @@ def _normalize(obj: dict) -> dict:
 
 
 def _differing_keys(stored: dict, given: dict) -> list[str]:
+    """The settings whose values differ, reading a renamed value's old spelling (``RENAMED_VALUES``:
+    an older version wrote it) as the current one."""
     missing = object()
+
+    def value(settings: dict, key: str):
+        v = settings.get(key, missing)
+        return RENAMED_VALUES.get(key, {}).get(v, v) if isinstance(v, str) else v
+
     keys = sorted(set(stored) | set(given))
-    return [k for k in keys if stored.get(k, missing) != given.get(k, missing)]
+    return [k for k in keys if value(stored, k) != value(given, k)]

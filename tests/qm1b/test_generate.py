@@ -407,7 +407,7 @@ def test_forces_column_matches_pyscf_and_survives_resume_and_merge(tmp_path):
     Hartree/Bohr; stored, merged and read back intact; a resume with different --forces is refused."""
     from pyscf import dft
 
-    from pyscf_ipu.mole import build_mole
+    from pyscf_ipu.pyscf_mole import build_mole
     from pyscf_ipu.units import HARTREE_TO_EV
 
     smiles = write_smiles(tmp_path / "in.smi", ["O", "CO"])

@@ -257,6 +257,12 @@ def test_resume(tmp_path):
     with pytest.raises(ValueError, match="tiles"):
         ShardWriter(older, settings=SETTINGS, versions=VERSIONS, resume=True)
     ShardWriter(older, settings=SETTINGS, versions=VERSIONS, resume=True, ignored_settings=("tiles",)).close()
+    # a value an older version spelled otherwise (--integrals device, now jax) is the same setting
+    renamed = tmp_path / "renamed"
+    ShardWriter(renamed, settings={**SETTINGS, "integrals": "device"}, versions=VERSIONS).close()
+    ShardWriter(renamed, settings={**SETTINGS, "integrals": "jax"}, versions=VERSIONS, resume=True).close()
+    with pytest.raises(ValueError, match="integrals"):
+        ShardWriter(renamed, settings={**SETTINGS, "integrals": "libcint"}, versions=VERSIONS, resume=True)
     writer = write(tmp_path, range(2, 4), close=False, resume=True)  # parts on top of a shard file
     writer = ShardWriter(tmp_path, settings=SETTINGS, versions=VERSIONS, resume=True)
     made = [make_batch(k) for k in range(4)]

@@ -1,0 +1,254 @@
+"""The float64 finalisation: the loop's last density -> :class:`~pyscf_ipu.results.SCFResult`.
+
+The loop may run in float32, where accumulating J and K costs about a meV of total energy. The
+energy functional is stationary at self-consistency with respect to orbital rotations, so evaluating
+it in float64 at the loop's last density makes the float32 error second order in the density error,
+provided the density is a proper one: idempotent (DSD = 2D) with the right electron count. A float32
+density is idempotent only to about 1e-6, which would cost first order, tr(F dD); McWeeny
+purification in float64 restores idempotency to round-off first. Orbital energies come from
+diagonalising the float64 Fock matrix of the purified density (``docs/decisions/float64-finalisation.md``).
+
+The work is split where its data lives. On the device, queued right behind the loop so that the
+host need not wait for it (:func:`dispatch_finalisation`, one program for a whole batch): the
+purification and the float64 pass over the grid, which reads the loop's own AO values (in the
+loop's precision, promoted to float64 block by block, so no float64 copy of the largest array is
+made). On the host (:func:`finalise`): the Fock matrix and one small eigensolve. J and K of the
+purified density come from one of three :class:`FinalContraction` strategies, each doing its share
+on the device and the rest on the host (:func:`final_contraction` picks one):
+
+- :class:`LoopBackend`: the loop's own J-K backend in float64 on the device, where the loop's
+  integrals are as exact as any the host holds (the JAX integrals);
+- :class:`LibcintERIs`: PySCF contracts the host's float64 libcint ERIs, which a float32 loop holds
+  only rounded;
+- :class:`FittedExchange`: a density-fitted run's K from the device's float32 factor in float32
+  products with its energy summed in float64, and its J from the host's float64 factor (libcint's,
+  whichever the integral source), by PySCF's own density-fitting code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.linalg
+from pyscf import scf as pyscf_scf
+
+from .jk import FittedArrays, JKBackend, density_factor, exchange_factor
+from .method import Method
+from .numint import weighted_points, xc_energy_and_potential
+from .padding import pad_to
+from .prepare import PreparedProblem
+from .problem import SCFProblem, padded_overlap
+from .programs import compiled
+from .results import SCFResult
+from .scf import SCFTrace, energy_terms, fock_matrix
+from .xc.functionals import Functional
+
+
+def purify(dm: np.ndarray, overlap: np.ndarray, steps: int = 3) -> np.ndarray:
+    """McWeeny purification (R. McWeeny, Rev. Mod. Phys. 32, 335 (1960)) of a closed-shell density.
+
+    With P = D/2, iterate P <- 3 PSP - 2 PSPSP, which converges quadratically to the nearest
+    idempotent PSP = P. Three steps take a float32 density (error ~1e-6) to float64 round-off.
+    """
+    p = 0.5 * dm
+    for _ in range(steps):
+        ps = p @ overlap
+        p = 3.0 * ps @ p - 2.0 * ps @ ps @ p
+    return p + p.T  # = 2P, symmetrised
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class FinalDensity:
+    """The device's part of the finalisation, in float64, at the loop's padded shapes."""
+
+    density: jax.Array  # (Np, Np)  the loop's last density, purified
+    exc: jax.Array  # ()  E_xc at it
+    vxc: jax.Array  # (Np, Np)  V_xc at it
+    electrons: jax.Array  # ()  the electron count on the grid (NaN without a grid)
+    coulomb: jax.Array | None = None  # (Np, Np)  J at it, where the contraction forms it on the device
+    exchange: jax.Array | None = None  # (Np, Np)  K at it, likewise
+    exchange_trace: jax.Array | None = None  # ()  tr(D K), likewise
+
+
+class FinalContraction(Protocol):
+    """How the finalisation gets J, K and tr(D K) of the purified density (N, N): a share on the
+    device, queued behind the loop, and the rest on the host."""
+
+    def device_arrays(self, jk):
+        """What :meth:`on_device` reads of the loop's J-K arrays ``jk`` (``{}``: nothing)."""
+
+    def on_device(self, data, dm) -> tuple[jax.Array | None, jax.Array | None, jax.Array | None]:
+        """(J, K, tr(D K)) of the padded ``dm``, each None where :meth:`on_host` forms it; traced."""
+
+    def on_host(self, prepared: PreparedProblem, dm: np.ndarray, final: FinalDensity
+                ) -> tuple[np.ndarray, np.ndarray, float]:  # fmt: skip
+        """(J, K, tr(D K)) of ``dm`` at the molecule's size, in float64, from the device's ``final``."""
+
+
+def _own(a, n: int) -> np.ndarray:
+    """The molecule's (n, n) block of a padded device matrix, in float64."""
+    return np.asarray(a, np.float64)[:n, :n]
+
+
+@dataclass(frozen=True)
+class LoopBackend:
+    """J and K by the loop's own ``backend`` on its arrays, summed in float64: where the loop's
+    integrals are as exact as any the host holds (the JAX integrals)."""
+
+    backend: JKBackend
+
+    def device_arrays(self, jk):
+        return jk
+
+    def on_device(self, data, dm):
+        vj, vk = self.backend.contract(data, dm)
+        return vj, vk, None
+
+    def on_host(self, prepared, dm, final):
+        vj, vk = _own(final.coulomb, prepared.nao), _own(final.exchange, prepared.nao)
+        return vj, vk, np.sum(dm * vk)
+
+
+@dataclass(frozen=True)
+class LibcintERIs:
+    """J and K by PySCF from the host's float64 libcint ERIs, which a float32 loop holds only
+    rounded; nothing on the device."""
+
+    def device_arrays(self, jk):
+        return {}
+
+    def on_device(self, data, dm):
+        return None, None, None
+
+    def on_host(self, prepared, dm, final):
+        vj, vk = pyscf_scf.hf.dot_eri_dm(prepared.eri_s8, dm, hermi=1)
+        return vj, vk, np.sum(dm * vk)
+
+
+@dataclass(frozen=True)
+class FittedExchange:
+    """Where the loop density-fits: K on the device from the loop's float32 factor, J on the host
+    (PySCF's contraction of the float64 factor, Q N^2: :func:`fitted_coulomb`).
+
+    K's two products are the loop's own (:meth:`~pyscf_ipu.jk.FittedJK.contract`), in float32 rather
+    than the host's float64 (the errors are in ``docs/decisions/density-fitting.md``). Its energy,
+    tr(D K) = sum_Q ||W^T B_Q W||^2 with D = W W^T, comes from one more small product
+    (R Q, N) x (N, R) whose squares are summed in float64: tr(D K) over the float32 K itself would
+    carry K's rounding, about 1e-7 of the exchange energy, into the label.
+    """
+
+    def device_arrays(self, jk):
+        return jk
+
+    def on_device(self, data: FittedArrays, dm):
+        w = density_factor(dm, data.rank).astype(data.factor.dtype)  # (Np, R)  D = W W^T
+        y = exchange_factor(data.factor, w)  # (R Qp, Np)
+        z = (y @ w).astype(dm.dtype)  # (R Qp, R)  the blocks W^T B_Q W
+        return None, (y.T @ y).astype(dm.dtype), jnp.sum(z * z)
+
+    def on_host(self, prepared, dm, final):
+        return fitted_coulomb(prepared, dm), _own(final.exchange, prepared.nao), float(final.exchange_trace)
+
+
+def final_contraction(method: Method) -> FinalContraction:
+    """The run's :class:`FinalContraction`: the fitted one where the loop density-fits, the loop's
+    backend where its integrals are exact on the device, else libcint's ERIs on the host."""
+    if method.config.density_fitted:
+        return FittedExchange()
+    if method.integrals.exact_on_device:
+        return LoopBackend(method.backend)
+    return LibcintERIs()
+
+
+def fitted_coulomb(prepared: PreparedProblem, dm: np.ndarray) -> np.ndarray:
+    """J (N, N) in float64 of the symmetric ``dm`` from the host's float64 density-fitted factor, by
+    PySCF's own contraction (``df.df_jk.get_jk``)."""
+    from pyscf import df
+
+    fitting = df.DF(prepared.mol)
+    fitting.verbose = 0
+    fitting._cderi = prepared.eri_fitted  # (naux, npair): PySCF reads an in-memory factor as it is
+    return df.df_jk.get_jk(fitting, dm, hermi=1, with_k=False)[0]
+
+
+def final_density(functional: Functional, contraction: FinalContraction, ao, weights, density, overlap, jk
+                  ) -> FinalDensity:  # fmt: skip
+    """The device's float64 finalisation of one conformer (the kernel of :data:`final_density_program`).
+
+    ``ao`` (4, Gp, Np) and ``weights`` (Gp,) are the loop's own arrays, ``density`` (Np, Np) its
+    last density, ``overlap`` the float64 overlap padded to (Np, Np) (unit diagonal on padding) and
+    ``jk`` what ``contraction`` reads of the loop's J-K arrays.
+    """
+    dm = purify(density.astype(overlap.dtype), overlap)
+    vj, vk, trace = contraction.on_device(jk, dm)
+    # no grid work for Hartree-Fock, and none past the last weighted point
+    exc, vxc, electrons = xc_energy_and_potential(functional, ao, weights, dm, weighted_points(weights))
+    return FinalDensity(dm, exc, vxc, electrons, vj, vk, trace)
+
+
+# Conformers one after another (lax.map), not vmapped: each one's grid blocks then stay cache-sized.
+final_density_program = compiled(
+    lambda functional, contraction, *arrays: jax.lax.map(lambda member: final_density(functional, contraction, *member),
+                                                         arrays),
+    static_argnums=(0, 1), name="final_density")
+
+
+def final_inputs(prepared: PreparedProblem, shapes: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """What the float64 finalisation takes from the host besides the loop's arrays: the overlap
+    (Np, Np) with a unit diagonal on padded AOs and the grid weights (Gp,), in float64, padded to
+    the loop's ``shapes``."""
+    npad, gpad = shapes
+    return padded_overlap(prepared.overlap, npad), pad_to(prepared.grid_weights, (gpad,))
+
+
+def dispatch_finalisation(method: Method, members: list[PreparedProblem], problems: SCFProblem, shapes: tuple[int, int],
+                          trace: SCFTrace) -> FinalDensity:  # fmt: skip
+    """Dispatch the device's float64 finalisation of a batch's loop ``trace`` (asynchronous: it
+    queues behind the loop): ``members``, ``problems`` and the padded ``shapes`` as the loop had them."""
+    overlap, weights = (np.stack(a) for a in zip(*(final_inputs(p, shapes) for p in members)))
+    contraction = final_contraction(method)
+    jk = contraction.device_arrays(problems.jk)
+    with jax.enable_x64(True):  # the float64 host arrays stay float64 on the device
+        return final_density_program(method.functional, contraction, problems.ao, weights, trace.density, overlap, jk)
+
+
+def finalise(prepared: PreparedProblem, trace: SCFTrace, final: FinalDensity, method: Method,
+             shapes: tuple[int, int]) -> SCFResult:  # fmt: skip
+    """Energy and orbitals in float64 from the device's :class:`FinalDensity` of one conformer, whose
+    loop ran at the padded ``shapes`` (Np, Gp)."""
+    n = prepared.nao
+    dm = _own(final.density, n)
+    ax = method.functional.hf_exchange
+    vj, vk, exchange_trace = final_contraction(method).on_host(prepared, dm, final)
+    exc, vxc = float(final.exc), _own(final.vxc, n)
+    terms = {k: float(v) for k, v in
+             energy_terms(dm, prepared.hcore, vj, exchange_trace, exc, ax, prepared.nuclear_repulsion).items()}
+    x = prepared.orthogonaliser
+    mo_energy, vectors = scipy.linalg.eigh(x.T @ fock_matrix(prepared.hcore, vj, vk, vxc, ax) @ x)
+    nocc = prepared.nocc
+    iterations = int(trace.iterations)
+    return SCFResult(
+        energy=float(sum(terms.values())),
+        energy_terms=terms,
+        homo=float(mo_energy[nocc - 1]),
+        lumo=float(mo_energy[nocc]) if nocc < len(mo_energy) else float("nan"),
+        converged=bool(trace.converged),
+        iterations=iterations,
+        energy_std_ev=float(trace.energy_std_ev),
+        nao=n,
+        grid_points=prepared.grid_points,
+        electrons_on_grid=float(final.electrons),
+        mo_energy=mo_energy,
+        mo_coeff=x @ vectors,
+        density=dm,
+        energy_history=np.asarray(trace.energies, np.float64)[:iterations],
+        energy_change_history=np.asarray(trace.energy_changes, np.float64)[:iterations],
+        commutator_history=np.asarray(trace.commutators, np.float64)[:iterations],
+        shapes=shapes,
+        config=method.config,
+    )
