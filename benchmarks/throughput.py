@@ -45,7 +45,6 @@ import time  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import numpy as np  # noqa: E402
 from common import median_range, print_label_differences  # noqa: E402
 
 import jax  # noqa: E402

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import numpy as np
 
 from .buckets import SizeBucket
 from .method import Method
