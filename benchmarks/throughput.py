@@ -70,7 +70,7 @@ LABELS = ("energy", "homo", "lumo", "y")
 def pyscf_labels(molecule, config: RKSConfig) -> dict[str, float]:
     """One PySCF run from scratch (:func:`~pyscf_ipu.reference.pyscf_method`: default convergence,
     density fitted where ``config`` is); labels in eV."""
-    mf = pyscf_method(molecule, config)
+    mf = pyscf_method(molecule, resolve(config))
     energy = mf.kernel()
     nocc = mf.mol.nelectron // 2
     homo, lumo = mf.mo_energy[nocc - 1], mf.mo_energy[nocc]

@@ -204,7 +204,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.check:
         from .reference import pyscf_reference
 
-        reference = pyscf_reference(molecule, config)
+        reference = pyscf_reference(molecule, method)
     if args.json:
         out = result.to_dict()
         out["jk_profile"] = result.jk_profile

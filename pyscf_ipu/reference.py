@@ -21,10 +21,9 @@ import numpy as np
 from pyscf import dft, lib, scf
 
 from .buckets import auxiliary_basis
-from .config import RKSConfig
 from .pyscf_mole import build_mole
 from .molecule import Molecule
-from .method import resolve
+from .method import Method
 
 
 @dataclass(frozen=True)
@@ -48,13 +47,13 @@ def _how_eris(mf) -> str:
     return "in memory" if mf._eri is not None else "recomputed every cycle (direct SCF)"
 
 
-def pyscf_method(molecule: Molecule, config: RKSConfig):
-    """PySCF's own counterpart of a run under ``config``, not yet run (default convergence, quiet):
+def pyscf_method(molecule: Molecule, method: Method):
+    """PySCF's own counterpart of a run under ``method``, not yet run (default convergence, quiet):
     RKS with the functional through libxc and the grid level (RHF for ``hf``), density fitted in the
-    same fitting basis where ``config`` is. It gets PySCF's default memory budget on top of what this
+    same fitting basis where the run is. It gets PySCF's default memory budget on top of what this
     process already holds (see the module doc)."""
+    config, functional = method.config, method.functional
     mol = build_mole(molecule, config.basis)
-    functional = resolve(config).functional
     if functional.pieces:
         mf = dft.RKS(mol)
         mf.xc = functional.libxc_code
@@ -68,9 +67,9 @@ def pyscf_method(molecule: Molecule, config: RKSConfig):
     return mf
 
 
-def pyscf_reference(molecule: Molecule, config: RKSConfig, conv_tol: float = 1e-11, max_cycle: int = 100) -> Reference:
-    """Converge PySCF in float64 (tightly, by default) for ``molecule`` under ``config``."""
-    mf = pyscf_method(molecule, config)
+def pyscf_reference(molecule: Molecule, method: Method, conv_tol: float = 1e-11, max_cycle: int = 100) -> Reference:
+    """Converge PySCF in float64 (tightly, by default) for ``molecule`` under ``method``."""
+    mf = pyscf_method(molecule, method)
     mf.conv_tol = conv_tol
     mf.max_cycle = max_cycle
     start = time.perf_counter()

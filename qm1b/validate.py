@@ -8,6 +8,7 @@ import numpy as np
 
 from pyscf_ipu.config import IPUConfig, RKSConfig
 from pyscf_ipu.molecule import Molecule
+from pyscf_ipu.method import resolve
 from pyscf_ipu.reference import pyscf_reference
 from pyscf_ipu.units import HARTREE_TO_MEV
 
@@ -29,6 +30,7 @@ def validate(directory, sample: int, seed: int = 0) -> dict:
     """Errors (meV) of ``sample`` random records against PySCF float64 with the dataset's settings."""
     dataset = open_dataset(directory)
     config = dft_config(dataset.attrs["settings"])
+    method = resolve(config)
     records = list(dataset.records())
     if not records:
         raise ValueError(f"{directory} has no records to validate")
@@ -38,7 +40,7 @@ def validate(directory, sample: int, seed: int = 0) -> dict:
     for k in chosen:
         rec = records[k]
         molecule = Molecule(np.asarray(rec["z"], int), np.asarray(rec["pos"], float))
-        ref = pyscf_reference(molecule, config)
+        ref = pyscf_reference(molecule, method)
         ref_mev = {"energy": ref.energy, "homo": ref.homo, "lumo": ref.lumo, "y": ref.gap}
         errors = {q: float(rec[q]) * 1000.0 - ref_mev[q] * HARTREE_TO_MEV for q in QUANTITIES}
         rows.append({"index": k, "molecule_id": int(rec["molecule_id"]), "conformer_id": int(rec["conformer_id"]),

@@ -78,7 +78,7 @@ def reference():
         path = folder / f"{_key(molecule, config)}.json"
         if path.exists():
             return Reference(**json.loads(path.read_text()))
-        ref = pyscf_reference(molecule, config)
+        ref = pyscf_reference(molecule, resolve(config))
         assert ref.converged, f"PySCF did not converge for {molecule.name} {config}"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(dataclasses.asdict(ref)))
