@@ -94,7 +94,8 @@ class RKSConfig:
     ipu: IPUConfig = field(default=IPUConfig(), metadata={"nested": True})
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "integrals", RENAMED_VALUES["integrals"].get(self.integrals, self.integrals))
+        for name, renamed in _renamed_values(RKSConfig).items():  # an old spelling becomes the current one
+            object.__setattr__(self, name, renamed.get(getattr(self, name), getattr(self, name)))
         if self.integrals not in INTEGRALS:
             raise ConfigError(f"integrals must be one of {', '.join(INTEGRALS)}, got {self.integrals!r}")
         if self.precision not in PRECISIONS:
@@ -137,6 +138,11 @@ class RKSConfig:
 
     def replace(self, **changes) -> RKSConfig:
         return dataclasses.replace(self, **changes)
+
+
+def _renamed_values(cls) -> dict[str, dict[str, str]]:
+    """The fields of ``cls`` whose values were renamed, each with its old spellings (``option(renamed=)``)."""
+    return {f.name: f.metadata["renamed"] for f in dataclasses.fields(cls) if f.metadata.get("renamed")}
 
 
 def _base_type(tp):

@@ -191,8 +191,8 @@ def device_grids(mols: list[gto.Mole], bucket: SizeBucket) -> list[tuple[np.ndar
 
 class IntegralSource(Protocol):
     """Where a batch's integrals and grid come from: one object per source, chosen by name
-    (``RKSConfig.integrals``, resolved by :func:`pyscf_ipu.method.resolve`). Every method takes the conformers of one
-    size bucket as PySCF ``Mole`` objects."""
+    (``RKSConfig.integrals``, resolved by :func:`pyscf_ipu.method.resolve`). Every method takes the
+    conformers of one size bucket as PySCF ``Mole`` objects."""
 
     name: str
 

@@ -21,8 +21,8 @@ A backend is a frozen (hashable) object:
   :mod:`pyscf_ipu.memory`).
 
 Backends are registered by name in :data:`JK_BACKENDS` (each entry builds the backend from the run's
-:class:`RKSConfig`; :func:`pyscf_ipu.method.resolve` picks one); nothing inspects array shapes to pick one. ``ipu`` (the default) is the
-tile-partitioned contraction on a simulated IPU (:mod:`pyscf_ipu.ipu`); ``dense`` is the reference;
+:class:`RKSConfig`; :func:`pyscf_ipu.method.resolve` picks one); nothing inspects array shapes to
+pick one. ``ipu`` (the default) is the tile-partitioned contraction on a simulated IPU (:mod:`pyscf_ipu.ipu`); ``dense`` is the reference;
 ``df`` contracts density-fitted integrals (no N^4 array at all).
 """
 

@@ -327,6 +327,7 @@ class _Ledger:
     summary: Summary
     bar: object  # a tqdm progress bar
     watch: ConvergenceWatch
+    drop_unconverged: bool  # unconverged conformers become failures instead of records
     last_commit: float  # when the last batch was committed: a record's seconds are its share since
 
     def settle(self, settled: _Settled) -> None:
@@ -338,7 +339,7 @@ class _Ledger:
         self.bar.update(settled.progress)
 
     def label(self, batch: _Batch, results: list[SCFResult], gradients: list[np.ndarray] | None,
-              forces_seconds: float, drop_unconverged: bool) -> None:  # fmt: skip
+              forces_seconds: float) -> None:  # fmt: skip
         """Commit a labelled batch: its records (their seconds the generator's wall time since the
         last commit, failed conformers' time included) and its failures."""
         for result in results:  # host preparation, transfer, waiting for the device, finalisation
@@ -346,7 +347,7 @@ class _Ledger:
         if gradients is not None:
             self.summary.timings["forces"] += forces_seconds
         now = time.perf_counter()
-        rows, gradients, failures = _labelled(batch, results, gradients, drop_unconverged)
+        rows, gradients, failures = _labelled(batch, results, gradients, self.drop_unconverged)
         records = RecordBatch.from_results(rows, now - self.last_commit, gradients) if rows else None
         self.writer.commit(records, failures)
         self.last_commit = time.perf_counter()
@@ -411,7 +412,7 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], bu
                   file=sys.stderr)
         bar = tqdm(total=sum(source.expected(m) for m in inputs), unit="conf", disable=not gen.progress,
                    smoothing=0.1)  # fmt: skip
-        ledger = _Ledger(writer, summary, bar, watch, time.perf_counter())
+        ledger = _Ledger(writer, summary, bar, watch, gen.drop_unconverged, time.perf_counter())
         inflight: tuple[_Batch, list[PreparedProblem], BatchRun] | None = None
         try:
             for item in _batches(inputs, buckets, source, writer.done(), gen.batch_size):
@@ -426,10 +427,10 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], bu
                                            0, len(item.members)))  # fmt: skip
                     continue
                 if inflight is not None:  # the device worked on it while this batch was prepared
-                    ledger.label(inflight[0], *_results(*inflight, method, gen.forces), gen.drop_unconverged)
+                    ledger.label(inflight[0], *_results(*inflight, method, gen.forces))
                 inflight = (item, prepared[: len(item.members)], submit_batch(prepared, method))
             if inflight is not None:
-                ledger.label(inflight[0], *_results(*inflight, method, gen.forces), gen.drop_unconverged)
+                ledger.label(inflight[0], *_results(*inflight, method, gen.forces))
         except NotConvergingError as err:
             stop = err  # the shard closes as usual below: what was committed is merged and kept
         bar.close()

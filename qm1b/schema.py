@@ -117,26 +117,33 @@ class RecordBatch:
 
         Numeric casts must be 'same_kind' (float64 -> float32 is fine, float -> int is not).
         """
+        batch = cls._from_array_likes(columns, natoms, z, pos, forces)
+        batch.validate()
+        return batch
+
+    @classmethod
+    def _from_array_likes(cls, columns: Mapping[str, Iterable], natoms: Iterable[int], z: Iterable[int], pos: Iterable,
+                          forces: Iterable | None) -> RecordBatch:  # fmt: skip
+        """A batch of array-likes cast to the schema's dtypes ('same_kind'), not yet validated."""
         cast = {}
         for name, value in columns.items():
             dtype = SCALAR_COLUMNS.get(name)
             cast[name] = _as_strings(value) if name in STRING_COLUMNS else _cast(name, value, dtype)
-        batch = cls(
+        return cls(
             cast,
             _cast("natoms", natoms, np.dtype(np.int32)),
             _cast("z", z, ATOM_COLUMNS["z"]),
             _cast("pos", pos, ATOM_COLUMNS["pos"]).reshape(-1, 3),
             None if forces is None else _cast("forces", forces, FORCES_DTYPE).reshape(-1, 3),
         )
-        batch.validate()
-        return batch
 
     @classmethod
     def from_results(cls, labelled: Sequence[tuple[str, int, int, Molecule, SCFResult]], seconds: float,
                      gradients: Sequence[np.ndarray] | None = None) -> RecordBatch:  # fmt: skip
         """Records of labelled conformers, each (SMILES, molecule id, conformer id, conformer, result),
         with every energy converted from Hartree to eV; ``seconds`` is shared equally among them, and
-        ``gradients`` (dE/dR, (natoms, 3) Hartree/Bohr each) are stored as forces in eV/Bohr."""
+        ``gradients`` (dE/dR, (natoms, 3) Hartree/Bohr each) are stored as forces in eV/Bohr. Not
+        validated here: ``ShardWriter.commit`` validates every batch it writes."""
         smiles, molecule_ids, conformer_ids, molecules, results = zip(*labelled)
         columns = {
             "smile": smiles,
@@ -154,8 +161,9 @@ class RecordBatch:
             "conformer_id": conformer_ids,
         }
         forces = None if gradients is None else -HARTREE_TO_EV * np.concatenate(gradients)
-        return cls.from_columns(columns, [m.natom for m in molecules], np.concatenate([m.atomic_numbers for m in molecules]),
-                                np.concatenate([m.positions for m in molecules]), forces)  # fmt: skip
+        z = np.concatenate([m.atomic_numbers for m in molecules])
+        pos = np.concatenate([m.positions for m in molecules])
+        return cls._from_array_likes(columns, [m.natom for m in molecules], z, pos, forces)
 
     @classmethod
     def concat(cls, batches: Iterable[RecordBatch]) -> RecordBatch:

@@ -125,8 +125,8 @@ def _call(bases: list[PrimitiveBasis], centres: list, centre_shifts: list, dtype
     rows = np.stack(np.triu_indices(nprim))
     site_pairs = np.stack(np.triu_indices(sites))
     cast = (lambda a: a.astype(dtype)) if xp is jnp else (lambda a: np.asarray(a, dtype))  # host: one transfer
-    floats = {k: cast(v) if k in _FLOATS else v for k, v in stacked.items()}
-    basis = _KernelBasis(**floats, centres=cast(centres), centre_shifts=cast(centre_shifts))
+    arrays = {k: cast(v) if k in _FLOATS else v for k, v in stacked.items()}
+    basis = _KernelBasis(**arrays, centres=cast(centres), centre_shifts=cast(centre_shifts))
     return one_electron_program(basis, rows, site_pairs, lmax, n)
 
 
