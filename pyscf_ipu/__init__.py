@@ -6,8 +6,8 @@ The public API::
     result = run_rks(parse_molecule(mol="water"), RKSConfig(xc="b3lyp", basis="sto-3g"))
     result.energy, result.homo, result.lumo, result.gap_ev
 
-Batches of conformers: ``method = resolve(config)``, then
-``submit_batch(prepare(molecules, method), method).results()``.
+Batches of conformers (of molecules of one size bucket): ``method = resolve(config)``, then
+``submit_batch(prepare_batch(molecules, method), method).results()``.
 """
 
 from .config import RKSConfig
@@ -15,7 +15,7 @@ from .method import Method, resolve
 from .geometries import from_xyz, parse_molecule
 from .molecule import Molecule, MoleculeError, from_atom_string, from_name
 from .results import SCFResult
-from .prepare import prepare
+from .problem import prepare_batch
 from .rks import run_rks, submit_batch
 
 __all__ = [
@@ -28,7 +28,7 @@ __all__ = [
     "from_name",
     "from_xyz",
     "parse_molecule",
-    "prepare",
+    "prepare_batch",
     "resolve",
     "run_rks",
     "submit_batch",

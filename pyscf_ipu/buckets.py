@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from functools import cached_property, lru_cache, partial
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -36,16 +36,24 @@ FITTING_STEP = 8  # a density-fitted bucket's kinds hold elements of equal fitti
 
 @lru_cache(maxsize=None)
 def element_kind(basis: str, symbol: str, fitted: bool = False) -> tuple:
-    """The shape signature of ``symbol`` in ``basis``: ((l, primitives, contractions) per shell, F),
-    where F is 0, or for a ``fitted`` (density-fitted) run :func:`auxiliary_functions` rounded up to
-    :data:`FITTING_STEP`."""
+    """The shape signature of ``symbol`` in ``basis``: ((l, primitives, contractions) per shell, the
+    pattern of shared exponents, F), where F is 0, or for a ``fitted`` (density-fitted) run
+    :func:`auxiliary_functions` rounded up to :data:`FITTING_STEP`. Elements of one signature fill
+    the same slots of a bucket's template (:mod:`pyscf_ipu.templates`): every array of their atoms
+    has the same shape and layout, only the values differ."""
     return _shells(basis, symbol), _fitting_tier(basis, symbol) if fitted else 0
 
 
 def _shells(basis: str, symbol: str) -> tuple:
+    """(l, primitives, contractions) per shell, and for each primitive of the atom (shell after
+    shell) the first primitive with its exponent: the integral kernels share work between equal
+    exponents (a Pople sp shell), so that sharing must be the same for every element of a kind."""
     from .pyscf_mole import element_basis
 
-    return tuple((shell[0], len(shell) - 1, len(shell[1]) - 1) for shell in element_basis(basis, symbol))
+    shells = element_basis(basis, symbol)
+    exponents = [float(primitive[0]) for shell in shells for primitive in shell[1:]]
+    return (tuple((shell[0], len(shell) - 1, len(shell[1]) - 1) for shell in shells),
+            tuple(exponents.index(e) for e in exponents))  # fmt: skip
 
 
 def _fitting_tier(basis: str, symbol: str) -> int:
@@ -53,7 +61,7 @@ def _fitting_tier(basis: str, symbol: str) -> int:
 
 
 def _element_aos(kind: tuple) -> int:
-    return sum((2 * l + 1) * contractions for l, _, contractions in kind[0])
+    return sum((2 * l + 1) * contractions for l, _, contractions in kind[0][0])
 
 
 @lru_cache(maxsize=None)
@@ -107,13 +115,51 @@ def auxiliary_basis(basis: str, symbol: str):
 
 
 @lru_cache(maxsize=None)
-def auxiliary_functions(basis: str, symbol: str) -> int:
-    """The (spherical) functions of :func:`auxiliary_basis` on one ``symbol`` atom."""
+def auxiliary_mole(basis: str, symbol: str):
+    """A one-atom PySCF ``Mole`` of ``symbol`` in its :func:`auxiliary_basis` (the fitting functions)."""
     from pyscf import gto
 
-    aux = gto.M(atom=[(symbol, (0.0, 0.0, 0.0))], basis={symbol: auxiliary_basis(basis, symbol)},
-                spin=gto.charge(symbol) % 2, verbose=0)  # fmt: skip
-    return aux.nao
+    return gto.M(atom=[(symbol, (0.0, 0.0, 0.0))], basis={symbol: auxiliary_basis(basis, symbol)},
+                 spin=gto.charge(symbol) % 2, verbose=0)  # fmt: skip
+
+
+@lru_cache(maxsize=None)
+def auxiliary_functions(basis: str, symbol: str) -> int:
+    """The (spherical) functions of :func:`auxiliary_basis` on one ``symbol`` atom."""
+    return auxiliary_mole(basis, symbol).nao
+
+
+@lru_cache(maxsize=None)
+def auxiliary_shells(basis: str, symbol: str) -> tuple[tuple[int, int], ...]:
+    """(l, primitives) of each fitting function's shell of ``symbol`` (a general contraction's
+    functions one by one), by l and then by primitives, most first: the order in which an atom's
+    fitting shells fill its slot's (:func:`auxiliary_layout`)."""
+    mol = auxiliary_mole(basis, symbol)
+    shells = [(int(mol.bas_angular(i)), int(mol.bas_nprim(i))) for i in range(mol.nbas) for _ in range(mol.bas_nctr(i))]
+    return tuple(sorted(shells, key=lambda shell: (shell[0], -shell[1])))
+
+
+def auxiliary_layout(basis: str, kind: tuple) -> tuple[tuple[int, int], ...]:
+    """The fitting shells of one slot of a density-fitted ``kind``: for each l, as many shells as the
+    kind's element with the most of that l has, each with the most primitives any element has at
+    that place (:func:`auxiliary_shells` order); every element of the kind fits in it."""
+    return _auxiliary_layout(basis, kind)
+
+
+@lru_cache(maxsize=None)
+def _auxiliary_layout(basis: str, kind: tuple) -> tuple[tuple[int, int], ...]:
+    by_l: dict[int, list[int]] = {}
+    for symbol in _kind_members(basis, kind):
+        try:
+            shells = auxiliary_shells(basis, symbol)
+        except Exception:  # no fitting basis for this element
+            continue
+        for l in {l for l, _ in shells}:
+            primitives = [k for m, k in shells if m == l]
+            widest = by_l.setdefault(l, [])
+            widest.extend([0] * (len(primitives) - len(widest)))
+            by_l[l] = [max(a, b) for a, b in zip(widest, primitives + [0] * (len(widest) - len(primitives)))]
+    return tuple((l, k) for l in sorted(by_l) for k in by_l[l])
 
 
 @lru_cache(maxsize=None)
@@ -180,6 +226,36 @@ class SizeBucket:
     def natm(self) -> int:
         return sum(cap for _, cap in self.kinds)
 
+    @cached_property
+    def slot_kinds(self) -> np.ndarray:
+        """(natm,) int: the kind (its place in ``kinds``) of each slot, the template's atoms in turn."""
+        return np.repeat(np.arange(len(self.kinds)), [cap for _, cap in self.kinds]).astype(np.int32)
+
+    @cached_property
+    def elements(self) -> tuple[str, ...]:
+        """The rows of the bucket's element tables: ``""`` for an absent slot, then the elements of
+        each kind in turn (a slot of a kind holds one of that kind's elements)."""
+        return ("",) + tuple(symbol for kind, _ in self.kinds for symbol in _kind_members(self.basis, kind))
+
+    def place(self, symbols) -> tuple[np.ndarray, np.ndarray]:
+        """Where a molecule of the bucket with these element ``symbols`` (in its atom order) sits in the
+        template: (element row per slot (natm,), the molecule's atom per slot (natm,), -1 where absent).
+
+        Each kind's slots take the molecule's atoms of that kind in their order, the first slots first.
+        """
+        fitted = self.occupied > 0
+        kind_index = {kind: k for k, (kind, _) in enumerate(self.kinds)}
+        first = np.concatenate([[0], np.cumsum([cap for _, cap in self.kinds])])
+        filled = np.zeros(len(self.kinds), int)
+        atoms = np.full(self.natm, -1, np.int32)
+        for atom, symbol in enumerate(symbols):
+            k = kind_index[element_kind(self.basis, symbol, fitted)]
+            atoms[first[k] + filled[k]] = atom
+            filled[k] += 1
+        row = {symbol: r for r, symbol in enumerate(self.elements)}
+        rows = np.array([row[symbols[a]] if a >= 0 else 0 for a in atoms], np.int32)
+        return rows, atoms
+
     @property
     def nao(self) -> int:
         """Np: the padded AO count (the template's AOs)."""
@@ -187,10 +263,9 @@ class SizeBucket:
 
     @property
     def naux(self) -> int:
-        """Qp: the padded count of density-fitting functions (each kind's capacity times the most
-        functions of :func:`auxiliary_basis` among its elements)."""
-        return sum(cap * _kind_maximum(self.basis, kind, partial(auxiliary_functions, self.basis))
-                   for kind, cap in self.kinds)  # fmt: skip
+        """Qp: the padded count of density-fitting functions: each kind's capacity times the functions
+        of its slots' :func:`auxiliary_layout`."""
+        return sum(cap * sum(2 * l + 1 for l, _ in auxiliary_layout(self.basis, kind)) for kind, cap in self.kinds)
 
     @property
     def density_rank(self) -> int:

@@ -162,7 +162,7 @@ def run_command(args: argparse.Namespace) -> int:
     from .ipu.profile import plot_tile_map, summary_lines  # imported here: importing JAX takes a moment
     from .memory import default_budget
     from .method import resolve
-    from .prepare import prepare
+    from .problem import prepare_batch
     from .rks import submit_batch
 
     molecule = parse_molecule(
@@ -187,14 +187,14 @@ def run_command(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        prepared = prepare([molecule], method)
-        (result,) = submit_batch(prepared, method, profile=bool(args.profile or args.profile_plot)).results()
+        batch = prepare_batch([molecule], method)
+        (result,) = submit_batch(batch, method, profile=bool(args.profile or args.profile_plot)).results()
     result = dataclasses.replace(result, seconds=time.perf_counter() - start)  # the host preparation included
     gradient = None
     if args.forces:
         from .forces import nuclear_gradient
 
-        gradient = nuclear_gradient(prepared[0], result, method.functional, grid_response=not args.fixed_grid)
+        gradient = nuclear_gradient(molecule, result, method.functional, grid_response=not args.fixed_grid)
     if result.jk_profile is not None:
         if args.profile:
             Path(args.profile).write_text(json.dumps(result.jk_profile, indent=1))

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 PRECISIONS = ("float32", "float64")
-INTEGRALS = ("libcint", "jax")
+AUTO = "auto"  # an integral source picked by the platform (pyscf_ipu.method.resolve)
+INTEGRALS = ("libcint", "jax", AUTO)
 # Old spellings of renamed option values, still accepted (and read in stored settings) as the new ones.
 RENAMED_VALUES: dict[str, dict[str, str]] = {"integrals": {"host": "libcint", "device": "jax"}}
 FITTED_JK = ("df",)  # J-K backends that contract density-fitted 3-centre integrals instead of the s8 ERIs
@@ -27,10 +28,12 @@ class ConfigError(ValueError):
     """A bad setting; the message names it and the allowed values."""
 
 
-def option(default, help: str, choices=None, metavar=None, renamed: dict[str, str] | None = None):
+def option(default, help: str, choices=None, metavar=None, renamed: dict[str, str] | None = None, auto: bool = False):
     """A config field whose metadata becomes its command-line option (see :func:`add_config_arguments`);
-    ``renamed`` maps old spellings of its values to the current ones."""
-    return field(default=default, metadata={"help": help, "choices": choices, "metavar": metavar, "renamed": renamed})
+    ``renamed`` maps old spellings of its values to the current ones; with ``auto``, the value
+    ``auto`` on the command line stands for None (the run picks)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "metavar": metavar, "renamed": renamed,
+                                            "auto": auto})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,9 @@ class RKSConfig:
     max_iterations: int = option(20, "maximum SCF iterations (QM1B: 20)")
     integrals: str = option(
         "libcint",
-        "what computes the one-electron integrals and ERIs: libcint (PySCF's, float64) or jax (pyscf_ipu.integrals, "
-        "the ERIs in the SCF precision); the old spellings host and device still work",
+        "what computes the integrals, grid and guess: libcint (PySCF's, on the host, float64), jax (pyscf_ipu.integrals, "
+        "assembled on the device for a whole batch; the ERIs in the SCF precision) or auto (jax, with libcint's "
+        "density-fitting factor where the device is this CPU); the old spellings host and device still work",
         choices=INTEGRALS,
         renamed=RENAMED_VALUES["integrals"],
     )
@@ -168,9 +172,12 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, defaults: dict | 
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
             renamed = f.metadata.get("renamed") or {}
+            if f.metadata.get("auto"):
+                renamed = {**renamed, "auto": None}
             parser.add_argument(
                 flag,
-                type=(lambda value, tp=tp, renamed=renamed: tp(renamed.get(value, value))) if renamed else tp,
+                type=(lambda value, tp=tp, renamed=renamed: renamed[value] if value in renamed and renamed[value] is None
+                      else tp(renamed.get(value, value))) if renamed else tp,
                 default=default,
                 choices=f.metadata.get("choices"),
                 metavar=f.metadata.get("metavar"),

@@ -12,22 +12,22 @@ The work is split where its data lives. On the device, queued right behind the l
 host need not wait for it (:func:`dispatch_finalisation`, one program for a whole batch): the
 purification and the float64 pass over the grid, which reads the loop's own AO values (in the
 loop's precision, promoted to float64 block by block, so no float64 copy of the largest array is
-made). On the host (:func:`finalise`): the Fock matrix and one small eigensolve. J and K of the
-purified density come from one of three :class:`FinalContraction` strategies, each doing its share
-on the device and the rest on the host (:func:`final_contraction` picks one):
+made). J and K of the purified density come from one of three :class:`FinalContraction` strategies,
+each doing its share on the device and the rest on the host (:func:`final_contraction` picks one).
+Where both are formed on the device, so are the Fock matrix, the energy terms and the eigensolve,
+and the host only reads the labels out (:func:`finalise`); else the host does those three:
 
 - :class:`LoopBackend`: the loop's own J-K backend in float64 on the device, where the loop's
   integrals are as exact as any the host holds (the JAX integrals);
 - :class:`LibcintERIs`: PySCF contracts the host's float64 libcint ERIs, which a float32 loop holds
   only rounded;
-- :class:`FittedExchange`: a density-fitted run's K from the device's float32 factor in float32
-  products with its energy summed in float64, and its J from the host's float64 factor (libcint's,
-  whichever the integral source), by PySCF's own density-fitting code.
+- :class:`FittedExchange`: a density-fitted run's K from the float32 factor in float32 products with
+  its energy summed in float64, and its J from the float64 factor, both on the device.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import jax
@@ -36,12 +36,12 @@ import numpy as np
 import scipy.linalg
 from pyscf import scf as pyscf_scf
 
-from .jk import FittedArrays, JKBackend, density_factor, exchange_factor
+from .jk import FittedArrays, JKBackend, density_factor, exchange_factor, fitted_coulomb
 from .method import Method
+from .assembly import BatchMember
 from .numint import weighted_points, xc_energy_and_potential
-from .padding import pad_to
 from .prepare import PreparedProblem
-from .problem import SCFProblem, padded_overlap
+from .problem import FINAL_SHIFT, FinalInputs, PreparedBatch
 from .programs import compiled
 from .results import SCFResult
 from .scf import SCFTrace, energy_terms, fock_matrix
@@ -64,7 +64,8 @@ def purify(dm: np.ndarray, overlap: np.ndarray, steps: int = 3) -> np.ndarray:
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class FinalDensity:
-    """The device's part of the finalisation, in float64, at the loop's padded shapes."""
+    """The device's part of the finalisation, in float64, at the loop's padded shapes; with the labels
+    where J and K were formed on the device too (else those fields are None)."""
 
     density: jax.Array  # (Np, Np)  the loop's last density, purified
     exc: jax.Array  # ()  E_xc at it
@@ -73,6 +74,10 @@ class FinalDensity:
     coulomb: jax.Array | None = None  # (Np, Np)  J at it, where the contraction forms it on the device
     exchange: jax.Array | None = None  # (Np, Np)  K at it, likewise
     exchange_trace: jax.Array | None = None  # ()  tr(D K), likewise
+    energy_terms: dict | None = None  # the total energy's terms (:func:`~pyscf_ipu.scf.energy_terms`)
+    mo_energy: jax.Array | None = None  # (Np,)  ascending, the dropped directions' last (FINAL_SHIFT)
+    mo_coeff: jax.Array | None = None  # (Np, Np)  their coefficients
+    orbitals: jax.Array | None = None  # ()  the orbitals that are not dropped directions
 
 
 class FinalContraction(Protocol):
@@ -91,7 +96,7 @@ class FinalContraction(Protocol):
 
 
 def _own(a, n: int) -> np.ndarray:
-    """The molecule's (n, n) block of a padded device matrix, in float64."""
+    """The molecule's (n, n) block of a padded matrix (its AOs first: a host preparation's), in float64."""
     return np.asarray(a, np.float64)[:n, :n]
 
 
@@ -107,11 +112,10 @@ class LoopBackend:
 
     def on_device(self, data, dm):
         vj, vk = self.backend.contract(data, dm)
-        return vj, vk, None
+        return vj, vk, jnp.sum(dm * vk)
 
     def on_host(self, prepared, dm, final):
-        vj, vk = _own(final.coulomb, prepared.nao), _own(final.exchange, prepared.nao)
-        return vj, vk, np.sum(dm * vk)
+        raise AssertionError("the loop's backend forms J and K on the device")
 
 
 @dataclass(frozen=True)
@@ -132,11 +136,11 @@ class LibcintERIs:
 
 @dataclass(frozen=True)
 class FittedExchange:
-    """Where the loop density-fits: K on the device from the loop's float32 factor, J on the host
-    (PySCF's contraction of the float64 factor, Q N^2: :func:`fitted_coulomb`).
+    """Where the loop density-fits: J from the float64 factor (:func:`~pyscf_ipu.jk.fitted_coulomb`,
+    what PySCF's density-fitting J computes), K from the loop's float32 factor, both on the device.
 
     K's two products are the loop's own (:meth:`~pyscf_ipu.jk.FittedJK.contract`), in float32 rather
-    than the host's float64 (the errors are in ``docs/decisions/density-fitting.md``). Its energy,
+    than float64 (the errors are in ``docs/decisions/density-fitting.md``). Its energy,
     tr(D K) = sum_Q ||W^T B_Q W||^2 with D = W W^T, comes from one more small product
     (R Q, N) x (N, R) whose squares are summed in float64: tr(D K) over the float32 K itself would
     carry K's rounding, about 1e-7 of the exchange energy, into the label.
@@ -149,10 +153,10 @@ class FittedExchange:
         w = density_factor(dm, data.rank).astype(data.factor.dtype)  # (Np, R)  D = W W^T
         y = exchange_factor(data.factor, w)  # (R Qp, Np)
         z = (y @ w).astype(dm.dtype)  # (R Qp, R)  the blocks W^T B_Q W
-        return None, (y.T @ y).astype(dm.dtype), jnp.sum(z * z)
+        return fitted_coulomb(data.exact, data.pairs, dm), (y.T @ y).astype(dm.dtype), jnp.sum(z * z)
 
     def on_host(self, prepared, dm, final):
-        return fitted_coulomb(prepared, dm), _own(final.exchange, prepared.nao), float(final.exchange_trace)
+        raise AssertionError("a density-fitted finalisation forms J and K on the device")
 
 
 def final_contraction(method: Method) -> FinalContraction:
@@ -165,30 +169,48 @@ def final_contraction(method: Method) -> FinalContraction:
     return LibcintERIs()
 
 
-def fitted_coulomb(prepared: PreparedProblem, dm: np.ndarray) -> np.ndarray:
-    """J (N, N) in float64 of the symmetric ``dm`` from the host's float64 density-fitted factor, by
-    PySCF's own contraction (``df.df_jk.get_jk``)."""
-    from pyscf import df
+@dataclass(frozen=True)
+class Contracted:
+    """A purified density's potentials: J, K, tr(D K), E_xc and V_xc (numpy or JAX arrays alike)."""
 
-    fitting = df.DF(prepared.mol)
-    fitting.verbose = 0
-    fitting._cderi = prepared.eri_fitted  # (naux, npair): PySCF reads an in-memory factor as it is
-    return df.df_jk.get_jk(fitting, dm, hermi=1, with_k=False)[0]
+    coulomb: object  # (N, N)
+    exchange: object  # (N, N)
+    exchange_trace: object  # ()
+    exc: object  # ()
+    vxc: object  # (N, N)
 
 
-def final_density(functional: Functional, contraction: FinalContraction, ao, weights, density, overlap, jk
+def labels(dm, hcore, potentials: Contracted, orthogonaliser, shift, hf_exchange: float, nuclear_repulsion, eigh):
+    """(energy terms, orbital energies, coefficients) from the ``potentials`` of the density ``dm``:
+    the loop's own formulas (:func:`~pyscf_ipu.scf.fock_matrix`, :func:`~pyscf_ipu.scf.energy_terms`)
+    and one eigensolve ``eigh`` of the Fock matrix in the orthogonal basis ``orthogonaliser``, whose
+    dropped directions get ``shift`` on the diagonal (numpy on the host or JAX on the device alike)."""
+    p = potentials
+    terms = energy_terms(dm, hcore, p.coulomb, p.exchange_trace, p.exc, hf_exchange, nuclear_repulsion)
+    fock = fock_matrix(hcore, p.coulomb, p.exchange, p.vxc, hf_exchange)
+    mo_energy, vectors = eigh(orthogonaliser.T @ fock @ orthogonaliser + shift)
+    return terms, mo_energy, orthogonaliser @ vectors
+
+
+def final_density(functional: Functional, contraction: FinalContraction, ao, density, final: FinalInputs, jk
                   ) -> FinalDensity:  # fmt: skip
     """The device's float64 finalisation of one conformer (the kernel of :data:`final_density_program`).
 
-    ``ao`` (4, Gp, Np) and ``weights`` (Gp,) are the loop's own arrays, ``density`` (Np, Np) its
-    last density, ``overlap`` the float64 overlap padded to (Np, Np) (unit diagonal on padding) and
-    ``jk`` what ``contraction`` reads of the loop's J-K arrays.
+    ``ao`` (4, Gp, Np) is the loop's own array, ``density`` (Np, Np) its last density, ``final`` the
+    batch's float64 :class:`~pyscf_ipu.problem.FinalInputs` and ``jk`` what ``contraction`` reads of
+    the loop's J-K arrays. Where ``contraction`` forms both J and K here, the labels follow here too.
     """
-    dm = purify(density.astype(overlap.dtype), overlap)
+    dm = purify(density.astype(final.overlap.dtype), final.overlap)
     vj, vk, trace = contraction.on_device(jk, dm)
     # no grid work for Hartree-Fock, and none past the last weighted point
-    exc, vxc, electrons = xc_energy_and_potential(functional, ao, weights, dm, weighted_points(weights))
-    return FinalDensity(dm, exc, vxc, electrons, vj, vk, trace)
+    exc, vxc, electrons = xc_energy_and_potential(functional, ao, final.weights, dm, weighted_points(final.weights))
+    out = FinalDensity(dm, exc, vxc, electrons, vj, vk, trace)
+    if vj is None or vk is None:
+        return out
+    shift = jnp.diag(jnp.where(final.kept, 0.0, FINAL_SHIFT))
+    terms, mo_energy, mo_coeff = labels(dm, final.hcore, Contracted(vj, vk, trace, exc, vxc), final.orthogonaliser, shift,
+                                        functional.hf_exchange, final.nuclear_repulsion, jnp.linalg.eigh)  # fmt: skip
+    return replace(out, energy_terms=terms, mo_energy=mo_energy, mo_coeff=mo_coeff, orbitals=jnp.sum(final.kept))
 
 
 # Conformers one after another (lax.map), not vmapped: each one's grid blocks then stay cache-sized.
@@ -198,39 +220,36 @@ final_density_program = compiled(
     static_argnums=(0, 1), name="final_density")
 
 
-def final_inputs(prepared: PreparedProblem, shapes: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """What the float64 finalisation takes from the host besides the loop's arrays: the overlap
-    (Np, Np) with a unit diagonal on padded AOs and the grid weights (Gp,), in float64, padded to
-    the loop's ``shapes``."""
-    npad, gpad = shapes
-    return padded_overlap(prepared.overlap, npad), pad_to(prepared.grid_weights, (gpad,))
-
-
-def dispatch_finalisation(method: Method, members: list[PreparedProblem], problems: SCFProblem, shapes: tuple[int, int],
-                          trace: SCFTrace) -> FinalDensity:  # fmt: skip
-    """Dispatch the device's float64 finalisation of a batch's loop ``trace`` (asynchronous: it
-    queues behind the loop): ``members``, ``problems`` and the padded ``shapes`` as the loop had them."""
-    overlap, weights = (np.stack(a) for a in zip(*(final_inputs(p, shapes) for p in members)))
+def dispatch_finalisation(method: Method, batch: PreparedBatch, trace: SCFTrace) -> FinalDensity:
+    """Dispatch the device's float64 finalisation of ``batch``'s loop ``trace`` (asynchronous: it
+    queues behind the loop)."""
     contraction = final_contraction(method)
-    jk = contraction.device_arrays(problems.jk)
-    with jax.enable_x64(True):  # the float64 host arrays stay float64 on the device
-        return final_density_program(method.functional, contraction, problems.ao, weights, trace.density, overlap, jk)
+    jk = contraction.device_arrays(batch.problem.jk)
+    with jax.enable_x64(True):  # the float64 inputs stay float64
+        return final_density_program(method.functional, contraction, batch.problem.ao, trace.density, batch.final, jk)
 
 
-def finalise(prepared: PreparedProblem, trace: SCFTrace, final: FinalDensity, method: Method,
+def finalise(member: BatchMember, trace: SCFTrace, final: FinalDensity, method: Method,
              shapes: tuple[int, int]) -> SCFResult:  # fmt: skip
-    """Energy and orbitals in float64 from the device's :class:`FinalDensity` of one conformer, whose
-    loop ran at the padded ``shapes`` (Np, Gp)."""
-    n = prepared.nao
-    dm = _own(final.density, n)
-    ax = method.functional.hf_exchange
-    vj, vk, exchange_trace = final_contraction(method).on_host(prepared, dm, final)
-    exc, vxc = float(final.exc), _own(final.vxc, n)
-    terms = {k: float(v) for k, v in
-             energy_terms(dm, prepared.hcore, vj, exchange_trace, exc, ax, prepared.nuclear_repulsion).items()}
-    x = prepared.orthogonaliser
-    mo_energy, vectors = scipy.linalg.eigh(x.T @ fock_matrix(prepared.hcore, vj, vk, vxc, ax) @ x)
-    nocc = prepared.nocc
+    """Energy and orbitals in float64 of one conformer from the device's :class:`FinalDensity`, whose
+    loop ran at the padded ``shapes`` (Np, Gp): read out where the device formed the labels, else
+    formed here from the host's preparation. Matrices at the molecule's size, in its AO order."""
+    aos = member.aos
+    dm = np.asarray(final.density, np.float64)[np.ix_(aos, aos)]
+    if final.mo_energy is not None:
+        orbitals = int(final.orbitals)
+        terms = {k: float(v) for k, v in final.energy_terms.items()}
+        mo_energy, mo_coeff = np.asarray(final.mo_energy)[:orbitals], np.asarray(final.mo_coeff)[aos, :orbitals]
+    else:
+        prepared = member.host
+        ax = method.functional.hf_exchange
+        vj, vk, exchange_trace = final_contraction(method).on_host(prepared, dm, final)
+        x = prepared.orthogonaliser
+        potentials = Contracted(vj, vk, exchange_trace, float(final.exc), _own(final.vxc, member.nao))
+        terms, mo_energy, mo_coeff = labels(dm, prepared.hcore, potentials, x, 0.0, ax, prepared.nuclear_repulsion,
+                                            scipy.linalg.eigh)  # fmt: skip
+        terms = {k: float(v) for k, v in terms.items()}
+    nocc = member.nocc
     iterations = int(trace.iterations)
     return SCFResult(
         energy=float(sum(terms.values())),
@@ -240,11 +259,11 @@ def finalise(prepared: PreparedProblem, trace: SCFTrace, final: FinalDensity, me
         converged=bool(trace.converged),
         iterations=iterations,
         energy_std_ev=float(trace.energy_std_ev),
-        nao=n,
-        grid_points=prepared.grid_points,
+        nao=member.nao,
+        grid_points=member.grid_points,
         electrons_on_grid=float(final.electrons),
         mo_energy=mo_energy,
-        mo_coeff=x @ vectors,
+        mo_coeff=mo_coeff,
         density=dm,
         energy_history=np.asarray(trace.energies, np.float64)[:iterations],
         energy_change_history=np.asarray(trace.energy_changes, np.float64)[:iterations],

@@ -37,8 +37,9 @@ import numpy as np
 
 from .packed import degeneracy_weights, tril_unpack
 from .grid import atom_grids, grid_coords_and_weights
-from .prepare import PreparedProblem
 from .integral_sources import eri_plan
+from .molecule import Molecule
+from .pyscf_mole import build_mole
 from .integrals.ao_values import ao_values_at
 from .integrals.basis import primitive_basis
 from .integrals.eri import eri_s8
@@ -59,16 +60,16 @@ def two_electron_coefficients(dm: np.ndarray, exchange: float) -> np.ndarray:
     return multiplicity * (coulomb - exact)
 
 
-def nuclear_gradient(prepared: PreparedProblem, result: SCFResult, functional: Functional, grid_response: bool = False
+def nuclear_gradient(molecule: Molecule, result: SCFResult, functional: Functional, grid_response: bool = False
                      ) -> np.ndarray:  # fmt: skip
-    """(natm, 3) dE/dR in Hartree/Bohr at ``result``'s converged orbitals.
+    """(natm, 3) dE/dR in Hartree/Bohr of ``molecule`` at ``result``'s converged orbitals.
 
-    ``grid_response=False`` holds the grid fixed in space (PySCF's default gradient); True moves
-    the points and Becke weights with the atoms (:mod:`pyscf_ipu.grid`), as PySCF's
-    ``grid_response = True`` does: the exact derivative of the energy as the SCF computes it.
+    ``grid_response=False`` holds the grid (PySCF's at ``molecule``) fixed in space (PySCF's default
+    gradient); True moves the points and Becke weights with the atoms (:mod:`pyscf_ipu.grid`), as
+    PySCF's ``grid_response = True`` does: the exact derivative of the energy as the SCF computes it.
     """
-    mol = prepared.mol
-    nocc = prepared.nocc
+    mol = build_mole(molecule, result.config.basis)
+    nocc = molecule.nelectron // 2
     occupied = result.mo_coeff[:, :nocc]  # (N, nocc)
     dm = 2.0 * occupied @ occupied.T
     weighted = 2.0 * (occupied * result.mo_energy[:nocc]) @ occupied.T
@@ -76,7 +77,9 @@ def nuclear_gradient(prepared: PreparedProblem, result: SCFResult, functional: F
     plan = eri_plan(result.config.basis, tuple(mol.elements))
     coefficients = two_electron_coefficients(dm, functional.hf_exchange)
     charges = mol.atom_charges().astype(np.float64)
-    moving = atom_grids(mol, result.config.grid_level) if grid_response and prepared.grid_points else None
+    on_grid = bool(result.grid_points) and bool(functional.pieces)
+    moving = atom_grids(mol, result.config.grid_level) if grid_response and on_grid else None
+    fixed = None if grid_response or not on_grid else _grid(mol, result.config.grid_level)
     with jax.enable_x64(True):
         dm_, weighted_, coefficients_ = (jnp.asarray(a) for a in (dm, weighted, coefficients))
         charges_ = jnp.asarray(charges)
@@ -86,9 +89,9 @@ def nuclear_gradient(prepared: PreparedProblem, result: SCFResult, functional: F
             ints = one_electron_at(basis, coords)
             total = jnp.sum(dm_ * (ints["kinetic"] + ints["nuclear"])) - jnp.sum(weighted_ * ints["overlap"])
             total += jnp.dot(coefficients_, eri_s8(plan, coords[None], jnp.float64)[0])
-            if prepared.grid_points and functional.pieces:
+            if on_grid:
                 if moving is None:
-                    points, weights = prepared.grid_coords, jnp.asarray(prepared.grid_weights)
+                    points, weights = fixed[0], jnp.asarray(fixed[1])
                 else:
                     points, weights = grid_coords_and_weights(moving, coords)
                 total += xc_energy(functional, ao_values_at(basis, points, coords), weights, dm_)
@@ -96,3 +99,14 @@ def nuclear_gradient(prepared: PreparedProblem, result: SCFResult, functional: F
             return total + jnp.sum(charges_[pairs[0]] * charges_[pairs[1]] / distance)
 
         return np.asarray(jax.grad(energy)(jnp.asarray(mol.atom_coords())))
+
+
+def _grid(mol, level: int) -> tuple[np.ndarray, np.ndarray]:
+    """PySCF's RKS grid of ``mol`` at ``level`` (points (G, 3), weights (G,)), unsorted, unpadded: the
+    loop's quadrature."""
+    from pyscf import dft
+
+    grids = dft.gen_grid.Grids(mol)
+    grids.level = level
+    grids.build(with_non0tab=False, sort_grids=False)
+    return grids.coords, grids.weights

@@ -36,7 +36,6 @@ import numpy as np
 from pyscf import dft, gto
 from pyscf.dft import radi
 
-from .programs import compiled
 
 
 @jax.tree_util.register_dataclass
@@ -48,7 +47,7 @@ class AtomGrids:
     volumes: np.ndarray  # (G,) radial times angular weights
     owner: np.ndarray  # (G,) int32: the atom whose grid the point belongs to
     adjust: np.ndarray  # (natm, natm) Treutler's a_AB (antisymmetric)
-    present: np.ndarray  # (natm,) bool: False for the dummy atoms that pad a molecule to its size bucket
+    present: np.ndarray  # (natm,) bool: False for a size bucket's absent slots (:mod:`pyscf_ipu.templates`)
 
 
 def atom_grids(mol: gto.Mole, level: int) -> AtomGrids:
@@ -67,15 +66,6 @@ def atom_grids(mol: gto.Mole, level: int) -> AtomGrids:
     adjust = np.array([[nu(a, b, 0.0) for b in range(mol.natm)] for a in range(mol.natm)])
     return AtomGrids(np.concatenate(offsets), np.concatenate(volumes), np.concatenate(owner), adjust,
                      np.ones(mol.natm, bool))  # fmt: skip
-
-
-def pad_grids(grids: AtomGrids, points: int, natm: int) -> AtomGrids:
-    """``grids`` padded to ``points`` zero-volume points and ``natm`` atoms (dummies, left out of the
-    partition), the shapes of a size bucket."""
-    extra, atoms = points - len(grids.volumes), natm - len(grids.present)
-    return AtomGrids(np.pad(grids.offsets, ((0, extra), (0, 0))), np.pad(grids.volumes, (0, extra)),
-                     np.pad(grids.owner, (0, extra)), np.pad(grids.adjust, ((0, atoms), (0, atoms))),
-                     np.pad(grids.present, (0, atoms)))  # fmt: skip
 
 
 def grid_coords_and_weights(grids: AtomGrids, coords) -> tuple[jax.Array, jax.Array]:
@@ -98,9 +88,7 @@ def grid_coords_and_weights(grids: AtomGrids, coords) -> tuple[jax.Array, jax.Ar
         nu = 0.5 * (3.0 - nu * nu) * nu
     cell = jnp.prod(jnp.where(off_diagonal, 0.5 * (1.0 - nu), 1.0), axis=-1) * present  # (G, A): P_A(r_g)
     own = jnp.take_along_axis(cell, owner[:, None], axis=1)[:, 0]
-    return points, jnp.asarray(grids.volumes, dtype) * own / jnp.sum(cell, axis=-1)
-
-
-# conformers at once, each with its molecule's grids (:func:`pad_grids`): arguments, not constants,
-# so one program serves every molecule of a size bucket
-grid_program = compiled(jax.vmap(grid_coords_and_weights), name="grid")
+    volumes = jnp.asarray(grids.volumes, dtype)
+    # padding points (zero volume, possibly on an absent atom's site) weigh nothing, whatever their cells
+    total = jnp.sum(cell, axis=-1)
+    return points, jnp.where(volumes != 0, volumes * own / jnp.where(volumes != 0, total, 1.0), 0.0)

@@ -8,10 +8,11 @@ in einsum form ``J = einsum('ijkl,ij->kl', eri, D)`` and ``K = einsum('ijkl,jk->
 
 A backend is a frozen (hashable) object:
 
-- ``prepare(eris, nao_padded, dtype) -> dict of arrays``: once per batch of conformers, outside
-  the loop, their arrays stacked along a leading axis. ``eris`` are the conformers'
-  :class:`~pyscf_ipu.packed.PackedERI` records, laid out for ``nao_padded`` AOs in ``dtype``. The
-  arrays' shapes may depend only on padded sizes, so molecules in one bucket share compiled code.
+- ``prepare(eris, nao_padded, dtype) -> arrays``: once per batch of conformers, outside the loop,
+  their arrays stacked along a leading axis, from the batch's integrals on the device (C, s8 size of
+  ``nao_padded`` AOs) in ``dtype``, padded AOs' integrals zero; a density-fitted backend takes a
+  :class:`FittedFactor` instead. The arrays' shapes may depend only on padded sizes, so molecules in
+  one bucket share compiled code.
 - ``contract(data, dm) -> (J, K)``: one conformer's, pure JAX, traced inside the SCF loop (which
   the loop's program vmaps over the batch).
 - ``profile(eri, nao_padded, dtype, iterations) -> dict | None``: how the work of one conformer
@@ -30,27 +31,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from functools import partial
+from functools import lru_cache, partial
 from typing import Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from pyscf import ao2mo
 
 from .buckets import SizeBucket
 from .config import RKSConfig
-from .packed import (FittedERI, PackedERI, degeneracy_weights, pair_index, quartet_bytes, s8_accumulate, symmetrise,
-                     unique_quartets)
+from .packed import (FittedFactor, PackedERI, batch_eris, degeneracy_weights, pair_index, quartet_bytes, s8_accumulate,
+                     s8_to_s4, symmetrise, unique_quartets)
 from .ipu import IPUJK, ipu_model
-from .padding import aligned_empty, padded_size, pad_into, pad_to, stack_members
+from .padding import padded_size, pad_to, stack_members
 from .programs import compiled, full_precision, on_device, precision_scope
 
 
 class JKBackend(Protocol):
     name: str
 
-    def prepare(self, eris: list[PackedERI], nao_padded: int, dtype) -> dict[str, jax.Array]: ...
+    def prepare(self, eris, nao_padded: int, dtype): ...
 
     def contract(self, data: dict, dm: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]: ...
 
@@ -72,16 +72,14 @@ class DenseJK:
     name: str = "dense"
 
     def prepare(self, eris, nao_padded, dtype):
-        # JAX integrals come in float32; ao2mo reads doubles
-        members = [ao2mo.restore(1, np.asarray(e.s8, np.float64), e.nao).astype(dtype) for e in eris]  # (N,)*4 each
-        return stack_members([_dense_matrices(jnp.asarray(eri), nao_padded) for eri in members])
+        return _dense_matrices(eris, nao_padded)
 
     def profile(self, eri, nao_padded, dtype, iterations):
         return None
 
     def layout_bytes(self, bucket, value_bytes):
-        # the float64 (N,)*4 tensor from ao2mo, its cast, and the padded tensor with its two layouts
-        return bucket.nao**4 * (8 + 4 * value_bytes)
+        # the s4 unpacking, the (N,)*4 tensor and its two layouts
+        return bucket.nao**4 * 4 * value_bytes
 
     def contract(self, data, dm):
         n = dm.shape[0]
@@ -89,15 +87,18 @@ class DenseJK:
         return (data["eri_j"] @ vec).reshape(n, n), (data["eri_k"] @ vec).reshape(n, n)
 
 
-@partial(jax.jit, static_argnums=1)
-def _dense_matrices(eri, nao_padded):
-    """Pad (N,)*4 -> (Np,)*4 and lay out the J and K matrices; on the device, where transposes are fast."""
-    n2 = nao_padded * nao_padded
-    eri = jnp.pad(eri, [(0, nao_padded - eri.shape[0])] * 4)
-    return {
-        "eri_j": eri.reshape(n2, n2),  # [(kl), (ij)]; symmetric
-        "eri_k": eri.transpose(0, 3, 1, 2).reshape(n2, n2),  # [(il), (jk)]
-    }
+@partial(compiled, static_argnums=1, name="dense_layout")
+def _dense_matrices(eris, nao_padded):
+    """Each conformer's s8 ERIs (C, size) as the J and K matrices (C, Np^2, Np^2), on the device."""
+    npair = nao_padded * (nao_padded + 1) // 2
+    pairs = jnp.asarray(pair_index(nao_padded)).reshape(-1)
+
+    def member(s8):
+        full = s8_to_s4(s8, npair)[pairs][:, pairs]  # [(ij), (kl)]: (ij|kl); symmetric
+        eri = full.reshape((nao_padded,) * 4)
+        return {"eri_j": full, "eri_k": eri.transpose(0, 3, 1, 2).reshape(full.shape)}  # [(il), (jk)]
+
+    return jax.vmap(member)(eris)
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,8 @@ class S8JK:
     name: str = "s8"
 
     def prepare(self, eris, nao_padded, dtype):
-        quartets = [unique_quartets(e.s8, e.nao) for e in eris]
+        # the unique integrals are sorted out on the host (a scatter's index list)
+        quartets = [unique_quartets(s8, nao_padded) for s8 in np.asarray(eris)]
         size = padded_size(max(len(values) for values, _ in quartets), minimum=1024)  # one shape for the batch
         return stack_members([{"values": pad_to(values * degeneracy_weights(index), (size,), dtype),
                                "index": pad_to(index, (size, 4))} for values, index in quartets])  # fmt: skip
@@ -131,8 +133,9 @@ class FittedArrays:
     """A conformer's fitted J-K arrays: the unpacked factor, and the bucket's rank bound R (static)."""
 
     factor: jax.Array  # (Np, Qp, Np)  B_Q[i, j] at [i, Q, j]; zero for padded AOs and fitting functions
-    packed: jax.Array  # (Qp, npair + 1)  B over the pairs i >= j of the molecule's AOs, then zeros
-    pairs: jax.Array  # (Np, Np) int32  each AO pair's column in ``packed`` (padded AOs: the zero column)
+    packed: jax.Array  # (Qp, npair)  B over the pairs i >= j of the padded AOs
+    exact: jax.Array  # (Qp, npair)  the same in float64: the finalisation's J reads it, the loop does not
+    pairs: jax.Array  # (Np, Np) int32  each AO pair's column in ``packed``
     rank: int = field(metadata=dict(static=True))
 
 
@@ -158,15 +161,9 @@ class FittedJK:
 
     name: str = "df"
 
-    def prepare(self, eris: list[FittedERI], nao_padded, dtype):
-        qp, rank = eris[0].naux_padded, eris[0].rank
-        npair = nao_padded * (nao_padded + 1) // 2
-        packed = aligned_empty((len(eris), qp, npair + 1), dtype)  # a zero column for padded AOs' pairs
-        for slot, eri in zip(packed, eris):
-            pad_into(slot, eri.factor)
-        packed = on_device(packed, may_alias=True)
-        pairs = on_device(np.stack([pair_index(e.nao, nao_padded) for e in eris]))  # (C, Np, Np)
-        return FittedArrays(_unpacked_factors(packed, pairs), packed, pairs, rank)
+    def prepare(self, eris: FittedFactor, nao_padded, dtype):
+        return FittedArrays(_unpacked_factors(eris.packed, nao_padded), eris.packed, eris.exact,
+                            _pairs(nao_padded, len(eris.packed)), eris.rank)  # fmt: skip
 
     def profile(self, eri, nao_padded, dtype, iterations):
         return None
@@ -178,12 +175,16 @@ class FittedJK:
         return bucket.naux * (npair + bucket.nao**2 + 4 * bucket.nao * bucket.occupied_rank) * value_bytes
 
     def contract(self, data: FittedArrays, dm):
-        # J exactly, whatever the density's rank: rho_Q = tr(B_Q D) over the packed pairs, where the
-        # scatter adds D_ij and D_ji into pair ij (padded AOs' pairs land on the zero column)
-        rho = data.packed @ jnp.zeros(data.packed.shape[1], dm.dtype).at[data.pairs].add(dm)  # (Qp,)
-        vj = (rho @ data.packed)[data.pairs]  # a reduction over Q of the (i, Q, j) layout is slow batched
         y = exchange_factor(data.factor, density_factor(dm, data.rank))  # (R Qp, Np)
-        return vj, y.T @ y
+        return fitted_coulomb(data.packed, data.pairs, dm), y.T @ y
+
+
+def fitted_coulomb(packed, pairs, dm):
+    """J (Np, Np) of the density ``dm`` from a packed factor (Qp, npair), exactly whatever the density's
+    rank: rho_Q = tr(B_Q D) over the packed pairs (the scatter adds D_ij and D_ji into pair ij), then
+    J = sum_Q rho_Q B_Q; in the factor's and the density's common precision."""
+    rho = packed @ jnp.zeros(packed.shape[1], dm.dtype).at[pairs].add(dm)  # (Qp,)
+    return (rho @ packed)[pairs]  # a reduction over Q of the (i, Q, j) layout is slow batched
 
 
 def density_factor(dm, rank: int):
@@ -203,11 +204,18 @@ def exchange_factor(bt, w):
     return (w.T @ bt.reshape(n, q * n)).reshape(w.shape[1] * q, n)
 
 
-@partial(compiled, name="fitted_factors")
-def _unpacked_factors(packed, pairs):
-    """(C, Np, Qp, Np): each conformer's packed factor (Qp, npair + 1) gathered onto its AO pairs,
-    laid out so that B_Q U for all Q is one matrix product whose result K needs no transpose of."""
-    return jax.vmap(lambda factor, index: jnp.transpose(factor[:, index], (1, 0, 2)))(packed, pairs)
+@partial(compiled, static_argnums=1, name="fitted_factors")
+def _unpacked_factors(packed, nao_padded: int):
+    """(C, Np, Qp, Np): each conformer's packed factor (Qp, npair) gathered onto its AO pairs, laid
+    out so that B_Q U for all Q is one matrix product whose result K needs no transpose of."""
+    index = jnp.asarray(pair_index(nao_padded))
+    return jax.vmap(lambda factor: jnp.transpose(factor[:, index], (1, 0, 2)))(packed)
+
+
+@lru_cache(maxsize=8)
+def _pairs(nao_padded: int, batch: int) -> jax.Array:
+    """(C, Np, Np) int32: each AO pair's column in a packed factor, for a batch of ``batch``, on the device once."""
+    return on_device(np.ascontiguousarray(np.broadcast_to(pair_index(nao_padded), (batch, nao_padded, nao_padded))))
 
 
 def _ipu_backend(config: RKSConfig) -> IPUJK:
@@ -228,6 +236,6 @@ def jk_matrices(backend: JKBackend, eri_s8: np.ndarray, nao: int, dm: np.ndarray
                 dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """J and K (each (N, N), numpy) of the symmetric density ``dm`` by ``backend``, in ``dtype``."""
     with precision_scope(np.dtype(dtype).name):
-        data = backend.prepare([PackedERI.of(eri_s8)], nao, dtype)
+        data = backend.prepare(batch_eris([eri_s8], nao, dtype), nao, dtype)
         j, k = jax.jit(full_precision(jax.vmap(backend.contract)))(data, jnp.asarray(dm, dtype)[None])
         return np.asarray(j[0]), np.asarray(k[0])

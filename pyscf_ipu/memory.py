@@ -20,6 +20,8 @@ from .method import Method
 GB = 1e9
 PROCESS_BYTES = int(0.5 * GB)  # JAX, XLA and PySCF loaded, with a small molecule's arrays
 DEFAULT_SHARE = 0.8  # of the machine's memory, the default budget: room for the system and the page cache
+DEVICE_SHARE = 0.6  # of an accelerator's memory, what a batch may take (the rest: XLA's own and fragmentation)
+MOST_CONFORMERS = 1024  # a batch's most conformers, however many fit
 
 
 class MemoryBudgetError(ValueError):
@@ -92,3 +94,17 @@ def check_budget(estimate: MemoryEstimate, budget_gb: float, what: str, advice: 
         raise MemoryBudgetError(
             f"{what} needs about {estimate.total / GB:.1f} GB ({estimate.describe()}), above the memory budget of "
             f"{budget_gb:g} GB (--memory-budget); {advice}")  # fmt: skip
+
+
+def device_batch(bucket: SizeBucket, method: Method, conformers: int, device_bytes: int) -> int:
+    """The batch size of ``bucket`` on an accelerator of ``device_bytes``: the largest power of two, at
+    most ``conformers`` rounded up to one and :data:`MOST_CONFORMERS`, whose arrays, with the next
+    batch's beside them (:func:`batch_memory` less the process), fit :data:`DEVICE_SHARE` of it; at
+    least 1."""
+    size = 1
+    while size < min(conformers, MOST_CONFORMERS):
+        size *= 2
+    while size > 1 and (batch_memory(bucket, method, size, prepared_ahead=size).total - PROCESS_BYTES
+                        > DEVICE_SHARE * device_bytes):  # fmt: skip
+        size //= 2
+    return size

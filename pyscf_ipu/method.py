@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import jax
 import numpy as np
 
-from .config import ConfigError, RKSConfig
-from .integral_sources import INTEGRAL_SOURCES, IntegralSource
+from .config import AUTO, ConfigError, RKSConfig
+from .integral_sources import INTEGRAL_SOURCES, IntegralSource, auto_integrals
 from .jk import JK_BACKENDS, JKBackend
 from .xc.functionals import FUNCTIONALS, Functional
 
@@ -63,7 +64,10 @@ def resolve(config: RKSConfig) -> Method:
     naming the choices where a name is unknown (functional names are case-insensitive)."""
     functional = _named(FUNCTIONALS, str(config.xc).strip().lower(), config.xc, "functional")
     backend = _named(JK_BACKENDS, config.jk, config.jk, "J-K backend")(config)
-    integrals = _named(INTEGRAL_SOURCES, config.integrals, config.integrals, "integral source")
+    if config.integrals == AUTO:  # by the platform the programs run on
+        integrals = auto_integrals(jax.default_backend())
+    else:
+        integrals = _named(INTEGRAL_SOURCES, config.integrals, config.integrals, "integral source")
     return Method(config, functional, backend, integrals)
 
 

@@ -16,11 +16,13 @@ matrix of pairs p = ij (i >= j), npair = N(N+1)/2. From it we derive
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from .padding import stack_padded
 
 MAX_NAO = 2**15 - 1  # AO indices are stored as int16
 ROW_BLOCK_VALUES = 2**24  # working-set size (values) of one step of row_matrix
@@ -53,16 +55,24 @@ class PackedERI:
         return cls(s8, s8_aos(len(s8)), int(np.count_nonzero(s8)))
 
 
-@dataclass(frozen=True, eq=False)
-class FittedERI:
-    """One conformer's density-fitted ERIs as the fitted J-K backend takes them: the Cholesky factor
-    B with (ij|kl) ~ sum_Q B[Q, ij] B[Q, kl] over the pairs of ``nao`` AOs, and the bucket's padded
-    fitting-function count and density-rank bound (:class:`~pyscf_ipu.buckets.SizeBucket`)."""
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class FittedFactor:
+    """A batch's density-fitted ERIs as the fitted J-K backend takes them: the Cholesky factor B
+    with (ij|kl) ~ sum_Q B[Q, ij] B[Q, kl], over the pairs i >= j of the padded AOs (padded AOs' and
+    padded fitting functions' entries zero), in the loop's precision and in float64 (which the
+    finalisation's J reads), and the bucket's bound on a density's rank (static)."""
 
-    factor: np.ndarray  # (naux, npair) float64
-    nao: int
-    naux_padded: int  # Qp
-    rank: int  # R
+    packed: jax.Array  # (C, Qp, npair)  in the loop's precision
+    exact: jax.Array  # (C, Qp, npair)  float64
+    rank: int = field(metadata=dict(static=True))
+
+
+def batch_eris(eris: list[np.ndarray], nao_padded: int, dtype) -> jax.Array:
+    """Host s8 arrays, each of at most ``nao_padded`` AOs (its own first: the s8 packing of fewer AOs
+    is the leading part of the padded AOs'), as what :meth:`JKBackend.prepare` takes: one device
+    array (C, s8 size of ``nao_padded``) in ``dtype``."""
+    return stack_padded([np.asarray(eri) for eri in eris], dtype, (s8_size(nao_padded),))
 
 
 def tril_unpack(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -60,21 +60,17 @@ def pad_into(out: np.ndarray, array: np.ndarray) -> np.ndarray:
     return out
 
 
-def stack_padded(arrays: list, dtype=None) -> jax.Array:
+def stack_padded(arrays: list, dtype=None, shape: tuple[int, ...] | None = None) -> jax.Array:
     """Stack ``arrays`` (all numpy, or JAX) along a new leading axis, each zero-padded at the end of
-    every axis to the largest shape, as one device array (of ``dtype``, default the first array's).
+    every axis to ``shape`` (default: the largest), as one device array (of ``dtype``, default the
+    first array's).
 
     Host arrays are written (and cast) into one 64-byte-aligned buffer that the CPU device adopts as
     is (``may_alias``), so the stack crosses to the device without a second copy; the buffer is new
-    for every call and never written again, so the alias is safe. Arrays that already are the rows
-    of one array, in order, of the right shape and dtype (the read-only views of a device batch that
-    :func:`~pyscf_ipu.integral_sources.device_eri_s8` hands out) are not copied at all: that array
-    is the stack.
+    for every call and never written again, so the alias is safe.
     """
-    whole = _rows_of(arrays)
-    if whole is not None and whole.dtype == np.dtype(dtype or whole.dtype):
-        return on_device(whole, may_alias=True)
-    shape = tuple(int(s) for s in np.max([np.shape(a) for a in arrays], axis=0)) if np.ndim(arrays[0]) else ()
+    if shape is None:
+        shape = tuple(int(s) for s in np.max([np.shape(a) for a in arrays], axis=0)) if np.ndim(arrays[0]) else ()
     if all(isinstance(a, np.ndarray) for a in arrays):
         out = aligned_empty((len(arrays),) + shape, dtype or arrays[0].dtype)
         for i, a in enumerate(arrays):
@@ -84,18 +80,6 @@ def stack_padded(arrays: list, dtype=None) -> jax.Array:
                 out[i] = a
         return on_device(out, may_alias=True)
     return jnp.stack([jnp.pad(jnp.asarray(a, dtype), [(0, s - d) for s, d in zip(shape, np.shape(a))]) for a in arrays])
-
-
-def _rows_of(arrays: list) -> np.ndarray | None:
-    """The C-contiguous numpy array whose rows ``arrays`` are, all of them in order, or None."""
-    base = getattr(arrays[0], "base", None)
-    whole_shape = (len(arrays),) + np.shape(arrays[0])
-    if not isinstance(base, np.ndarray) or base.shape != whole_shape or not base.flags.c_contiguous:
-        return None
-    start, step = base.ctypes.data, base.strides[0]
-    in_order = all(isinstance(a, np.ndarray) and a.base is base and a.ctypes.data == start + i * step
-                   for i, a in enumerate(arrays))  # fmt: skip
-    return base if in_order else None
 
 
 def stack_members(members: list[dict]) -> dict[str, jax.Array]:

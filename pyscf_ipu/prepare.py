@@ -1,30 +1,34 @@
-"""The preparation of a batch of conformers for the SCF loop, on the host, at each molecule's sizes.
+"""The host preparation of conformers for the SCF loop: PySCF (libcint) in float64, at each
+molecule's own sizes: the reference integral source.
 
 Everything the loop needs that is not the loop itself: the one-electron integrals, the
-8-fold-symmetric ERI with optional Schwarz screening, the Becke grid (and, with libcint integrals,
-the AO values on it), the MINAO initial guess and an orthogonaliser of the overlap matrix. The
-integrals and the grid come from the run's :mod:`integral source <pyscf_ipu.integral_sources>`;
-the result is one :class:`PreparedProblem` per conformer, of plain numpy arrays. Padding to shared
-shapes and the cast to the loop's precision happen later (:mod:`pyscf_ipu.problem`).
+8-fold-symmetric ERI with optional Schwarz screening (or the density-fitted factor), the Becke grid
+and the AO values on it, the superposition-of-atoms guess and an orthogonaliser of the overlap
+matrix; one :class:`PreparedProblem` per conformer, of plain numpy arrays. Padding to shared shapes
+and the cast to the loop's precision happen later (:mod:`pyscf_ipu.integral_sources`,
+:mod:`pyscf_ipu.problem`). The JAX integral source assembles the same on the device instead
+(:mod:`pyscf_ipu.assembly`).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
-from pyscf import dft, gto, lib, scf
-from pyscf.scf import addons, atom_hf
+from pyscf import dft, gto
 
-from .buckets import SizeBucket
-from .integral_sources import ao_template
-from .integrals.ao_values import AOTables
-from .method import Method
-from .pyscf_mole import build_mole, element_basis
+from .buckets import SizeBucket, auxiliary_basis
 from .molecule import Molecule
-from .packed import PackedERI, s8_aos, s8_size
+from .packed import PackedERI
+from .programs import usable_cores
+from .pyscf_mole import build_mole
+from .templates import atomic_guess
+
+if TYPE_CHECKING:
+    from .config import RKSConfig
+    from .method import Method
 
 # Eigenvalues of S below this are treated as linear dependence and projected out (PySCF's lindep).
 LINEAR_DEPENDENCE_THRESHOLD = 1e-8
@@ -33,26 +37,23 @@ LINEAR_DEPENDENCE_THRESHOLD = 1e-8
 @dataclass(frozen=True, eq=False)
 class PreparedProblem:
     """One conformer's inputs to the SCF loop as prepared on the host: numpy arrays in float64 at the
-    molecule's own sizes (N AOs, G grid points), but for the ERIs of the JAX integral source, which
-    stay in the loop's precision at the size bucket's AOs (read-only; the molecule's are their
-    leading part), and for the AO values, which that source leaves to the device (``ao`` None)."""
+    molecule's own sizes (N AOs, G grid points)."""
 
     molecule: Molecule
     mol: gto.Mole = field(repr=False)
     nocc: int
     overlap: np.ndarray  # (N, N)
     hcore: np.ndarray  # (N, N)  T + V
-    eri_s8: np.ndarray  # (N(N+1)/2 * (N(N+1)/2 + 1) / 2,)  screened, PySCF's s8 packing; float64 from
-    # libcint, or in the run's precision from the JAX integrals (then read-only)
+    eri_s8: np.ndarray  # (N(N+1)/2 * (N(N+1)/2 + 1) / 2,)  screened, PySCF's s8 packing
     eri_kept: int  # non-zero unique integrals after screening
-    eri_fitted: np.ndarray  # (naux, N(N+1)/2) float64: the density-fitted ERIs (integral_sources.fitted_eri)
-    # where the J-K backend is density fitted; then eri_s8 is empty, else this is (0, 0)
+    eri_fitted: np.ndarray  # (naux, N(N+1)/2): the density-fitted ERIs (:func:`fitted_eri`) where the J-K
+    # backend is density fitted; then eri_s8 is empty, else this is (0, 0)
     orthogonaliser: np.ndarray  # (N, M)  X with X^T S X = 1, M <= N
-    density_guess: np.ndarray  # (N, N)  MINAO
+    density_guess: np.ndarray  # (N, N)  the superposition of atomic densities
     grid_coords: np.ndarray  # (G, 3) Bohr
     grid_weights: np.ndarray  # (G,)
     grid_owners: np.ndarray  # (G,) int: the atom whose grid each point belongs to
-    ao: np.ndarray | None  # (4, G, N)  values and x/y/z derivatives; None: evaluated on the device (ao_tables)
+    ao: np.ndarray  # (4, G, N)  values and x/y/z derivatives
     nuclear_repulsion: float
     timings: dict[str, float]
     bucket: SizeBucket  # the size bucket whose shapes the problem is padded to
@@ -62,25 +63,13 @@ class PreparedProblem:
         return self.overlap.shape[0]
 
     @property
-    def ao_tables(self) -> AOTables:
-        """The basis as the device's AO-value kernel takes it (cached per basis and elements)."""
-        return ao_template(self.bucket.basis, tuple(self.mol.elements))
-
-    @property
-    def eri_nao(self) -> int:
-        """The AOs of ``eri_s8``: the molecule's (libcint), or its bucket's (the JAX integrals write
-        the bucket's s8 array, of which the molecule's is the leading part; the rest is zero)."""
-        return s8_aos(self.eri_s8.shape[0])
-
-    @property
     def grid_points(self) -> int:
         return self.grid_weights.shape[0]
 
     @property
     def eri(self) -> PackedERI:
-        """The molecule's own ERIs as the J-K backends take them (the leading part of a bucket's s8
-        array: a view, not a copy)."""
-        return PackedERI(self.eri_s8[: s8_size(self.nao)], self.nao, self.eri_kept)
+        """The molecule's ERIs as the J-K backends' profiles take them."""
+        return PackedERI(self.eri_s8, self.nao, self.eri_kept)
 
 
 def schwarz_screen(eri_s8: np.ndarray, npair: int, threshold: float) -> np.ndarray:
@@ -100,47 +89,6 @@ def schwarz_screen(eri_s8: np.ndarray, npair: int, threshold: float) -> np.ndarr
     return screened
 
 
-@lru_cache(maxsize=None)
-def _minao_atom(symbol: str) -> tuple[np.ndarray, list]:
-    """Occupations and minimal basis of one all-electron atom in PySCF's MINAO guess.
-
-    For each l = 0..3 the atom's ``ndocc`` doubly occupied shells and its fractionally occupied one
-    (``atom_hf.frac_occ``: the spherically averaged ground-state configuration) are taken from
-    PySCF's ANO basis, whose l-th entry lists each primitive's exponent and then the coefficients of
-    the contractions from the lowest shell up; occupation 2, 2, ..., frac per m component.
-    """
-    ano = element_basis("ano", symbol)
-    occupations, shells = [], []
-    for l in range(4):
-        ndocc, frac = atom_hf.frac_occ(symbol, l)
-        occupations.append(np.repeat([2.0] * ndocc + [frac], 2 * l + 1))
-        shells.append([l] + [primitive[: ndocc + 2] for primitive in ano[l][1:]])
-    return np.concatenate(occupations), shells
-
-
-def minao_guess(mol: gto.Mole) -> np.ndarray:
-    """PySCF's MINAO initial density (``scf.hf.init_guess_by_minao``, equal to it to round-off).
-
-    The atoms' minimal-basis occupations are projected onto ``mol``'s basis,
-    D = P diag(n) P^T with P = S^-1 <mol|minimal>. PySCF's own function re-reads the ANO basis file
-    for every element of every molecule; here the per-element part is cached. Molecules with ECPs
-    (which change the core occupations) go to PySCF's function.
-    """
-    if mol.has_ecp():
-        return scf.hf.init_guess_by_minao(mol)
-    symbols = [mol.atom_pure_symbol(i) for i in range(mol.natm)]
-    atoms = {symbol: _minao_atom(symbol) for symbol in set(symbols)}
-    minimal = gto.M(
-        atom=[(symbol, xyz) for symbol, xyz in zip(symbols, mol.atom_coords())],
-        unit="Bohr",
-        basis={symbol: shells for symbol, (_, shells) in atoms.items()},
-        spin=sum(gto.charge(symbol) for symbol in symbols) % 2,  # neutral atoms: only the parity matters
-        verbose=0,
-    )
-    occupations = np.concatenate([atoms[symbol][0] for symbol in symbols])
-    return addons.project_dm_nr2nr(minimal, np.diag(occupations), mol)
-
-
 def orthogonaliser(overlap: np.ndarray) -> np.ndarray:
     """Canonical orthogonalisation X = U s^-1/2 over eigenvalues s of S above the lindep threshold."""
     s, u = np.linalg.eigh(overlap)
@@ -148,91 +96,97 @@ def orthogonaliser(overlap: np.ndarray) -> np.ndarray:
     return u[:, keep] / np.sqrt(s[keep])
 
 
-@dataclass(frozen=True)
-class _Integrals:
-    """One conformer's integrals and guess as the integral source and PySCF gave them."""
+def screened(mol: gto.Mole, expcutoff: float) -> gto.Mole:
+    """A copy of ``mol`` whose libcint integrals use primitive screening at ``expcutoff``.
 
-    overlap: np.ndarray  # (N, N)
-    hcore: np.ndarray  # (N, N)
-    eri: np.ndarray  # s8, or empty where density fitted
-    nonzero: int  # non-zero entries of ``eri``
-    fitted: np.ndarray  # (naux, npair), or (0, 0) where not density fitted
-    grid: tuple | None  # (points, weights, owners) from the JAX source; None: PySCF's on the host
-    guess: np.ndarray  # (N, N)  the MINAO density
+    libcint skips a primitive product (and so a primitive quartet or triple) whose Gaussian prefactor
+    bound, times the contraction coefficients, is below exp(-expcutoff); 0 keeps its default of 60.
+    The default of 30 changes no label measurably (``docs/decisions/libcint-expcutoff.md``).
+    """
+    copy = mol.copy()
+    copy._env[gto.PTR_EXPCUTOFF] = expcutoff
+    return copy
+
+
+def eri_s8(mol: gto.Mole, expcutoff: float = 0.0) -> np.ndarray:
+    """The 8-fold-symmetric ERI from libcint, with its primitive screening at ``expcutoff``
+    (:func:`screened`). ``mol`` itself is left unchanged."""
+    return screened(mol, expcutoff).intor("int2e", aosym="s8")
+
+
+def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0) -> np.ndarray:
+    """(naux, npair) float64: the density-fitted ERIs as a Cholesky factor B with
+    (ij|kl) ~ sum_Q B[Q, ij] B[Q, kl], over pairs i >= j in PySCF's packing, in the fitting basis of
+    :func:`~pyscf_ipu.buckets.auxiliary_basis` (PySCF's default for ``basis``): B = L^-1 (Q|ij) with
+    L the Cholesky factor of the metric (P|Q), as ``df.incore.cholesky_eri`` makes it.
+
+    The 3-centre integrals come from libcint in one call, with its primitive screening at
+    ``expcutoff`` (:func:`screened`), and are solved in place, with BLAS on every
+    core this process may use (the rest of the run keeps one BLAS thread): one thread would leave
+    the others idle through the solve. A metric that is not positive definite goes to PySCF's
+    function, which drops its near-null directions. ``mol`` itself is left unchanged.
+    """
+    import scipy.linalg
+    from pyscf import df
+    from threadpoolctl import threadpool_limits
+
+    auxmol = df.addons.make_auxmol(mol, {symbol: auxiliary_basis(basis, symbol) for symbol in set(mol.elements)})
+    orbitals = screened(mol, expcutoff)  # the 3-centre integrals read it from the orbital basis's part
+    try:
+        metric = scipy.linalg.cholesky(auxmol.intor("int2c2e", hermi=1), lower=True)  # (naux, naux) L
+    except scipy.linalg.LinAlgError:
+        return df.incore.cholesky_eri(orbitals, auxmol=auxmol)
+    ints = df.incore.aux_e2(orbitals, auxmol, "int3c2e", aosym="s2ij")  # (npair, naux), Fortran order
+    trsm = scipy.linalg.get_blas_funcs("trsm", (metric, ints))
+    with threadpool_limits(usable_cores(), user_api="blas"):
+        # X L^T = (ij|Q): X = B^T, written over the integrals
+        factor_t = trsm(1.0, metric, ints, side=1, lower=True, trans_a=1, overwrite_b=True)
+    return factor_t.T
 
 
 def prepare(molecules: list[Molecule], method: Method) -> list[PreparedProblem]:
     """PySCF's float64 preparation of ``molecules`` under ``method``: conformers of molecules of one
-    size bucket (:class:`SizeBucket`), a batch.
+    size bucket (:class:`SizeBucket`), a batch; a functional without a grid part (Hartree-Fock) gets
+    no grid.
 
-    The one-electron integrals, the ERIs and the grids come from the run's integral source, each in
-    one call for the whole batch; the timings share that time out equally. The grid has exactly the
-    points and weights of PySCF's RKS grid at ``grid_level`` (PySCF 2.14 prunes nothing by default),
-    so our results and PySCF's refer to the same quadrature; only PySCF's spatial sort of the points
-    is skipped. A functional without a grid part (Hartree-Fock) gets no grid.
+    The grid has exactly the points and weights of PySCF's RKS grid at ``grid_level`` (PySCF 2.14
+    prunes nothing by default), so our results and PySCF's refer to the same quadrature; only PySCF's
+    spatial sort of the points is skipped. The timings are each conformer's own host seconds.
     """
     config = method.config
     mols = [build_mole(molecule, config.basis) for molecule in molecules]  # checks the elements and basis
     bucket = SizeBucket.of(molecules[0], config.basis, config.grid_level, config.occupied_step)
     if any(not bucket.fits(molecule) for molecule in molecules[1:]):
         raise ValueError("a batch needs molecules of one size bucket")
-    # the guess first: it needs no integrals, so in the generator it runs while the device still
-    # works on the previous batch (the JAX source's calls below wait for that). On one OpenMP thread:
-    # its many small PySCF calls, each a parallel region, would otherwise wait for a second thread
-    # that the device's loop keeps busy.
-    t = time.perf_counter()
-    with lib.with_omp_threads(1):
-        guesses = [minao_guess(mol) for mol in mols]
-    guess_seconds = (time.perf_counter() - t) / len(mols)
-
-    source = method.integrals
-    t = time.perf_counter()
-    one_electron = source.one_electron(mols, bucket)
-    one_electron_seconds = (time.perf_counter() - t) / len(mols)
-
-    t = time.perf_counter()
-    if config.density_fitted:  # no N^4 array at all
-        fitted = source.fitted_eris(mols, bucket, config)
-        eris, counts = [np.zeros(0)] * len(mols), [0] * len(mols)
-    else:
-        eris, counts = source.eris(mols, bucket, config)
-        fitted = [np.zeros((0, 0))] * len(mols)
-    eri_seconds = (time.perf_counter() - t) / len(mols)
-
-    t = time.perf_counter()
-    grids = source.grids(mols, bucket) if method.needs_grid else [None] * len(mols)
-    grid_seconds = (time.perf_counter() - t) / len(mols)
-    timings = {"one_electron": one_electron_seconds, "eri": eri_seconds, "grid": grid_seconds, "guess": guess_seconds}
-    integrals = [_Integrals(*ints, eri, count, fit, grid, guess) for ints, eri, count, fit, grid, guess
-                 in zip(one_electron, eris, counts, fitted, grids, guesses)]  # fmt: skip
-    return [_prepare_one(molecule, mol, ints, method, bucket, dict(timings))
-            for molecule, mol, ints in zip(molecules, mols, integrals)]
+    return [_prepare_one(molecule, mol, config, method.needs_grid, bucket) for molecule, mol in zip(molecules, mols)]
 
 
-def _prepare_one(molecule: Molecule, mol: gto.Mole, ints: _Integrals, method: Method, bucket: SizeBucket,
-                 timings: dict[str, float]) -> PreparedProblem:  # fmt: skip
-    """The rest of one conformer's preparation, from its integrals ``ints``: orthogonaliser,
-    screening (which counts the non-zero ERIs again), grid. A grid from the JAX integral source
-    leaves the AO values to the device (``ao`` None); without one, PySCF builds the grid and
-    evaluates the AO values here."""
-    config = method.config
+def _prepare_one(molecule: Molecule, mol: gto.Mole, config: RKSConfig, needs_grid: bool, bucket: SizeBucket
+                 ) -> PreparedProblem:  # fmt: skip
+    """One conformer's preparation: integrals, guess, orthogonaliser, screening, grid and AO values."""
+    timings = {}
     t = time.perf_counter()
-    x = orthogonaliser(ints.overlap)
-    timings["one_electron"] += time.perf_counter() - t
+    guess = atomic_guess(config.basis, mol.elements)
+    timings["guess"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    overlap, hcore = mol.intor("int1e_ovlp"), mol.intor("int1e_kin") + mol.intor("int1e_nuc")
+    x = orthogonaliser(overlap)
+    timings["one_electron"] = time.perf_counter() - t
 
     t = time.perf_counter()
     nao = mol.nao_nr()
-    eri, nonzero = ints.eri, ints.nonzero
-    if config.eri_threshold > 0:  # screening zeroes more: count what is left
-        n = s8_aos(eri.shape[0])  # the molecule's AOs (libcint) or its bucket's (device)
-        eri = schwarz_screen(eri, n * (n + 1) // 2, config.eri_threshold)
+    if config.density_fitted:  # no N^4 array at all
+        eri, nonzero, fitted = np.zeros(0), 0, fitted_eri(mol, bucket.basis, config.eri_expcutoff)
+    else:
+        eri, fitted = eri_s8(mol, config.eri_expcutoff), np.zeros((0, 0))
+        if config.eri_threshold > 0:
+            eri = schwarz_screen(eri, nao * (nao + 1) // 2, config.eri_threshold)
         nonzero = int(np.count_nonzero(eri))
-    timings["eri"] += time.perf_counter() - t
+    timings["eri"] = time.perf_counter() - t
 
-    t = time.perf_counter()
-    if ints.grid is not None:
-        (coords, weights, owners), ao = ints.grid, None
-    elif method.needs_grid:
+    if needs_grid:
+        t = time.perf_counter()
         grids = dft.gen_grid.Grids(mol)
         grids.level = config.grid_level
         grids.build(with_non0tab=False, sort_grids=False)
@@ -248,17 +202,17 @@ def _prepare_one(molecule: Molecule, mol: gto.Mole, ints: _Integrals, method: Me
         molecule=molecule,
         mol=mol,
         nocc=molecule.nelectron // 2,
-        overlap=ints.overlap,
-        hcore=ints.hcore,
+        overlap=overlap,
+        hcore=hcore,
         eri_s8=eri,
         eri_kept=nonzero,
-        eri_fitted=ints.fitted,
+        eri_fitted=fitted,
         orthogonaliser=x,
-        density_guess=ints.guess,
+        density_guess=guess,
         grid_coords=np.asarray(coords),
         grid_weights=np.asarray(weights),
         grid_owners=np.asarray(owners),
-        ao=None if ao is None else np.asarray(ao),
+        ao=np.asarray(ao),
         nuclear_repulsion=float(mol.energy_nuc()),
         timings=timings,
         bucket=bucket,

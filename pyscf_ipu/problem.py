@@ -1,31 +1,41 @@
-"""The device-side SCF problem: host arrays padded to shared shapes and cast to the run's precision.
+"""The device-side SCF problem: a batch's integrals as the loop and the float64 finalisation read them.
 
-Padding rules (so that one compiled SCF loop serves every molecule in a shape bucket):
+From :class:`~pyscf_ipu.assembly.BatchIntegrals` (padded, on the device, from either integral source)
+one program makes the loop's :class:`SCFProblem`, in the run's precision, and the finalisation's
+:class:`FinalInputs`, in float64: the orthogonaliser from the overlap's eigenvectors, the occupations,
+the casts. Padding rules (so that one compiled SCF loop serves every molecule of a size bucket):
 
-- grid points beyond G carry zero weight and zero AO values;
-- AOs beyond N have zero integrals, zero AO values and unit overlap;
-- columns of the orthogonaliser X beyond its M kept columns (padded AOs and projected-out linear
-  dependencies alike) are zero, and the Fock matrix in the orthogonal basis gets
-  :data:`VIRTUAL_SHIFT` on their diagonal. They become exactly decoupled empty orbitals far above
-  the LUMO. The value is moderate on purpose: a float32 eigensolver's absolute error grows with the
-  largest eigenvalue, so a huge shift (1e6) would ruin the real orbital energies.
+- grid points that are padding carry zero weight and zero AO values;
+- padded AOs have zero integrals, zero AO values and unit overlap;
+- the orthogonaliser X keeps the overlap's eigenvectors above :data:`LINEAR_DEPENDENCE_THRESHOLD`
+  (padded AOs and linear dependencies fall below it) and is zero in the others' columns, where the
+  Fock matrix in the orthogonal basis gets :data:`VIRTUAL_SHIFT` on its diagonal. They become
+  exactly decoupled empty orbitals far above the LUMO. The loop's value is moderate on purpose: a
+  float32 eigensolver's absolute error grows with the largest eigenvalue, so a huge shift (1e6)
+  would ruin the real orbital energies; the float64 finalisation takes :data:`FINAL_SHIFT`, above
+  any orbital of any basis.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .integral_sources import conformer_coords
-from .prepare import PreparedProblem
-from .jk import JKBackend
-from .packed import FittedERI, PackedERI, s8_size
-from .padding import aligned_empty, pad_into, pad_to, stack_padded
-from .programs import on_device
+from .assembly import BatchIntegrals, BatchMember
+from .buckets import SizeBucket
+from .method import Method
+from .molecule import Molecule
+from .prepare import LINEAR_DEPENDENCE_THRESHOLD
+from .programs import compiled, precision_scope
+from .pyscf_mole import check_basis
 
 VIRTUAL_SHIFT = 10.0  # Hartree; above any real orbital energy of the supported bases
+FINAL_SHIFT = 1e4  # Hartree; the float64 finalisation's
 
 
 @jax.tree_util.register_dataclass
@@ -46,91 +56,106 @@ class SCFProblem:
 
     @property
     def shapes(self) -> tuple[int, int]:
-        """(Np, Gp): the key under which compiled code is shared."""
-        return self.hcore.shape[0], self.weights.shape[0]
+        """(Np, Gp): the key under which compiled code is shared (of one conformer or of a batch)."""
+        return self.hcore.shape[-1], self.weights.shape[-1]
 
 
-def padded_shapes(prepared: PreparedProblem) -> tuple[int, int]:
-    """(Np, Gp): the AO count and grid size of the problem's size bucket (see :mod:`pyscf_ipu.buckets`),
-    Gp 0 without a grid (Hartree-Fock). Molecules of one bucket share every compiled program."""
-    npad, gpad = prepared.bucket.shapes
-    return npad, gpad if prepared.grid_points else 0
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class FinalInputs:
+    """What the float64 finalisation reads besides the loop's own arrays, at the padded shapes."""
+
+    overlap: jax.Array  # (Np, Np)  unit diagonal on padded AOs
+    hcore: jax.Array  # (Np, Np)
+    orthogonaliser: jax.Array  # (Np, Np)  X, zero beyond the kept columns
+    kept: jax.Array  # (Np,) bool  X's kept columns
+    weights: jax.Array  # (Gp,)
+    nuclear_repulsion: jax.Array  # ()
+    occupied: jax.Array  # () int32  doubly occupied orbitals
 
 
-def device_ao_values(members: list[PreparedProblem], dtype, shapes: tuple[int, int]) -> jax.Array:
-    """(C, 4, Gp, Np): the AO values of conformers whose host preparation left them to the device
-    (``ao`` None, from :func:`~pyscf_ipu.integral_sources.device_grids`), evaluated by one program in ``dtype``,
-    padded with zeros."""
-    from .integrals.ao_values import ao_values
-
-    coords = conformer_coords([h.mol for h in members], members[0].bucket)  # (C, natm, 3)
-    offsets = [h.grid_coords - c[h.grid_owners] for h, c in zip(members, coords)]  # float64
-    return ao_values([h.ao_tables for h in members], coords, offsets, [h.grid_owners for h in members], shapes, dtype)
+def orthogonaliser(overlap) -> tuple[jax.Array, jax.Array]:
+    """(X, kept): canonical orthogonalisation X = U s^-1/2 over the eigenvalues s of S above
+    :data:`LINEAR_DEPENDENCE_THRESHOLD`, zero in the other columns (padded AOs, whose rows and
+    columns of S are zero, and linear dependencies)."""
+    s, u = jnp.linalg.eigh(overlap)
+    kept = s > LINEAR_DEPENDENCE_THRESHOLD
+    return jnp.where(kept, u * jax.lax.rsqrt(jnp.where(kept, s, 1.0)), 0.0), kept
 
 
-def build_batch(members: list[PreparedProblem], backend: JKBackend, dtype, shapes: tuple[int, int] | None = None) -> SCFProblem:
-    """The conformers ``members`` (molecules of one size bucket) as one problem with a leading batch
-    axis, for the vmapped loop: each padded to the bucket's shapes and cast to ``dtype``, stacked.
-
-    ``shapes`` defaults to the bucket's :func:`padded_shapes` (:func:`~pyscf_ipu.padding.fill_batch`
-    pads the batch itself). AO values left to the device are evaluated there for the whole batch
-    (:func:`device_ao_values`); host ones are cast and padded straight into their slot of the
-    batch's array, in one pass. The J-K arrays come from the backend's ``prepare``, from every
-    conformer's integrals as the bucket's s8 array (the molecule's leading, zeros after).
-    """
-    if len({h.bucket for h in members}) != 1:
-        raise ValueError("a batch needs conformers of molecules of one size bucket")
-    npad, gpad = shapes = shapes or padded_shapes(members[0])
-    arrays = [_padded_arrays(h, shapes) for h in members]
-    if len({h.ao is None for h in members}) != 1:
-        raise ValueError("a batch needs one preparation: some conformers' AO values are on the host, some not")
-    if members[0].ao is None:
-        ao = device_ao_values(members, dtype, shapes)
-    else:
-        ao = aligned_empty((len(members), 4, gpad, npad), dtype)
-        for slot, prepared in zip(ao, members):
-            pad_into(slot, prepared.ao)
-        ao = on_device(ao, may_alias=True)  # new and never written again: the device may adopt it
-    return SCFProblem(
-        **{k: stack_padded([np.asarray(a[k], dtype) for a in arrays]) for k in arrays[0]},
-        ao=ao,
-        jk=backend.prepare(backend_eris(members, npad), npad, dtype),
-    )
+def _problem(integrals: BatchIntegrals, dtype: str) -> tuple[SCFProblem, FinalInputs]:
+    """One conformer's problem (the kernel of :data:`problem_program`), from its float64 integrals."""
+    n = integrals.overlap.shape[0]
+    real = integrals.real
+    overlap = jnp.where(real[:, None] & real[None, :], integrals.overlap, 0.0)
+    x, kept = orthogonaliser(overlap)
+    overlap = overlap + jnp.diag(jnp.where(real, 0.0, 1.0))  # unit overlap on padded AOs
+    occupation = jnp.where(jnp.arange(n) < integrals.occupied, 2.0, 0.0)
+    cast = lambda a: a.astype(dtype)  # noqa: E731
+    problem = SCFProblem(cast(integrals.hcore), cast(overlap), cast(x), cast(jnp.where(kept, 0.0, VIRTUAL_SHIFT)),
+                         cast(integrals.guess), cast(occupation), cast(integrals.nuclear_repulsion),
+                         integrals.ao.astype(dtype), cast(integrals.weights), {})  # fmt: skip
+    final = FinalInputs(overlap, integrals.hcore, x, kept, integrals.weights, integrals.nuclear_repulsion,
+                        integrals.occupied)  # fmt: skip
+    return problem, final
 
 
-def backend_eris(members: list[PreparedProblem], npad: int) -> list[PackedERI] | list[FittedERI]:
-    """The conformers' ERIs as the J-K backend takes them: the density-fitted factors where the
-    preparation made those, else each conformer's s8 array padded to ``npad`` AOs (the device's
-    already are: no copy)."""
-    if members[0].eri_fitted.size:
-        bucket = members[0].bucket
-        return [FittedERI(h.eri_fitted, h.nao, bucket.naux, bucket.occupied_rank) for h in members]
-    return [PackedERI(h.eri_s8 if h.eri_nao == npad else pad_to(h.eri_s8, (s8_size(npad),)), npad, h.eri_kept)
-            for h in members]  # fmt: skip
+problem_program = compiled(
+    lambda integrals, dtype: jax.vmap(lambda member: _problem(member, dtype))(integrals), static_argnums=1,
+    name="problem")
 
 
-def _padded_arrays(prepared: PreparedProblem, shapes: tuple[int, int]) -> dict[str, np.ndarray]:
-    """The problem's arrays but the AO values and the J-K data, padded to ``shapes``, in float64."""
-    n, g = prepared.nao, prepared.grid_points
-    npad, gpad = shapes
-    if npad < n or gpad < g:
-        raise ValueError(f"padded shapes {(npad, gpad)} are smaller than the problem's {(n, g)}")
-    m = prepared.orthogonaliser.shape[1]
-    return dict(
-        hcore=pad_to(prepared.hcore, (npad, npad)),
-        overlap=padded_overlap(prepared.overlap, npad),
-        orthogonaliser=pad_to(prepared.orthogonaliser, (npad, npad)),
-        virtual_shift=np.where(np.arange(npad) < m, 0.0, VIRTUAL_SHIFT),
-        density_guess=pad_to(prepared.density_guess, (npad, npad)),
-        occupation=np.where(np.arange(npad) < prepared.nocc, 2.0, 0.0),
-        nuclear_repulsion=np.asarray(prepared.nuclear_repulsion),
-        weights=pad_to(prepared.grid_weights, (gpad,)),
-    )
+def build_problem(integrals: BatchIntegrals, backend, dtype) -> tuple[SCFProblem, FinalInputs]:
+    """The batch's :class:`SCFProblem` in ``dtype``, its J-K arrays laid out by ``backend`` (a
+    :class:`~pyscf_ipu.jk.JKBackend`), and its :class:`FinalInputs` in float64; dispatched, not
+    waited for."""
+    dtype = np.dtype(dtype)
+    with jax.enable_x64(True):  # the float64 inputs stay float64
+        problem, final = problem_program(replace(integrals, eris=None), dtype.name)
+    jk = backend.prepare(integrals.eris, integrals.overlap.shape[-1], dtype)
+    devices = {device for leaf in jax.tree.leaves(jk) for device in leaf.sharding.device_set}
+    if len(devices) > 1:  # the backend spread its arrays over devices (simulated IPUs): the rest goes beside, whole
+        mesh = Mesh(np.array(sorted(devices, key=lambda d: d.id)), ("devices",))
+        problem, final = jax.device_put((problem, final), NamedSharding(mesh, PartitionSpec()))
+    return replace(problem, jk=jk), final
 
 
-def padded_overlap(overlap: np.ndarray, npad: int) -> np.ndarray:
-    """The overlap matrix padded to (npad, npad), with a unit diagonal on the padded AOs."""
-    n = overlap.shape[0]
-    out = pad_to(overlap, (npad, npad))
-    out[n:, n:] = np.eye(npad - n)
-    return out
+@dataclass(frozen=True, eq=False)
+class PreparedBatch:
+    """Conformers of one size bucket, ready for the loop: their problem and the finalisation's inputs
+    on the device (possibly still being computed), and the members as the host keeps them."""
+
+    members: list[BatchMember]
+    bucket: SizeBucket
+    problem: SCFProblem
+    final: FinalInputs
+    timings: dict[str, float]  # the host's seconds per conformer, by stage
+
+    @property
+    def shapes(self) -> tuple[int, int]:
+        return self.problem.shapes
+
+
+def prepare_batch(molecules: list[Molecule], method: Method, shapes: tuple[int, int] | None = None) -> PreparedBatch:
+    """The :class:`PreparedBatch` of conformers ``molecules`` (of molecules of one size bucket) under
+    ``method``: their integrals from the run's integral source, the problem built and laid out for
+    its J-K backend; dispatched, not waited for. ``shapes`` (Np, Gp) pads further than the bucket
+    where the integral source can (the host's). A :class:`~pyscf_ipu.molecule.MoleculeError` names an
+    element the basis lacks."""
+    config = method.config
+    check_basis({symbol for molecule in molecules for symbol in molecule.symbols}, config.basis)
+    bucket = SizeBucket.of(molecules[0], config.basis, config.grid_level, config.occupied_step)
+    if any(not bucket.fits(molecule) for molecule in molecules[1:]):
+        raise ValueError("a batch needs molecules of one size bucket")
+    return batch_of(*method.integrals.integrals(molecules, bucket, method, shapes), bucket, method)
+
+
+def batch_of(integrals: BatchIntegrals, members: list[BatchMember], timings: dict[str, float], bucket: SizeBucket,
+             method: Method) -> PreparedBatch:  # fmt: skip
+    """The :class:`PreparedBatch` of a batch's integrals (an integral source's output): the problem
+    built and laid out for the run's J-K backend."""
+    start = time.perf_counter()
+    with precision_scope(method.config.precision):
+        problem, final = build_problem(integrals, method.backend, method.dtype)
+    timings = {**timings, "layout": (time.perf_counter() - start) / len(members)}
+    return PreparedBatch(members, bucket, problem, final, timings)

@@ -28,6 +28,7 @@ import platform
 import re
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -165,6 +166,8 @@ class CompiledFunction:
             return self._jitted(*args)
         key = (stable_repr(static), str(tree), _signature(leaves), bool(jax.config.jax_enable_x64))
         program = self._programs.get(key)
+        fresh = False  # the first call compiles (or loads from JAX's cache): its time is the loading's
+        start = time.thread_time()
         if program is None:
             with self._lock:
                 program = self._programs.get(key)
@@ -172,10 +175,19 @@ class CompiledFunction:
                     if self.budget is not None and self._programs and self.budget.exhausted(len(self._programs)):
                         self._programs.clear()
                     program = self._programs[key] = self._load_or_export(key, static, tree, leaves)
+                    fresh = True
         run, out_tree = program
         if any(isinstance(leaf, np.ndarray) for leaf in leaves):
             leaves = on_device(leaves)  # host arrays copied before the program runs: see on_device
-        return out_tree.unflatten(run(*leaves))
+        ran = time.thread_time()
+        try:
+            return out_tree.unflatten(run(*leaves))
+        finally:
+            now = time.thread_time()
+            if fresh:
+                _THREAD_CLOCK.loading = getattr(_THREAD_CLOCK, "loading", 0.0) + now - start
+            else:
+                _THREAD_CLOCK.running = getattr(_THREAD_CLOCK, "running", 0.0) + now - ran
 
     def clear(self) -> None:
         """Drop this process's compiled programs (the files stay): gives their memory back."""
@@ -226,6 +238,26 @@ class CompiledFunction:
         return jax.jit(exported.call), out_trees[0]
 
 
+# Each thread's CPU seconds inside compiled programs' calls ("running") and in loading, tracing and
+# compiling them, their first call included ("loading"): :func:`thread_program_seconds`. Thread-local
+# by nature, so one object.
+_THREAD_CLOCK = threading.local()
+
+
+def thread_program_seconds() -> tuple[float, float]:
+    """(running, loading): the CPU seconds this thread has spent so far inside compiled programs'
+    calls (:class:`CompiledFunction`), and in loading, tracing and compiling them (a program's first
+    call, which compiles it, counted whole)."""
+    return getattr(_THREAD_CLOCK, "running", 0.0), getattr(_THREAD_CLOCK, "loading", 0.0)
+
+
+def programs_run_on_caller() -> bool:
+    """Whether a compiled program's call runs it on the calling thread (JAX on a CPU without
+    asynchronous dispatch, :func:`pyscf_ipu.runtime.reuse_freed_memory`): then the CPU time of the
+    call is the program's, not the host's; elsewhere a call only dispatches it."""
+    return jax.default_backend() == "cpu" and not jax.config.read("jax_cpu_enable_async_dispatch")
+
+
 def usable_cores() -> int:
     """The CPU cores this process may run on (its affinity where the OS has one)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -244,6 +276,15 @@ def device_description() -> str:
     except OSError:  # not Linux
         pass
     return f"cpu: {model or platform.machine()} ({usable_cores()} cores)"
+
+
+def device_memory_bytes() -> int | None:
+    """The default device's memory in bytes, where it is an accelerator that says (JAX's
+    ``memory_stats``); None on a CPU, whose memory is the host's."""
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+        return None
+    return (device.memory_stats() or {}).get("bytes_limit")
 
 
 def on_device(tree, may_alias: bool | None = None):

@@ -23,10 +23,11 @@ def element_basis(basis: str, symbol: str) -> list:
         return gto.basis.load(basis, symbol)
 
 
-def build_mole(molecule: Molecule, basis: str) -> gto.Mole:
-    """A PySCF ``Mole`` for ``molecule`` in ``basis``; an unknown basis or a missing element is a MoleculeError."""
+def check_basis(symbols, basis: str) -> dict[str, list]:
+    """Each of ``symbols``'s parsed shells in ``basis``; an unknown basis or a missing element is a
+    MoleculeError."""
     shells, missing = {}, []
-    for symbol in sorted(set(molecule.symbols)):
+    for symbol in sorted(set(symbols)):
         try:
             shells[symbol] = element_basis(basis, symbol)
         except (BasisNotFoundError, KeyError, OSError, RuntimeError):
@@ -35,6 +36,12 @@ def build_mole(molecule: Molecule, basis: str) -> gto.Mole:
         raise MoleculeError(f"unknown basis {basis!r}: use a basis PySCF knows, such as sto-3g, 6-31g or def2-svp")
     if missing:
         raise MoleculeError(f"element(s) {', '.join(missing)} not in basis {basis!r}: choose another basis")
+    return shells
+
+
+def build_mole(molecule: Molecule, basis: str) -> gto.Mole:
+    """A PySCF ``Mole`` for ``molecule`` in ``basis``; an unknown basis or a missing element is a MoleculeError."""
+    shells = check_basis(molecule.symbols, basis)
     return gto.M(
         atom=molecule.pyscf_atom(),
         unit="Bohr",

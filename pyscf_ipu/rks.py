@@ -1,15 +1,15 @@
 """The public entry points: restricted Kohn-Sham, molecules -> :class:`SCFResult`.
 
     RKSConfig -> Method (:func:`pyscf_ipu.method.resolve`, the names as objects)
-    -> preparation (integrals and grid, :mod:`pyscf_ipu.prepare`) -> padded, batched SCFProblem
-    (:mod:`pyscf_ipu.problem`) -> compiled SCF loop (:mod:`pyscf_ipu.scf`) -> float64 finalisation
-    (:mod:`pyscf_ipu.finalisation`: purification and grid pass queued on the device, the Fock
-    matrix and eigensolve on the host)
+    -> the batch's integrals, grid and guess from the integral source (on the host with libcint,
+    :mod:`pyscf_ipu.prepare`; on the device with the JAX kernels, :mod:`pyscf_ipu.assembly`)
+    -> padded, batched SCFProblem (:mod:`pyscf_ipu.problem`) -> compiled SCF loop
+    (:mod:`pyscf_ipu.scf`) -> float64 finalisation (:mod:`pyscf_ipu.finalisation`)
 
-:func:`submit_batch` runs conformers of molecules of one size bucket as one batched loop; it
-returns at once (JAX dispatches asynchronously), so the caller can prepare the next batch on the
-host while the device works, then collect with :meth:`BatchRun.results`. :func:`run_rks` is a batch
-of one.
+:func:`submit_batch` runs a :class:`~pyscf_ipu.problem.PreparedBatch` (conformers of molecules of one
+size bucket) as one batched loop; it returns at once where JAX dispatches asynchronously, so the
+caller can prepare the next batch while the device works, then collect with
+:meth:`BatchRun.results`. :func:`run_rks` is a batch of one.
 """
 
 from __future__ import annotations
@@ -18,13 +18,16 @@ import dataclasses
 import time
 
 import jax
+import numpy as np
 
 from .config import RKSConfig
 from .finalisation import FinalDensity, dispatch_finalisation, finalise
+from .integral_sources import host_integrals
 from .method import Method, resolve
 from .molecule import Molecule
-from .prepare import PreparedProblem, prepare
-from .problem import build_batch, padded_shapes
+from .packed import PackedERI, s8_size
+from .prepare import PreparedProblem
+from .problem import PreparedBatch, batch_of, prepare_batch
 from .programs import precision_scope
 from .results import SCFResult
 from .scf import SCFTrace, scf_program
@@ -40,14 +43,18 @@ def run_rks(
 ) -> SCFResult:
     """Restricted Kohn-Sham for ``molecule`` under ``config``: :func:`submit_batch` of one conformer.
 
-    ``prepared`` reuses an earlier preparation of ``molecule`` (same settings); ``shapes`` forces the
-    padded (AOs, grid points) shapes; ``profile`` adds the simulated IPU's report (``jk_profile``).
+    ``prepared`` reuses a host preparation of ``molecule`` (:func:`pyscf_ipu.prepare.prepare`, same
+    settings) instead of the integral source's; ``shapes`` forces the padded (AOs, grid points)
+    shapes (host preparations only); ``profile`` adds the simulated IPU's report (``jk_profile``).
     The result's ``seconds`` include the preparation.
     """
     start = time.perf_counter()
     method = resolve(config)
-    members = [prepared] if prepared is not None else prepare([molecule], method)
-    (result,) = submit_batch(members, method, shapes=shapes, profile=profile).results()
+    if prepared is None:
+        batch = prepare_batch([molecule], method, shapes)
+    else:
+        batch = batch_of(*host_integrals([prepared], method, shapes), prepared.bucket, method)
+    (result,) = submit_batch(batch, method, profile=profile).results()
     return dataclasses.replace(result, seconds=time.perf_counter() - start)
 
 
@@ -55,41 +62,38 @@ def run_rks(
 class BatchRun:
     """A batch in flight on the device; :meth:`results` waits for it and finalises on the host."""
 
-    members: list[PreparedProblem]
+    batch: PreparedBatch
     method: Method
-    shapes: tuple[int, int]
     trace: SCFTrace  # stacked, possibly still computing
     final: FinalDensity  # stacked, queued behind the loop
-    timings: dict[str, float]
+    timings: dict[str, float]  # host seconds per conformer, by stage
     start: float
     profile: bool = False
 
     def results(self) -> list[SCFResult]:
         t = time.perf_counter()
         trace, final = jax.device_get(jax.block_until_ready((self.trace, self.final)))
-        wait = time.perf_counter() - t
+        members = self.batch.members
+        wait = (time.perf_counter() - t) / len(members)
         out = []
-        for i, prepared in enumerate(self.members):
+        for i, member in enumerate(members):
             t = time.perf_counter()
-            member = jax.tree.map(lambda a: a[i], (trace, final))
-            result = finalise(prepared, *member, self.method, self.shapes)
-            timings = {
-                **prepared.timings,
-                **{k: v / len(self.members) for k, v in self.timings.items()},
-                "scf_wait": wait / len(self.members),
-                "finalise": time.perf_counter() - t,
-            }
-            report = self._profile(prepared, result.iterations) if self.profile else None
+            result = finalise(member, *jax.tree.map(lambda a: a[i], (trace, final)), self.method, self.batch.shapes)
+            timings = {**self.timings, "scf_wait": wait, "finalise": time.perf_counter() - t}
+            report = self._profile(member, result.iterations) if self.profile else None
             out.append(dataclasses.replace(result, timings=timings, jk_profile=report))
         seconds = (time.perf_counter() - self.start) / len(out)
         return [dataclasses.replace(r, seconds=seconds) for r in out]
 
-    def _profile(self, prepared: PreparedProblem, iterations: int) -> dict | None:
-        """The J-K backend's report of how it spread one conformer's work, with the device ERIs' own
+    def _profile(self, member, iterations: int) -> dict | None:
+        """The J-K backend's report of how it spread one conformer's work, with the JAX integrals' own
         tile plan on the same IPUs where the integrals came from the device."""
         method = self.method
-        report = method.backend.profile(prepared.eri, self.shapes[0], method.dtype, iterations)
-        plan = None if report is None else method.integrals.eri_plan(method.config.basis, tuple(prepared.mol.elements))
+        npad = self.batch.shapes[0]
+        # the JAX integrals screen nothing: every unique integral of the molecule is work
+        eri = member.host.eri if member.host is not None else PackedERI(np.zeros(0), member.nao, s8_size(member.nao))
+        report = method.backend.profile(eri, npad, method.dtype, iterations)
+        plan = None if report is None else method.integrals.eri_plan(method.config.basis, tuple(member.molecule.symbols))
         if plan is None:
             return report
         from .ipu.eri_tiles import plan_eri_tiles
@@ -97,29 +101,14 @@ class BatchRun:
         return {**report, "eri_tiles": plan_eri_tiles(plan, method.backend.model).report()}
 
 
-def submit_batch(
-    members: list[PreparedProblem],
-    method: Method,
-    *,
-    shapes: tuple[int, int] | None = None,
-    profile: bool = False,
-) -> BatchRun:
-    """Start one batched SCF loop over the prepared conformers ``members`` (of molecules of one size
-    bucket; a short batch filled up with :func:`~pyscf_ipu.padding.fill_batch` reuses the compiled
-    programs of a full one).
-
-    ``shapes`` defaults to the bucket's padded shapes; ``profile`` asks the results for the J-K
-    backend's report.
-    """
+def submit_batch(batch: PreparedBatch, method: Method, *, profile: bool = False) -> BatchRun:
+    """Start one batched SCF loop over ``batch`` (conformers of molecules of one size bucket; a short
+    batch filled up with :func:`~pyscf_ipu.padding.fill_batch` reuses the compiled programs of a full
+    one), with its float64 finalisation queued behind it. ``profile`` asks the results for the J-K
+    backend's report."""
     start = time.perf_counter()
-    shapes = shapes or padded_shapes(members[0])  # the batch's one size bucket (build_batch checks)
     with precision_scope(method.config.precision):
-        t = time.perf_counter()
-        problems = build_batch(members, method.backend, method.dtype, shapes)
-        to_device = time.perf_counter() - t
-        t = time.perf_counter()
-        trace = scf_program(problems, method.loop)  # returns before the device is done where dispatch is asynchronous
-        final = dispatch_finalisation(method, members, problems, shapes, trace)  # queued behind it
-        dispatch = time.perf_counter() - t
-    timings = {"to_device": to_device, "dispatch": dispatch}
-    return BatchRun(list(members), method, shapes, trace, final, timings, start, profile)
+        trace = scf_program(batch.problem, method.loop)  # returns before the device is done where dispatch is asynchronous
+        final = dispatch_finalisation(method, batch, trace)  # queued behind it
+    timings = {**batch.timings, "dispatch": (time.perf_counter() - start) / len(batch.members)}
+    return BatchRun(batch, method, trace, final, timings, start, profile)

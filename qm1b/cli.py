@@ -25,6 +25,7 @@ import argparse
 import json
 import sys
 import warnings
+from pathlib import Path
 
 from pyscf_ipu.cli import EXIT_BAD_INPUT, Parser, closed_pipe, reports_missing_extras
 from pyscf_ipu.config import ConfigError, RKSConfig, add_config_arguments, config_from_arguments
@@ -71,8 +72,11 @@ def _generate(args) -> int:
         dft = config_from_arguments(args, RKSConfig)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    for summary in generate(gen, dft):
+    summaries = generate(gen, dft)
+    for summary in summaries:
         print("\n".join(summary.lines()))
+    if gen.report:
+        Path(gen.report).write_text(json.dumps([s.to_dict() for s in summaries], indent=1))
     return 0
 
 

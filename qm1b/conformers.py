@@ -183,6 +183,10 @@ class EmbeddedConformers:
         """How many conformers the molecule is asked for (the progress bar's share)."""
         return self.count
 
+    def symbols(self, entry: MoleculeInput) -> tuple[str, ...]:
+        """The molecule's atoms, hydrogens added (none if RDKit cannot read it)."""
+        return () if entry.parsed is None else entry.parsed.symbols
+
     def bucket(self, entry: MoleculeInput, basis: str, grid_level: int, occupied_step: int) -> SizeBucket | None:
         """The molecule's size bucket (its atoms with hydrogens added; ``occupied_step`` as the run's
         :attr:`~pyscf_ipu.config.RKSConfig.occupied_step`); None if RDKit cannot read it or the basis
@@ -213,6 +217,9 @@ class FileConformers:
 
     def expected(self, entry: GeometryInput) -> int:
         return len(entry.frames)
+
+    def symbols(self, entry: GeometryInput) -> tuple[str, ...]:
+        return tuple(entry.frames[0].symbols)
 
     def bucket(self, entry: GeometryInput, basis: str, grid_level: int, occupied_step: int) -> SizeBucket | None:
         return _bucket(entry.frames[0].symbols, basis, grid_level, occupied_step, entry.frames[0].charge)

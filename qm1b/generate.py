@@ -31,18 +31,19 @@ from pyscf_ipu.buckets import SizeBucket
 from pyscf_ipu.config import FITTED_WITHOUT_FORCES, IPUConfig, RKSConfig, option
 from pyscf_ipu.runtime import default_cache_dir, disable_numpy_huge_pages, enable_compilation_cache, reuse_freed_memory
 from pyscf_ipu.forces import nuclear_gradient
-from pyscf_ipu.memory import GB, batch_memory, check_budget, default_budget, largest_batch
+from pyscf_ipu.memory import GB, batch_memory, check_budget, default_budget, device_batch, largest_batch
 from pyscf_ipu.method import Method, resolve
 from pyscf_ipu.padding import fill_batch
-from pyscf_ipu.prepare import PreparedProblem, prepare
+from pyscf_ipu.problem import prepare_batch
 from pyscf_ipu.molecule import Molecule, MoleculeError
-from pyscf_ipu.programs import MATMUL_PRECISION, device_description
+from pyscf_ipu.programs import MATMUL_PRECISION, device_description, device_memory_bytes, usable_cores
 from pyscf_ipu.results import SCFResult
 from pyscf_ipu.rks import BatchRun, submit_batch
 
 from .conformers import ConformerError, ConformerSource, EmbeddedConformers, FileConformers
 from .cores import claim_cores, task_environment
 from .inputs import Input, parse_range, parse_shard
+from .pipeline import CommitThread, ConformerSupply, HostClock, Supplied
 from .schema import Failure, RecordBatch
 from .store import ShardWriter, shard_count
 
@@ -50,9 +51,14 @@ EXECUTORS = ("local", "ray")
 # The generator's own DFT defaults where they differ from a single point's:
 # - QM1B's functional, B3LYP with the VWN5 correlation term (PySCF 2.2's "b3lyp"; since PySCF 2.3
 #   "b3lyp" means the VWN-RPA variant, which single points keep as PySCF's default);
-# - the JAX integrals, which label a stream of conformers faster than libcint's, cold and restarted
-#   (benchmarks/realistic.py); a single point keeps libcint's, the reference (``--integrals libcint``).
-GENERATOR_DFT_DEFAULTS: dict = {"integrals": "jax", "xc": "b3lyp5"}
+# - the JAX integrals, assembled on the device batch by batch, which label a stream of conformers faster
+#   than libcint's, cold and restarted (benchmarks/realistic.py), with libcint's density-fitting factor
+#   where the device is this CPU (``auto``); a single point keeps libcint's, the reference.
+GENERATOR_DFT_DEFAULTS: dict = {"integrals": "auto", "xc": "b3lyp5"}
+# Host stages that a run pays once, not per conformer: compiling or loading its programs, and the
+# size buckets' templates.
+ONCE_PER_RUN = ("programs", "templates")
+AUTO_BATCH_ON_A_CPU = 8  # conformers: a CPU's cores are as busy with 8 as with more
 # Conformers the convergence watch judges together (or a batch, if larger): four molecules' worth at
 # the default 8 conformers, so that one molecule whose conformers all fail cannot stop a run.
 CONVERGENCE_WINDOW = 32
@@ -71,7 +77,9 @@ class GenerateConfig:
     out: str = option("data/generated", "output directory (one HDF5 file per shard)", metavar="DIR")
     conformers: int = option(8, "RDKit ETKDG conformers per molecule (SMILES input)")
     seed: int = option(1, "seed; each molecule's conformer seed is derived from it (never 0; SMILES input)")
-    batch_size: int = option(8, "conformers per vmapped DFT batch")
+    batch_size: int | None = option(None, "conformers per vmapped DFT batch; auto (the default): 8 on a CPU, and "
+                                    "on a GPU the most whose arrays fit its memory, up to the size bucket's "
+                                    "conformers", auto=True)  # fmt: skip
     limit: int | None = option(None, "at most this many molecules (of this shard, after filtering)")
     heavy_atoms: str | None = option(None, "keep molecules with this many heavy atoms, e.g. 9-11")
     relax: str | None = option(None, "force-field relaxation of the conformers (QM1B: none)", choices=("mmff",))
@@ -90,6 +98,8 @@ class GenerateConfig:
     task_molecules: int = option(4, "molecules per Ray task (--executor ray); each task writes its own shard")
     task_threads: int = option(1, "threads (XLA and OpenMP) and Ray CPUs per task (--executor ray)")
     progress: bool = option(True, "show a progress bar")
+    report: str | None = option(None, "also write the run's summary as JSON to this file (counts, seconds, the "
+                                "wall and host CPU time by stage)", metavar="FILE")  # fmt: skip
     memory_budget: float | None = option(None, "GB: refuse a run whose largest batch (with the next one prepared "
                                          "beside it) would need more (default: 80%% of this machine's memory)",
                                          metavar="GB")  # fmt: skip
@@ -98,7 +108,7 @@ class GenerateConfig:
         if self.memory_budget is not None and self.memory_budget <= 0:
             raise ValueError(f"--memory-budget is in GB and must be positive, got {self.memory_budget}")
         for name in ("conformers", "batch_size", "task_molecules", "task_threads"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if parse_shard(self.shard) != (0, 1) and self.executor == "ray":
             raise ValueError("--shard and --executor ray do not combine: Ray splits the work itself")
@@ -129,6 +139,7 @@ class Summary:
     skipped: int = 0  # already done (resume)
     seconds: float = 0.0
     timings: Counter[str] = field(default_factory=Counter)  # seconds per stage, summed
+    host: Counter[str] = field(default_factory=Counter)  # the host's CPU seconds per stage (HostClock)
     tasks: int = 0  # Ray tasks summed up here (0: one shard in one process)
 
     @property
@@ -139,14 +150,34 @@ class Summary:
     def conformers_per_hour(self) -> float:
         return 3600.0 * self.conformers / self.seconds if self.seconds else 0.0
 
+    def to_dict(self) -> dict:
+        """The summary as JSON-able data; ``host_ms_per_conformer`` is the host's CPU time per labelled
+        conformer without what a run pays once (:data:`ONCE_PER_RUN`), ``once_seconds`` those."""
+        labelled = self.conformers + self.failures
+        steady = sum(v for k, v in self.host.items() if k not in ONCE_PER_RUN)
+        return {**{k: getattr(self, k) for k in ("out", "shard", "molecules", "conformers", "converged", "failures",
+                                                   "skipped", "seconds", "tasks")},
+                "conformers_per_hour": self.conformers_per_hour, "timings": dict(self.timings),
+                "host": dict(self.host), "host_ms_per_conformer": 1000 * steady / labelled if labelled else None,
+                "once_seconds": {k: self.host[k] for k in ONCE_PER_RUN if k in self.host}}  # fmt: skip
+
     def lines(self) -> list[str]:
         rate = self.converged / self.conformers if self.conformers else 0.0
         split = ", ".join(f"{k} {v:.1f}s" for k, v in sorted(self.timings.items(), key=lambda kv: -kv[1]))
-        return [
+        lines = [
             f"{self.out} ({self.where}): {self.conformers} conformers of {self.molecules} molecules written, "
             f"{rate:.1%} converged; {self.failures} failures; {self.skipped} already done",
             f"{self.seconds:.1f}s, {self.conformers_per_hour:,.0f} conformers per hour; time: {split}",
         ]
+        labelled = self.conformers + self.failures
+        if labelled and self.host:
+            per = {k: 1000 * v / labelled for k, v in self.host.items()}
+            steady = sum(v for k, v in per.items() if k not in ONCE_PER_RUN)
+            lines.append(f"host CPU per conformer: {steady:.1f} ms, and "
+                         + ", ".join(f"{k} {per[k]:.1f} ms" for k in ONCE_PER_RUN if k in per)
+                         + " (" + ", ".join(f"{k} {v:.2f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1])
+                                            if k not in ONCE_PER_RUN) + ")")  # fmt: skip
+        return lines
 
 
 def provenance() -> dict[str, str]:
@@ -207,25 +238,42 @@ class ConvergenceWatch:
                 "(--min-converged 0 labels on regardless)")  # fmt: skip
 
 
-def check_memory(gen: GenerateConfig, method: Method, buckets) -> None:
-    """:class:`~pyscf_ipu.memory.MemoryBudgetError` if a batch of the largest of ``buckets``, with the
-    next batch prepared beside it, would need more than the memory budget; the message gives the
-    largest batch size that fits."""
-    largest = max((b for b in buckets if b is not None), key=lambda b: b.nao, default=None)
+def batch_sizes(gen: GenerateConfig, method: Method, inputs: list[Input], buckets: dict) -> dict[SizeBucket, int]:
+    """The batch size of each size bucket of ``buckets`` (by molecule id): ``--batch-size``, or auto:
+    :data:`AUTO_BATCH_ON_A_CPU` on a CPU; on an accelerator the largest power of two, up to the
+    bucket's conformers rounded up to one, whose arrays (with the next batch's beside them) fit
+    :data:`~pyscf_ipu.memory.DEVICE_SHARE` of its memory."""
+    conformers = Counter()
+    for entry in inputs:
+        if buckets[entry.molecule_id] is not None:
+            conformers[buckets[entry.molecule_id]] += gen.source.expected(entry)
+    if gen.batch_size is not None:
+        return {bucket: gen.batch_size for bucket in conformers}
+    memory = device_memory_bytes()
+    if memory is None:
+        return {bucket: AUTO_BATCH_ON_A_CPU for bucket in conformers}
+    return {bucket: device_batch(bucket, method, count, memory) for bucket, count in conformers.items()}
+
+
+def check_memory(gen: GenerateConfig, method: Method, sizes: dict[SizeBucket, int]) -> None:
+    """:class:`~pyscf_ipu.memory.MemoryBudgetError` if a batch of the largest of the size buckets
+    ``sizes`` (bucket: batch size), with the next batch prepared beside it, would need more than the
+    memory budget; the message gives the largest batch size that fits."""
+    largest = max(sizes, key=lambda b: b.nao, default=None)
     if largest is None:
         return
     budget = gen.memory_budget or default_budget()
-
+    size = sizes[largest]
     dft = method.config
-    asked = batch_memory(largest, method, gen.batch_size, prepared_ahead=gen.batch_size)
+    asked = batch_memory(largest, method, size, prepared_ahead=size)
     if asked.total <= budget * GB:
         return
-    fits = largest_batch(largest, method, gen.batch_size - 1, budget)
+    fits = largest_batch(largest, method, size - 1, budget)
     fitted = "" if dft.density_fitted else "--jk df (density fitting: no N^4 array), "
     advice = (f"--batch-size {fits} fits" if fits else
               f"not even a batch of one fits: try {fitted}a smaller basis or, where the machine has the memory, "
               "a larger --memory-budget")  # fmt: skip
-    check_budget(asked, budget, f"a batch of {gen.batch_size} conformers of the largest molecules "
+    check_budget(asked, budget, f"a batch of {size} conformers of the largest molecules "
                  f"({largest.label()}, {largest.nao} AOs, J-K backend {dft.jk}) beside the next one prepared", advice)
 
 
@@ -259,12 +307,13 @@ class _Settled:
     seconds: float = 0.0  # spent making the input's conformers
 
 
-def _batches(inputs: list[Input], buckets: dict, source: ConformerSource, done: set, batch_size: int
-             ) -> Iterator[_Batch | _Settled]:  # fmt: skip
+def _batches(inputs: list[Input], buckets: dict, source: ConformerSource, done: set, sizes: dict[SizeBucket, int],
+             supplied: Iterator[Supplied]) -> Iterator[_Batch | _Settled]:  # fmt: skip
     """Conformer batches still to do, in the inputs' order (grouped by their size ``buckets``, by
-    molecule id), and what each input settles without labelling. A batch takes ``batch_size``
+    molecule id), and what each input settles without labelling. A batch takes ``sizes[bucket]``
     conformers of one bucket, from one molecule or several; a molecule without a bucket (an element
-    the basis lacks) goes alone, to fail as a whole. ``done``: the keys already in the shard."""
+    the basis lacks) goes alone, to fail as a whole. ``done``: the keys already in the shard;
+    ``supplied``: the conformers of each input not done as a whole, in order (:func:`_supply`)."""
     pending: list[tuple[Input, int, Molecule]] = []
     pending_bucket = None
     for entry in inputs:
@@ -272,17 +321,17 @@ def _batches(inputs: list[Input], buckets: dict, source: ConformerSource, done: 
         if (entry.molecule_id, -1) in done:
             yield _Settled([], expected, expected)
             continue
-        t = time.perf_counter()
-        try:
-            conformers, failures = source.conformers(entry)
-        except ConformerError as err:
-            yield _Settled([Failure(entry.description, err.reason, entry.molecule_id, -1)], 0, expected,
-                           time.perf_counter() - t)  # fmt: skip
+        made = next(supplied)
+        if isinstance(made.outcome, ConformerError):
+            yield _Settled([Failure(entry.description, made.outcome.reason, entry.molecule_id, -1)], 0, expected,
+                           made.seconds)  # fmt: skip
             continue
-        seconds = time.perf_counter() - t
+        if isinstance(made.outcome, BaseException):
+            raise made.outcome
+        conformers, failures = made.outcome
         new = [f for f in failures if f.key not in done]
         todo = [(entry, cid, m) for cid, m in conformers if (entry.molecule_id, cid) not in done]
-        yield _Settled(new, len(conformers) + len(failures) - len(todo) - len(new), expected - len(todo), seconds)
+        yield _Settled(new, len(conformers) + len(failures) - len(todo) - len(new), expected - len(todo), made.seconds)
         if not todo:
             continue
         bucket = buckets[entry.molecule_id]
@@ -291,11 +340,20 @@ def _batches(inputs: list[Input], buckets: dict, source: ConformerSource, done: 
             pending = []
         pending_bucket = bucket
         pending += todo
-        while len(pending) >= batch_size or (pending and bucket is None):
-            yield _Batch(pending[:batch_size])
-            pending = pending[batch_size:]
+        size = sizes[bucket] if bucket is not None else len(pending)  # a molecule without a bucket goes alone
+        while len(pending) >= size or (pending and bucket is None):
+            yield _Batch(pending[:size])
+            pending = pending[size:]
     if pending:
         yield _Batch(pending)
+
+
+def _supply(inputs: list[Input], source: ConformerSource, done: set, clock: HostClock) -> ConformerSupply:
+    """The conformers of each input not done as a whole, made ahead by worker threads (all the cores
+    but the one the main thread drives the device from), at most a few dozen molecules ahead."""
+    workers = max(1, usable_cores() - 1)
+    todo = [entry for entry in inputs if (entry.molecule_id, -1) not in done]
+    return ConformerSupply(todo, source.conformers, workers, ahead=4 * workers + 8, clock=clock)
 
 
 def _labelled(batch: _Batch, results: list[SCFResult], gradients: list[np.ndarray] | None, drop_unconverged: bool
@@ -320,19 +378,19 @@ def _labelled(batch: _Batch, results: list[SCFResult], gradients: list[np.ndarra
 
 @dataclass
 class _Ledger:
-    """The one place a run's outcomes go: committed to the shard, counted in the summary, shown on
-    the progress bar and judged by the convergence watch."""
+    """The one place a run's outcomes go: committed to the shard (by the commit thread), counted in the
+    summary, shown on the progress bar and judged by the convergence watch."""
 
-    writer: ShardWriter
+    commits: CommitThread  # of (records' rows, their seconds, gradients, failures)
     summary: Summary
     bar: object  # a tqdm progress bar
     watch: ConvergenceWatch
     drop_unconverged: bool  # unconverged conformers become failures instead of records
-    last_commit: float  # when the last batch was committed: a record's seconds are its share since
+    last_commit: float  # when the last batch was handed over: a record's seconds are its share since
 
     def settle(self, settled: _Settled) -> None:
         if settled.failures:
-            self.writer.commit(None, settled.failures)
+            self.commits.put(([], 0.0, None, settled.failures))
         self.summary.failures += len(settled.failures)
         self.summary.skipped += settled.skipped
         self.summary.timings["conformers"] += settled.seconds
@@ -340,18 +398,16 @@ class _Ledger:
 
     def label(self, batch: _Batch, results: list[SCFResult], gradients: list[np.ndarray] | None,
               forces_seconds: float) -> None:  # fmt: skip
-        """Commit a labelled batch: its records (their seconds the generator's wall time since the
-        last commit, failed conformers' time included) and its failures."""
+        """Hand a labelled batch to the commit thread: its records (their seconds the generator's wall
+        time since the last batch, failed conformers' time included) and its failures."""
         for result in results:  # host preparation, transfer, waiting for the device, finalisation
             self.summary.timings.update(result.timings)
         if gradients is not None:
             self.summary.timings["forces"] += forces_seconds
         now = time.perf_counter()
         rows, gradients, failures = _labelled(batch, results, gradients, self.drop_unconverged)
-        records = RecordBatch.from_results(rows, now - self.last_commit, gradients) if rows else None
-        self.writer.commit(records, failures)
-        self.last_commit = time.perf_counter()
-        self.summary.timings["write"] += self.last_commit - now
+        self.commits.put((rows, now - self.last_commit, gradients, failures))
+        self.last_commit = now
         self.summary.conformers += len(rows)
         self.summary.converged += sum(bool(r.converged) for *_, r in rows)
         self.summary.failures += len(failures)
@@ -359,15 +415,27 @@ class _Ledger:
         self.watch.add(len(results), sum(r.converged and np.isfinite(r.energy) for r in results))
 
 
-def _results(batch: _Batch, prepared: list[PreparedProblem], run: BatchRun, method: Method, forces: bool
+def _committer(writer: ShardWriter):
+    """The commit thread's work: a batch's records built from its rows, and committed with its failures."""
+    def commit(item) -> None:
+        rows, seconds, gradients, failures = item
+        writer.commit(RecordBatch.from_results(rows, seconds, gradients) if rows else None, failures)
+
+    return commit
+
+
+def _results(batch: _Batch, run: BatchRun, method: Method, forces: bool, clock: HostClock
              ) -> tuple[list[SCFResult], list[np.ndarray] | None, float]:  # fmt: skip
     """The batch's results (its filling members' dropped), the gradients where ``forces`` asks for
     them (with the grid's response: the exact derivative of the stored energy), and their seconds."""
-    results = run.results()[: len(batch.members)]
+    with clock.stage("results"):
+        results = run.results()[: len(batch.members)]
     if not forces:
         return results, None, 0.0
     t = time.perf_counter()
-    gradients = [nuclear_gradient(p, r, method.functional, grid_response=True) for p, r in zip(prepared, results)]
+    with clock.stage("forces"):
+        gradients = [nuclear_gradient(m, r, method.functional, grid_response=True)
+                     for m, r in zip(batch.molecules, results)]  # fmt: skip
     return results, gradients, time.perf_counter() - t
 
 
@@ -388,20 +456,28 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], bu
     """Label ``inputs`` (of the size ``buckets`` by molecule id) into shard ``shard`` = (i, n) of
     ``gen.out``, continuing what it holds if ``resume``: a local run, and each Ray task.
     :class:`NotConvergingError` once most recent conformers fail to converge
-    (:class:`ConvergenceWatch`), after what was committed is merged."""
+    (:class:`ConvergenceWatch`), after what was committed is merged.
+
+    The conformers are made ahead by worker threads and the batches committed by a thread of their
+    own (:mod:`qm1b.pipeline`); the main thread assembles batch k + 1's inputs and dispatches its
+    programs before it reads batch k's labels, so that an accelerator always has the next batch."""
     from tqdm import tqdm
 
     start = time.perf_counter()
     enable_compilation_cache(default_cache_dir() / "jax")
     disable_numpy_huge_pages()
-    method = resolve(dft)
+    clock = HostClock()
+    with clock.stage("templates"):
+        method = resolve(dft)
+        sizes = batch_sizes(gen, method, inputs, buckets)
+        check_memory(gen, method, sizes)
+        method.integrals.prepare_buckets(sizes, {s for entry in inputs for s in gen.source.symbols(entry)})
     source = gen.source
     shard, num_shards = shard
-    check_memory(gen, method, buckets.values())
     inputs = sorted(inputs, key=lambda m: (_bucket_order(buckets[m.molecule_id]), m.molecule_id))
     summary = Summary(out=gen.out, shard=f"{shard}/{num_shards}", molecules=len(inputs))
     versions = provenance()
-    watch = ConvergenceWatch(gen.min_converged, max(CONVERGENCE_WINDOW, gen.batch_size),
+    watch = ConvergenceWatch(gen.min_converged, max(CONVERGENCE_WINDOW, max(sizes.values(), default=1)),
                              f"--max-iterations ({dft.max_iterations}), --basis ({dft.basis}), --precision "
                              f"({dft.precision}) and the device ({versions['device']})")  # fmt: skip
     stop = None
@@ -412,29 +488,39 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], bu
                   file=sys.stderr)
         bar = tqdm(total=sum(source.expected(m) for m in inputs), unit="conf", disable=not gen.progress,
                    smoothing=0.1)  # fmt: skip
-        ledger = _Ledger(writer, summary, bar, watch, gen.drop_unconverged, time.perf_counter())
-        inflight: tuple[_Batch, list[PreparedProblem], BatchRun] | None = None
+        commits = CommitThread(_committer(writer), clock)
+        ledger = _Ledger(commits, summary, bar, watch, gen.drop_unconverged, time.perf_counter())
+        inflight: tuple[_Batch, BatchRun] | None = None
+        done = writer.done()
         try:
-            for item in _batches(inputs, buckets, source, writer.done(), gen.batch_size):
+            for item in _batches(inputs, buckets, source, done, sizes, iter(_supply(inputs, source, done, clock))):
                 if isinstance(item, _Settled):
                     ledger.settle(item)
                     continue
                 try:  # a short batch is filled up: every batch of a size bucket then runs the same programs
-                    prepared = prepare(fill_batch(item.molecules, gen.batch_size), method)
+                    with clock.stage("inputs"):
+                        bucket = buckets[item.members[0][0].molecule_id]
+                        molecules = fill_batch(item.molecules, sizes[bucket] if bucket is not None else len(item.members))
+                        prepared = prepare_batch(molecules, method)
                 except MoleculeError as err:  # e.g. an element the basis lacks: the whole molecule fails
                     entries = {e.molecule_id: e for e, _, _ in item.members}
                     ledger.settle(_Settled([Failure(e.description, str(err), e.molecule_id, -1) for e in entries.values()],
                                            0, len(item.members)))  # fmt: skip
                     continue
+                with clock.stage("dispatch"):
+                    run = submit_batch(prepared, method)
                 if inflight is not None:  # the device worked on it while this batch was prepared
-                    ledger.label(inflight[0], *_results(*inflight, method, gen.forces))
-                inflight = (item, prepared[: len(item.members)], submit_batch(prepared, method))
+                    ledger.label(inflight[0], *_results(*inflight, method, gen.forces, clock))
+                inflight = (item, run)
             if inflight is not None:
-                ledger.label(inflight[0], *_results(*inflight, method, gen.forces))
+                ledger.label(inflight[0], *_results(*inflight, method, gen.forces, clock))
         except NotConvergingError as err:
             stop = err  # the shard closes as usual below: what was committed is merged and kept
+        finally:
+            commits.close()
         bar.close()
     summary.seconds = time.perf_counter() - start
+    summary.host.update(clock.seconds)
     if stop is not None:
         raise stop
     return summary
@@ -485,7 +571,8 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
     if not gen.resume and shard_count(gen.out):
         raise FileExistsError(f"{gen.out} already holds a dataset: pass --resume to continue it, or choose another --out")
     buckets = input_buckets(gen, dft, inputs)
-    check_memory(gen, resolve(dft), buckets.values())  # each task's batches
+    method = resolve(dft)
+    check_memory(gen, method, batch_sizes(gen, method, inputs, buckets))  # each task's batches
     n = ray_tasks(gen, len(inputs))
     chunks = [[m for m in inputs if m.molecule_id % n == k] for k in range(n)]
     ray.init(address=gen.ray_address, ignore_reinit_error=True, log_to_driver=False)
@@ -512,6 +599,7 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
         for name in ("molecules", "conformers", "converged", "failures", "skipped"):
             setattr(total, name, getattr(total, name) + getattr(s, name))
         total.timings.update(s.timings)
+        total.host.update(s.host)
     return [total]
 
 

@@ -17,7 +17,6 @@ import pytest
 
 from pyscf_ipu.config import RKSConfig
 from pyscf_ipu.method import resolve
-from pyscf_ipu.problem import padded_shapes
 from pyscf_ipu.rks import run_rks
 from pyscf_ipu.units import HARTREE_TO_MEV
 
@@ -45,9 +44,9 @@ def case(host_of):
 
     def get(name, basis, grid_level):
         host = host_of(name, basis, grid_level)
-        sizes = padded_shapes(host)
+        sizes = host.bucket.shapes
         if name.startswith("qm9:") and basis == "sto-3g":  # one bucket for the QM9 set
-            group = [padded_shapes(host_of(q, basis, grid_level)) for q in QM9]
+            group = [host_of(q, basis, grid_level).bucket.shapes for q in QM9]
             sizes = tuple(int(s) for s in np.max(group, axis=0))
         return host.molecule, host, sizes
 
@@ -103,17 +102,15 @@ def test_eleven_heavy_atoms_at_631gs_with_ipu(reference):
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_float32_labels_with_device_integrals_within_2_mev(case, reference, qm9_nine_heavy, name):
-    """The whole SCF on the device's own integrals (pyscf_ipu.integrals, float32): energy, HOMO, LUMO
-    and gap within 2 meV of PySCF, as with libcint's; B3LYP/STO-3G at grid level 0 (QM1B)."""
-    from pyscf_ipu.prepare import prepare
-
+def test_float32_labels_with_device_integrals_within_2_mev(reference, qm9_nine_heavy, name):
+    """The whole SCF on the device's own integrals (pyscf_ipu.integrals, float32, assembled from the
+    size bucket's template): energy, HOMO, LUMO and gap within 2 meV of PySCF, as with libcint's;
+    B3LYP/STO-3G at grid level 0 (QM1B)."""
     from .molecules import molecule_by_name
 
     molecule = molecule_by_name(name, qm9_nine_heavy)
     config = RKSConfig(integrals="jax")
-    _, _, sizes = case(name, "sto-3g", 0)  # the group's shared shapes, as above
-    result = run_rks(molecule, config, prepared=prepare([molecule], resolve(config))[0], shapes=sizes)
+    result = run_rks(molecule, config)
     ref = reference(molecule, config)
     mev = {k: round((getattr(result, k) - getattr(ref, k)) * HARTREE_TO_MEV, 4)
            for k in ("energy", "homo", "lumo", "gap")}  # fmt: skip

@@ -14,7 +14,7 @@ import pytest
 from pyscf_ipu.buckets import SizeBucket
 from pyscf_ipu.config import RKSConfig
 from pyscf_ipu.method import resolve
-from pyscf_ipu.prepare import prepare
+from pyscf_ipu.problem import prepare_batch
 from pyscf_ipu.molecule import from_atom_string
 from pyscf_ipu.rks import submit_batch
 
@@ -78,17 +78,20 @@ def test_density_fitted_kinds_split_by_fitting_functions():
 
 
 def test_molecules_of_one_bucket_share_a_batch_and_every_program():
-    """A batch mixing ammonia and methane conformers runs the programs of a batch of methane alone,
-    and each conformer's labels equal those of a batch of its own molecule (float32 round-off)."""
+    """A batch mixing ammonia and methane conformers runs the programs of a batch of methane alone (the
+    bucket template's: only the positions and each slot's element differ), and each conformer's
+    labels equal those of a batch of its own molecule (float32 round-off)."""
+    from pyscf_ipu.assembly import assemble_program
     from pyscf_ipu.integrals.eri_kernels import quartet_program
     from pyscf_ipu.scf import scf_program
 
     config = RKSConfig(integrals="jax")
+    method = resolve(config)
     ammonia, methane = from_atom_string(AMMONIA), from_atom_string(METHANE)
-    alone = [submit_batch(prepare([m, m], resolve(config)), resolve(config)).results()[0] for m in (ammonia, methane)]
-    programs = (quartet_program.signatures, scf_program.signatures)
-    mixed = submit_batch(prepare([ammonia, methane], resolve(config)), resolve(config)).results()
-    assert (quartet_program.signatures, scf_program.signatures) == programs  # nothing new compiled
+    alone = [submit_batch(prepare_batch([m, m], method), method).results()[0] for m in (ammonia, methane)]
+    programs = (quartet_program.signatures, scf_program.signatures, assemble_program.signatures)
+    mixed = submit_batch(prepare_batch([ammonia, methane], method), method).results()
+    assert (quartet_program.signatures, scf_program.signatures, assemble_program.signatures) == programs  # nothing new
     for single, member in zip(alone, mixed):
         assert member.nao == single.nao
         # float32 loops over differently padded batches: equal to well inside the 2 meV label tolerance
@@ -98,7 +101,7 @@ def test_molecules_of_one_bucket_share_a_batch_and_every_program():
 def test_a_batch_refuses_molecules_of_two_buckets():
     config = RKSConfig(integrals="jax")
     with pytest.raises(ValueError, match="one size bucket"):
-        prepare([from_atom_string(METHANE), from_atom_string(ETHANE)], resolve(config))
+        prepare_batch([from_atom_string(METHANE), from_atom_string(ETHANE)], resolve(config))
 
 
 def test_a_new_process_loads_stored_programs_without_tracing(tmp_path):
@@ -109,7 +112,7 @@ def test_a_new_process_loads_stored_programs_without_tracing(tmp_path):
         from pyscf_ipu.config import RKSConfig
         from pyscf_ipu.method import resolve
         from pyscf_ipu.runtime import enable_compilation_cache
-        from pyscf_ipu.prepare import prepare
+        from pyscf_ipu.problem import prepare_batch
         from pyscf_ipu.molecule import from_atom_string
         from pyscf_ipu.rks import submit_batch
         from pyscf_ipu.scf import scf_program
@@ -118,7 +121,7 @@ def test_a_new_process_loads_stored_programs_without_tracing(tmp_path):
         config = RKSConfig(integrals="jax")
         m = from_atom_string({METHANE!r})
         method = resolve(config)
-        r = submit_batch(prepare([m, m], method), method).results()[0]
+        r = submit_batch(prepare_batch([m, m], method), method).results()[0]
         print(json.dumps([r.energy, scf_program.traced + quartet_program.traced,
                           scf_program.loaded + quartet_program.loaded]))
     """)

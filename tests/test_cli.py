@@ -102,6 +102,6 @@ def test_renamed_integral_sources_keep_their_old_spelling(given, meant):
     add_config_arguments(parser, RKSConfig)
     assert config_from_arguments(parser.parse_args(["--integrals", given]), RKSConfig).integrals == meant
     assert RKSConfig(integrals=given).integrals == meant
-    assert "{libcint,jax}" in parser.format_help()
+    assert "{libcint,jax,auto}" in parser.format_help()
     with pytest.raises(SystemExit):
         parser.parse_args(["--integrals", "gpu"])

@@ -12,16 +12,22 @@ from pyscf import df
 from pyscf_ipu.buckets import auxiliary_basis
 from pyscf_ipu.cli import main
 from pyscf_ipu.config import ConfigError, RKSConfig
-from pyscf_ipu.finalisation import fitted_coulomb
 from pyscf_ipu.method import resolve
 from pyscf_ipu.molecule import from_name
 from pyscf_ipu.padding import pad_to
 from pyscf_ipu.prepare import prepare
-from pyscf_ipu.problem import backend_eris
+from pyscf_ipu.integral_sources import host_integrals
 from pyscf_ipu.programs import full_precision
 from pyscf_ipu.rks import run_rks
 from pyscf_ipu.units import HARTREE_TO_MEV
 from qm1b.generate import GenerateConfig, generate
+
+
+def fitted_member(host, npad: int, precision: str = "float32"):
+    """The fitted backend's arrays of one host preparation, padded to ``npad`` AOs."""
+    method = resolve(RKSConfig(basis=host.bucket.basis, jk="df", precision=precision))
+    integrals, _, _ = host_integrals([host], method, (npad, host.bucket.grid_points))
+    return jax.tree.map(lambda a: a[0], method.backend.prepare(integrals.eris, npad, method.dtype))
 
 
 def pyscf_fitted_jk(mol, basis: str, dm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -43,7 +49,7 @@ def test_fitted_jk_matches_pyscf_density_fitting(name, basis):
     n, npad = host.nao, host.bucket.nao + 3
     assert host.nocc <= host.bucket.occupied_rank  # benzene's guess has rank 36 against 24 (water's: within)
     backend = resolve(RKSConfig(jk="df")).backend
-    member = jax.tree.map(lambda a: a[0], backend.prepare(backend_eris([host], npad), npad, np.float32))
+    member = fitted_member(host, npad)
     contract = jax.jit(full_precision(backend.contract))
     orbitals = scipy.linalg.eigh(host.hcore, host.overlap)[1][:, : host.nocc]
     for dm, check_k in ((2 * orbitals @ orbitals.T, True), (host.density_guess, False)):
@@ -53,15 +59,20 @@ def test_fitted_jk_matches_pyscf_density_fitting(name, basis):
             ours = np.asarray(ours, np.float64)
             assert np.abs(ours[:n, :n] - ref).max() < 1e-5 * np.abs(ref).max()
             assert not ours[n:].any() and not ours[:, n:].any()  # padded AOs decoupled
-        # the finalisation's float64 J from the host's factor, any rank
-        assert np.abs(fitted_coulomb(host, dm) - ref_j).max() < 1e-10
+
+
+def dm_of(host) -> np.ndarray:
+    """An orbital density: the core Hamiltonian's occupied orbitals."""
+    orbitals = scipy.linalg.eigh(host.hcore, host.overlap)[1][:, : host.nocc]
+    return 2 * orbitals @ orbitals.T
 
 
 @pytest.mark.parametrize("name, basis", [("benzene", "6-31g*"), ("water", "def2-svp"), ("paracetamol", "def2-svp")])
-def test_the_finalisations_exchange_from_the_float32_factor(name, basis):
-    """The float64 finalisation's K on the device (``FittedExchange``): float32 products on the loop's
-    float32 factor, against PySCF's own float64 density fitting in the same fitting basis, for an
-    orbital density padded by 3 AOs.
+def test_the_finalisations_coulomb_and_exchange(name, basis):
+    """The float64 finalisation's J and K on the device (``FittedExchange``), against PySCF's own
+    float64 density fitting in the same fitting basis, for an orbital density padded by 3 AOs: J
+    from the float64 factor within 1e-10 (float64 round-off of sums of O(10) terms), K from float32
+    products on the loop's float32 factor.
     K keeps 1e-6 of its largest element (measured 3.6e-7 to 4.1e-7): it moves orbital energies by
     about 1e-3 meV. tr(D K), summed in float64 from the blocks W^T B_Q W, keeps the exchange energy
     of B3LYP (a_x = 0.2) within 0.05 meV of the 2 meV label tolerance (measured 0.005-0.018 meV;
@@ -70,15 +81,14 @@ def test_the_finalisations_exchange_from_the_float32_factor(name, basis):
 
     host = prepare([from_name(name)], resolve(RKSConfig(basis=basis, jk="df")))[0]
     n, npad = host.nao, host.bucket.nao + 3
-    backend = resolve(RKSConfig(jk="df")).backend
-    member = jax.tree.map(lambda a: a[0], backend.prepare(backend_eris([host], npad), npad, np.float32))
-    orbitals = scipy.linalg.eigh(host.hcore, host.overlap)[1][:, : host.nocc]
-    dm = 2 * orbitals @ orbitals.T
     with jax.enable_x64(True):
-        j, k, trace = jax.jit(full_precision(FittedExchange().on_device))(member, pad_to(dm, (npad, npad)))
-    ref_k = pyscf_fitted_jk(host.mol, basis, dm)[1]
-    k = np.asarray(k)
-    assert j is None and k.dtype == np.float64  # J stays with the host's float64 factor
+        member = fitted_member(host, npad)
+        j, k, trace = jax.jit(full_precision(FittedExchange().on_device))(member, pad_to(dm_of(host), (npad, npad)))
+    dm = dm_of(host)
+    ref_j, ref_k = pyscf_fitted_jk(host.mol, basis, dm)
+    j, k = np.asarray(j), np.asarray(k)
+    assert j.dtype == k.dtype == np.float64
+    assert np.abs(j[:n, :n] - ref_j).max() < 1e-10
     assert np.abs(k[:n, :n] - ref_k).max() < 1e-6 * np.abs(ref_k).max()
     assert not k[n:].any() and not k[:, n:].any()  # padded AOs decoupled
     assert 0.25 * 0.2 * abs(float(trace) - np.sum(dm * ref_k)) * HARTREE_TO_MEV < 0.05
@@ -89,7 +99,7 @@ def test_a_metric_without_a_cholesky_factor_falls_back_to_pyscfs_eigen_decomposi
     comes from PySCF's ``cholesky_eri``, which decomposes the metric by its eigenpairs instead: fewer
     or other rows, but the same fitted ERIs B^T B, to round-off of their O(1) entries (water at
     def2-SVP: 8.5e-14 on entries up to 4.8)."""
-    from pyscf_ipu.integral_sources import fitted_eri
+    from pyscf_ipu.prepare import fitted_eri
     from pyscf_ipu.pyscf_mole import build_mole
 
     mol = build_mole(from_name("water"), "def2-svp")

@@ -42,7 +42,7 @@ def pyscf_gradient(mol, config: RKSConfig) -> np.ndarray:
 def gradient_of(molecule: Molecule, config: RKSConfig):
     host = prepare([molecule], resolve(config))[0]
     result = run_rks(molecule, config, prepared=host)
-    return host, result, nuclear_gradient(host, result, resolve(config).functional)
+    return host, result, nuclear_gradient(molecule, result, resolve(config).functional)
 
 
 @pytest.mark.parametrize("xc", ["b3lyp", "hf"])
@@ -108,7 +108,7 @@ def test_water_gradient_with_grid_response_matches_pyscf_and_a_plain_finite_diff
     config = RKSConfig(**FLOAT64)
     host = prepare([molecule], resolve(config))[0]
     result = run_rks(molecule, config, prepared=host)
-    ours = nuclear_gradient(host, result, resolve(config).functional, grid_response=True)
+    ours = nuclear_gradient(molecule, result, resolve(config).functional, grid_response=True)
     mf = dft.RKS(host.mol, xc=config.xc)
     mf.grids.level = config.grid_level
     mf.conv_tol = 1e-11

@@ -15,6 +15,7 @@ from pyscf import scf
 from pyscf_ipu.cli import main
 from pyscf_ipu.config import RKSConfig
 from pyscf_ipu.method import resolve
+from pyscf_ipu.packed import batch_eris
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.ipu import IPUJK, TileMemoryError, Workload, ipu_model, plan, plan_on
 from pyscf_ipu.ipu.contract import contract, layout, place
@@ -126,7 +127,7 @@ def eri_case(request):
     c = np.random.default_rng(2).normal(size=(host.nao, max(1, host.nao // 2)))
     dm = c @ c.T / host.nao
     dense = resolve(RKSConfig(jk="dense")).backend
-    data = member(dense.prepare([host.eri], host.nao, np.float32))
+    data = member(dense.prepare(batch_eris([host.eri_s8], host.nao, np.float32), host.nao, np.float32))
     j, k = jax.jit(dense.contract)(data, jnp.asarray(dm, jnp.float32))
     return host, dm, np.asarray(j, np.float64), np.asarray(k, np.float64)
 
@@ -139,7 +140,7 @@ def test_ipu_matches_dense_within_1e5(eri_case, strategy, tiles):
     # a teaching chip: 1 GiB tiles, so that even one tile may hold a whole molecule's integrals
     backend = IPUJK(ipu_model(tiles=tiles).replace(tile_memory_bytes=2**30), strategy)
     npad = host.nao + 2  # padded AOs stay empty
-    data = member(backend.prepare([host.eri], npad, np.float32))
+    data = member(backend.prepare(batch_eris([host.eri_s8], npad, np.float32), npad, np.float32))
     dm_pad = np.zeros((npad, npad), np.float32)
     dm_pad[: host.nao, : host.nao] = dm
     j, k = jax.jit(backend.contract)(data, jnp.asarray(dm_pad))
@@ -160,6 +161,7 @@ def test_four_ipus_on_four_devices():
         import jax, jax.numpy as jnp, numpy as np
         from pyscf_ipu.config import IPUConfig, RKSConfig
         from pyscf_ipu.method import resolve
+        from pyscf_ipu.packed import batch_eris
         from pyscf_ipu.prepare import prepare
         from pyscf_ipu.ipu import ipu_model, plan_on, Workload
         from pyscf_ipu.ipu.contract import contract, layout, place
@@ -171,7 +173,7 @@ def test_four_ipus_on_four_devices():
             n = host.nao
             c = np.random.default_rng(3).normal(size=(n, n // 2)); dm = jnp.asarray(c @ c.T / n, jnp.float32)
             dense = resolve(RKSConfig(jk="dense")).backend
-            j0, k0 = (np.asarray(a, np.float64) for a in dense.contract(jax.tree.map(lambda a: a[0], dense.prepare([host.eri], n, np.float32)), dm))
+            j0, k0 = (np.asarray(a, np.float64) for a in dense.contract(jax.tree.map(lambda a: a[0], dense.prepare(batch_eris([host.eri_s8], n, np.float32), n, np.float32)), dm))
             w = Workload(n, int(np.count_nonzero(host.eri_s8)))
             for strategy in ("rows", "s8"):
                 for ipus in (1, 4):

@@ -9,7 +9,7 @@ from pyscf import scf
 from pyscf_ipu.config import FITTED_JK, RKSConfig
 from pyscf_ipu.method import resolve
 from pyscf_ipu.prepare import prepare
-from pyscf_ipu.packed import degeneracy_weights, unique_quartets
+from pyscf_ipu.packed import batch_eris, degeneracy_weights, unique_quartets
 from pyscf_ipu.jk import JK_BACKENDS
 from pyscf_ipu.molecule import from_name
 
@@ -47,7 +47,7 @@ def test_backend_float64_matches_pyscf(case, name):
     backend = resolve(RKSConfig(jk=name)).backend
     npad = host.nao + 3  # padding must not change the result
     with jax.enable_x64(True):
-        data = member(backend.prepare([host.eri], npad, np.float64))
+        data = member(backend.prepare(batch_eris([host.eri_s8], npad, np.float64), npad, np.float64))
         dm_pad = np.zeros((npad, npad))
         dm_pad[: host.nao, : host.nao] = dm
         j, k = jax.jit(backend.contract)(data, jnp.asarray(dm_pad))
@@ -64,7 +64,7 @@ def test_float32_backends_agree_within_1e5(case):
     results = {}
     for name in EXACT:
         backend = resolve(RKSConfig(jk=name)).backend
-        data = member(backend.prepare([host.eri], host.nao, np.float32))
+        data = member(backend.prepare(batch_eris([host.eri_s8], host.nao, np.float32), host.nao, np.float32))
         results[name] = jax.jit(backend.contract)(data, jnp.asarray(dm, jnp.float32))
         assert results[name][0].dtype == jnp.float32
     j_dense, k_dense = (np.asarray(a, np.float64) for a in results["dense"])

@@ -17,14 +17,24 @@ from pyscf_ipu.config import RKSConfig
 from pyscf_ipu.method import resolve
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.molecule import from_atom_string, from_name
-from pyscf_ipu.problem import VIRTUAL_SHIFT, build_batch
+from pyscf_ipu.integral_sources import host_integrals
+from pyscf_ipu.problem import VIRTUAL_SHIFT, build_problem, prepare_batch
 from pyscf_ipu.padding import fill_batch
+from pyscf_ipu.programs import precision_scope
 from pyscf_ipu.rks import run_rks, submit_batch
 from pyscf_ipu.scf import diis_extrapolate, energy_std_ev, scf_program, stalled
 from pyscf_ipu.units import HARTREE_TO_EV, HARTREE_TO_MEV
 
 TIGHT64 = dict(precision="float64", max_iterations=60, stop_commutator=1e-9)
 FLOAT32_TOL_MEV = 2.0
+
+
+def problems_of(hosts, config: RKSConfig, shapes=None):
+    """The loop's batched problem and the finalisation's inputs of host preparations ``hosts``."""
+    method = resolve(config)
+    integrals, _, _ = host_integrals(hosts, method, shapes)
+    with precision_scope(config.precision):
+        return build_problem(integrals, method.backend, method.dtype)
 
 
 def assert_float32_close(result, ref):
@@ -109,7 +119,7 @@ def test_xc_loop_stops_at_the_last_weighted_point():
 def test_padded_orbitals_sit_at_the_virtual_shift():
     host = prepare([from_name("water")], resolve(RKSConfig()))[0]
     settings = resolve(RKSConfig()).loop
-    problems = build_batch([host], settings.backend, np.float32, (16, 4096))
+    problems, _ = problems_of([host], RKSConfig(), (16, 4096))
     trace = jax.tree.map(lambda a: a[0], scf_program(problems, settings))
     mo = np.asarray(trace.mo_energy)
     np.testing.assert_allclose(mo[host.nao :], VIRTUAL_SHIFT, atol=1e-4)
@@ -137,7 +147,7 @@ def test_dtypes_are_kept_and_x64_does_not_leak():
         config = RKSConfig(precision=precision)
         settings = resolve(config).loop
         with jax.enable_x64(precision == "float64"):
-            problems = build_batch([host], settings.backend, np.dtype(precision))
+            problems, _ = problems_of([host], config)
             trace = scf_program(problems, settings)
         for leaf in jax.tree.leaves(trace):
             if jnp.issubdtype(leaf.dtype, jnp.floating):
@@ -255,7 +265,7 @@ def test_batched_conformers_equal_single_runs():
     shifted = [water.with_positions(water.positions * s) for s in (1.0, 1.03, 0.98)]
     sizes = (8, 4096)
     method = resolve(RKSConfig())
-    batch = submit_batch(fill_batch(prepare(shifted, method), 4), method, shapes=sizes).results()[:3]
+    batch = submit_batch(prepare_batch(fill_batch(shifted, 4), method, sizes), method).results()[:3]
     for molecule, result in zip(shifted, batch):
         single = run_rks(molecule, RKSConfig(), shapes=sizes)
         # Batched and single loops sum in different orders (XLA blocks a batched matmul differently),
@@ -272,7 +282,7 @@ def test_batched_conformers_equal_single_runs():
 
 
 @pytest.mark.parametrize("jk", ["ipu", "s8"])
-def test_build_batch_equals_problems_built_one_by_one(jk):
+def test_batch_problems_equal_problems_built_one_by_one(jk):
     """The batch's arrays, padded straight into their slots (and, for the ipu backend's rows layout,
     gathered by one vmapped program), equal each conformer's own problem (a batch of one), the batch
     padding included."""
@@ -280,10 +290,9 @@ def test_build_batch_equals_problems_built_one_by_one(jk):
     water = from_name("water")
     config = RKSConfig(jk=jk)
     hosts = [prepare([water.with_positions(water.positions * s)], resolve(config))[0] for s in (1.0, 1.04)]
-    backend = resolve(config).backend
     sizes = (8, 4096)
-    batch = build_batch(fill_batch(hosts, 3), backend, np.dtype("float32"), sizes)
-    singles = [build_batch([h], backend, np.dtype("float32"), sizes) for h in hosts + hosts[-1:]]
+    batch, _ = problems_of(fill_batch(hosts, 3), config, sizes)
+    singles = [problems_of([h], config, sizes)[0] for h in hosts + hosts[-1:]]
     assert jax.tree.structure(batch) == jax.tree.structure(singles[0])
     flat = [jax.tree.leaves(s) for s in singles]
     for k, stacked in enumerate(jax.tree.leaves(batch)):
@@ -298,18 +307,18 @@ def test_final_pass_reads_the_float32_loops_ao_values():
     V_xc by far less than the labels' 2 meV (7e-5 Ha): measured 2e-7 Ha and 7e-8 on 9-heavy-atom
     molecules, bounded here at 1e-6 Ha for E_xc (0.03 meV) and V_xc (a 0.03 meV orbital shift)."""
     from pyscf_ipu.padding import pad_to
-    from pyscf_ipu.finalisation import LibcintERIs, final_density_program, final_inputs
+    from pyscf_ipu.finalisation import LibcintERIs, final_density_program
 
     molecule = from_name("benzene")
     host = prepare([molecule], resolve(RKSConfig()))[0]
     dm = run_rks(molecule, RKSConfig(), prepared=host).density
     sizes = (host.nao, 256 * -(-host.grid_points // 256))
-    overlap, weights = final_inputs(host, sizes)
+    _, final = problems_of([host], RKSConfig(), sizes)
     functional = resolve(RKSConfig()).functional
     ao64 = pad_to(host.ao, (4, sizes[1], host.nao))
     with jax.enable_x64(True):  # a batch of one, as the generator dispatches it
         exact, rounded = (jax.tree.map(lambda a: a[0], final_density_program(
-            functional, LibcintERIs(), ao[None], weights[None], dm[None], overlap[None], {}))
+            functional, LibcintERIs(), ao[None], dm[None], final, {}))
             for ao in (ao64, ao64.astype(np.float32)))  # fmt: skip
     assert exact.exc.dtype == rounded.exc.dtype == jnp.float64
     assert abs(float(rounded.exc - exact.exc)) < 1e-6

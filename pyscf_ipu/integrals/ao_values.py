@@ -6,13 +6,13 @@ likewise in y and z. A contracted Cartesian AO shares its centre and powers amon
 so the kernel sums the primitives' Gaussians into a radial part R and its slope first and applies
 the polynomial once (:class:`AOTables` regroups :class:`~pyscf_ipu.integrals.basis.PrimitiveBasis`
 so); d shells are then transformed to spherical AOs. The result is the (4, G, N) array of PySCF's
-``eval_ao(mol, coords, deriv=1)``: values, then d/dx, d/dy, d/dz. :func:`ao_values` evaluates a
-batch of conformers in one program (:data:`ao_values_program`).
+``eval_ao(mol, coords, deriv=1)``: values, then d/dx, d/dy, d/dz. A size bucket's conformers are
+evaluated together on the device (:mod:`pyscf_ipu.assembly`).
 
 Precision: a float32 position carries an absolute error of ~6e-7 Bohr at 10 Bohr from the origin,
 while a core primitive (exponent 5,000) changes by 1e-4 relative over that distance near its
 nucleus. So points are given as offsets from the atom whose Becke grid they belong to, and the
-primitive centres relative to each atom are formed in float64 on the host: near a nucleus, the
+primitive centres relative to each atom are formed in float64: near a nucleus, the
 displacement from it keeps full float32 relative precision (the test suite holds the float32
 values within 3e-6 of PySCF's relative to max(1, |value|)).
 """
@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..programs import compiled
 from .basis import PrimitiveBasis
 
 
@@ -61,83 +60,45 @@ def ao_tables(basis: PrimitiveBasis) -> AOTables:
     return AOTables(exponents, coefficients, powers, atom, None if identity else basis.cart2sph)
 
 
-def ao_values(tables: list[AOTables], atom_coords: np.ndarray, offsets: list[np.ndarray],
-                    owners: list[np.ndarray], shapes: tuple[int, int], dtype) -> jax.Array:  # fmt: skip
-    """(C, 4, Gp, Np) for C conformers, each with its molecule's ``tables`` (molecules of one size
-    bucket may mix): ``atom_coords`` (C, natm, 3) Bohr, ``offsets`` (G_c, 3) each point minus its
-    owner atom (float64, see the module doc), ``owners`` (G_c,) those atoms. ``shapes`` (Np, Gp) pads
-    the AOs and points with zeros.
-
-    The geometry enters as the padded offsets and as each AO centre relative to each atom
-    (C, natm, Nc', 3), both formed in float64 on the host; Nc' counts the dummy AOs that pad an
-    untransformed basis to Np columns (zero coefficients: they sit anywhere).
-    """
-    naos, points = shapes
-    transformed = any(t.cart2sph is not None for t in tables)
-    ncart = max(t.exponents.shape[0] for t in tables) if transformed else naos
-    nprim = max(t.exponents.shape[1] for t in tables)
-    constants = [_constants(t, ncart, nprim, naos, transformed) for t in tables]
-    shifts = np.stack([c[:, None, :] - c[np.pad(t.atom, (0, ncart - len(t.atom)))][None, :, :]
-                       for t, c in zip(tables, atom_coords)])  # (C, natm, Nc', 3): atom minus AO centre  # fmt: skip
-    padded = np.zeros((len(offsets), points, 3))
-    for k, o in enumerate(offsets):
-        padded[k, : len(o)] = o
-    dtype = np.dtype(dtype)
-    stacked = jax.tree.map(lambda *parts: np.stack(parts), *constants)._cast(lambda a: a.astype(dtype))
-    owner = np.stack([np.pad(np.asarray(o, np.int32), (0, points - len(o))) for o in owners])
-    count = np.array([len(o) for o in owners], np.int32)
-    # host arrays: the compiled program copies them in one transfer (jnp.asarray runs a small program per array)
-    return ao_values_program(stacked, padded.astype(dtype), shifts.astype(dtype), owner, count)
-
-
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
-class _AOConstants:
-    """A basis's arrays as :func:`ao_kernel` takes them, for Nc' Cartesian AOs of K primitives."""
+class AOConstants:
+    """A basis's arrays as :func:`ao_kernel` takes them, for Nc Cartesian AOs of K primitives."""
 
-    exponents: jax.Array  # (Nc', K)
-    coefficients: jax.Array  # (Nc', K)
-    derivative_coefficients: jax.Array  # (Nc', K)  -2 exponent x coefficient
-    powers: jax.Array  # (Nc', 3) int
-    cart2sph: jax.Array | None  # (Nc', N); None: the Cartesian AOs are the output
+    exponents: jax.Array  # (Nc, K)
+    coefficients: jax.Array  # (Nc, K)
+    derivative_coefficients: jax.Array  # (Nc, K)  -2 exponent x coefficient
+    powers: jax.Array  # (Nc, 3) int
+    cart2sph: jax.Array | None  # (Nc, N); None: the Cartesian AOs are the output
 
-    def _cast(self, cast) -> _AOConstants:
+    def _cast(self, cast) -> AOConstants:
         """The float arrays through ``cast``, the powers as they are."""
-        return _AOConstants(cast(self.exponents), cast(self.coefficients), cast(self.derivative_coefficients),
+        return AOConstants(cast(self.exponents), cast(self.coefficients), cast(self.derivative_coefficients),
                             self.powers, None if self.cart2sph is None else cast(self.cart2sph))  # fmt: skip
 
 
-def _constants(tables: AOTables, ncart: int, nprim: int, naos: int, transformed: bool) -> _AOConstants:
-    """The basis's arrays as the kernel takes them (small: (Nc', K) and (Nc', N)): exponents,
-    coefficients, -2 exponent x coefficients, powers and the spherical transform, padded to ``ncart``
-    Cartesian AOs of ``nprim`` primitives and ``naos`` output columns (without a transform, the
-    Cartesian AOs are the output: dummy AOs with zero coefficients pad them)."""
-    rows, k = ncart - tables.exponents.shape[0], nprim - tables.exponents.shape[1]
-    exponents = np.pad(tables.exponents, ((0, rows), (0, k)), constant_values=1.0)
-    coefficients = np.pad(tables.coefficients, ((0, rows), (0, k)))
-    powers = np.pad(tables.powers, ((0, rows), (0, 0)))
-    if not transformed:
-        cart2sph = None
-    else:
-        cart2sph = np.eye(tables.exponents.shape[0]) if tables.cart2sph is None else tables.cart2sph
-        cart2sph = np.pad(cart2sph, ((0, rows), (0, naos - cart2sph.shape[1])))
-    return _AOConstants(exponents, coefficients, -2.0 * exponents * coefficients, powers, cart2sph)
+def constants(tables: AOTables) -> AOConstants:
+    """The basis's arrays as the kernel takes them: exponents, coefficients, -2 exponent x
+    coefficients, powers and the spherical transform (None where it is the identity)."""
+    exponents, coefficients = tables.exponents, tables.coefficients
+    return AOConstants(exponents, coefficients, -2.0 * exponents * coefficients, tables.powers, tables.cart2sph)
 
 
-def ao_kernel(constants: _AOConstants, offsets, shifts, owners, count):
-    r"""(4, G, N) values and x/y/z gradients of one conformer (see :func:`_constants` and :func:`ao_values`).
+def ao_kernel(constants: AOConstants, offsets, shifts, owners, real):
+    r"""(4, G, N) values and x/y/z gradients of one conformer at ``G`` points, each given as its offset
+    (G, 3) from its owner atom ``owners`` (G,), with ``shifts`` (natm, Nc, 3) each atom's position
+    minus each Cartesian AO's centre; ``real`` (G,) False for padding points, whose values are zero.
 
     Per Cartesian AO :math:`\phi = x^i y^j z^l R(r^2)` with the contracted radial part
     :math:`R = \sum_k c_k e^{-a_k r^2}` and :math:`R' = \sum_k (-2 a_k c_k) e^{-a_k r^2}`:
-    :math:`\partial_x \phi = y^j z^l (i x^{i-1} R + x^{i+1} R')`, and likewise in y and z. Points
-    from ``count`` on are padding: their values are zero.
+    :math:`\partial_x \phi = y^j z^l (i x^{i-1} R + x^{i+1} R')`, and likewise in y and z.
 
     Every array is (G, Nc), one per coordinate and per primitive: XLA's CPU code vectorises along
     the last axis only (``docs/decisions/ao-values-layout.md``).
     """
     exponents, coefficients, powers = constants.exponents, constants.coefficients, constants.powers
     derivative_coefficients, cart2sph = constants.derivative_coefficients, constants.cart2sph
-    real = (jnp.arange(offsets.shape[0]) < count)[:, None]  # (G, 1)
+    real = real[:, None]  # (G, 1)
     d = [offsets[:, k, None] + shifts[:, :, k][owners] for k in range(3)]  # (G, Nc) each: point minus AO centre
     r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2]
     radial = jnp.zeros_like(r2)
@@ -164,9 +125,6 @@ def ao_kernel(constants: _AOConstants, offsets, shifts, owners, count):
     return out if cart2sph is None else out @ cart2sph
 
 
-ao_values_program = compiled(jax.vmap(ao_kernel), name="ao_values")
-
-
 def ao_values_at(basis: PrimitiveBasis, points, coords: jax.Array) -> jax.Array:
     """(4, G, N) at ``points`` (G, 3) for atom positions ``coords`` (natm, 3), a JAX array to
     differentiate; ``points`` a host array (the grid fixed in space) or JAX (moving with the atoms)."""
@@ -174,8 +132,5 @@ def ao_values_at(basis: PrimitiveBasis, points, coords: jax.Array) -> jax.Array:
     tables = ao_tables(basis)
     centres = coords[jnp.asarray(tables.atom)]  # (Nc, 3)
     owners = jnp.zeros(len(points), jnp.int32)  # offsets from the origin: d = point - centre
-    transformed = tables.cart2sph is not None
-    ncart = tables.exponents.shape[0]
-    constants = _constants(tables, ncart, tables.exponents.shape[1], basis.cart2sph.shape[1], transformed)
-    constants = constants._cast(lambda a: jnp.asarray(a, dtype))
-    return ao_kernel(constants, jnp.asarray(points, dtype), -centres[None], owners, len(points))
+    table = constants(tables)._cast(lambda a: jnp.asarray(a, dtype))
+    return ao_kernel(table, jnp.asarray(points, dtype), -centres[None], owners, jnp.ones(len(points), bool))

@@ -20,7 +20,8 @@ from pyscf import gto
 
 # libcint's CINTcommon_fac_sp: the angular normalisation applied to s and p shells.
 ANGULAR_FACTOR = {0: 1.0 / math.sqrt(4.0 * math.pi), 1: math.sqrt(3.0 / (4.0 * math.pi))}
-MAX_L = 2  # s, p and d shells
+MAX_L = 2  # s, p and d shells in the orbital bases
+MAX_FITTING_L = 4  # up to g in the density-fitting bases (their shells enter the kernels alone)
 
 
 def cartesian_powers(l: int) -> list[tuple[int, int, int]]:
@@ -47,18 +48,21 @@ class PrimitiveBasis:
         return self.coords[self.atom]
 
 
-def contracted_shells(mol: gto.Mole):
-    """Yield (shell, l, atom, exponents (nprim,), coefficients (nctr, nprim)) for every shell of ``mol``.
+def contracted_shells(mol: gto.Mole, max_l: int = MAX_L):
+    """Yield (shell, l, atom, exponents (nprim,), coefficients (nctr, nprim)) for every shell of ``mol``
+    (of at most ``max_l``).
 
-    PySCF's radially normalised contraction coefficients, without libcint's angular factors; s, p
-    and d shells only, no ECPs (a ValueError names the offending shell).
+    PySCF's radially normalised contraction coefficients, without libcint's angular factors; no ECPs
+    (a ValueError names the offending shell).
     """
     if mol.has_ecp():
         raise ValueError("ECP basis sets are not supported by the JAX integrals")
     for shell in range(mol.nbas):
         l, nprim, nctr = (int(mol._bas[shell, k]) for k in (gto.ANG_OF, gto.NPRIM_OF, gto.NCTR_OF))
-        if l > MAX_L:
-            raise ValueError(f"shell {shell} has l = {l}: only s, p and d shells are supported")
+        if l > max_l:
+            kinds = "spdfghi"
+            raise ValueError(f"shell {shell} has l = {l}: only {', '.join(kinds[:max_l])} and {kinds[max_l]} shells "
+                             "are supported")  # fmt: skip
         start = int(mol._bas[shell, gto.PTR_COEFF])
         coefficients = mol._env[start : start + nprim * nctr].reshape(nctr, nprim)
         yield shell, l, mol.bas_atom(shell), mol.bas_exp(shell), coefficients

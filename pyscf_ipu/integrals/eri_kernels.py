@@ -34,7 +34,7 @@ import numpy as np
 
 from ..programs import MappingBudget, compiled
 from .basis import cartesian_powers
-from .eri_plan import CHUNK, EriPlan, PairClass, cartesian_functions, cartesian_to_spherical
+from .eri_plan import CHUNK, cartesian_functions, cartesian_to_spherical
 from .hermite import PairFactors, hermite_coefficients, hermite_coulomb, hermite_indices, stack_hermite
 
 
@@ -59,22 +59,25 @@ def _coulomb_pairs(bra_order: int, ket_order: int) -> np.ndarray:
                      for g in hermite_indices(ket_order)], np.int32)  # fmt: skip
 
 
-def pair_factors(plan: EriPlan, c: PairClass):
-    """Host float64 -> (PairFactors, p, c_a c_b / p) for the primitive pairs of a class: (n, K2) each but
-    the last, (n, K2, C_a C_b) with the coefficients of each pair of Cartesian functions."""
-    sh = plan.shells
-    n = len(c.first)
-    a, b = sh.exponents[c.first, : c.ka, None], sh.exponents[c.second, None, : c.kb]  # (n, ka, 1), (n, 1, kb)
+def pair_factors(exponents, coefficients, first, second, kind):
+    """(PairFactors, p, c_a c_b / p) of the primitive pairs of the shell pairs (``first``, ``second``)
+    (n,) of one class ``kind`` = (l_a, l_b, K_a, K_b): (n, K2) each but the last, (n, K2, C_a C_b)
+    with the coefficients of each pair of Cartesian functions. ``exponents`` (S, K) and
+    ``coefficients`` (S, C, K) are the shells' (:class:`~.eri_plan.Shells`), numpy or JAX (traced
+    in the ERI programs, in float64 from host positions)."""
+    la, lb, ka, kb = kind
+    n = first.shape[0]
+    a, b = exponents[first, :ka, None], exponents[second, None, :kb]  # (n, ka, 1), (n, 1, kb)
     p = a + b
-    flat = lambda x: np.broadcast_to(x, (n, c.ka, c.kb)).reshape(n, -1)  # noqa: E731
+    flat = lambda x: jnp.broadcast_to(x, (n, ka, kb)).reshape(n, -1)  # noqa: E731
 
     def cartesian(shell, components, k):  # (n, K, C): each Cartesian function's coefficients, by component
-        return np.concatenate([np.repeat(sh.coefficients[shell, m, :k, None], len(cartesian_powers(l)), axis=2)
-                               for m, l in enumerate(components)], 2)  # fmt: skip
+        return jnp.concatenate([jnp.repeat(coefficients[shell, m, :k, None], len(cartesian_powers(l)), axis=2)
+                                for m, l in enumerate(components)], 2)  # fmt: skip
 
-    ca, cb = cartesian(c.first, c.la, c.ka), cartesian(c.second, c.lb, c.kb)
+    ca, cb = cartesian(first, la, ka), cartesian(second, lb, kb)
     coef = ca[:, :, None, :, None] * cb[:, None, :, None, :] / p[..., None, None]  # (n, ka, kb, C_a, C_b)
-    return PairFactors(*(flat(x) for x in (0.5 / p, a / p, b / p, a * b / p))), flat(p), coef.reshape(n, c.ka * c.kb, -1)
+    return PairFactors(*(flat(x) for x in (0.5 / p, a / p, b / p, a * b / p))), flat(p), coef.reshape(n, ka * kb, -1)
 
 
 def _pair_data(la, lb, factors: PairFactors, p, scale, ab):
@@ -153,26 +156,36 @@ def _by_chunk(x, index, axis=0):
     return jnp.moveaxis(jnp.take(x.reshape(shape), index, axis=axis, mode="clip"), axis, 0)
 
 
-def pair_stage(pair_l, pair_arrays, shifts, dtype: str):
-    """Per pair class: (Hermite matrices, p, P - A, first atom), from the atoms' differences ``shifts``,
-    rounded to ``dtype`` inside the program (cast outside it, each cast would be a program of its own)."""
+def pair_stage(kinds, pairs, shells, difference, present, dtype: str):
+    """Per pair class: (Hermite matrices, p, P - A, first atom, whether both atoms are there) of one
+    conformer, from its shells' exponents and coefficients ``shells`` = ((S, K), (S, C, K)), the
+    atoms' differences ``difference`` (natm, natm, 3) and which atoms are there, ``present``
+    (natm,); computed in their precision (float64 from host positions) and rounded to ``dtype``
+    inside the program (cast outside it, each cast would be a program of its own). ``kinds``: each
+    class's (l_a, l_b, K_a, K_b); ``pairs``: its (first shells, second shells, first atoms, second
+    atoms)."""
+    exponents, coefficients = shells
     data = []
-    for (la, lb), ((half, a_frac, b_frac, mu), p, scale, atom_a, atom_b) in zip(pair_l, pair_arrays):
-        factors = PairFactors(half, a_frac, b_frac, mu)
-        e, pa = _pair_data(la, lb, factors, p, scale, shifts[atom_a, atom_b])
-        data.append((e.astype(dtype), p.astype(dtype), pa.astype(dtype), atom_a))
+    for kind, (first, second, atom_a, atom_b) in zip(kinds, pairs):
+        factors, p, scale = pair_factors(exponents, coefficients, first, second, kind)
+        e, pa = _pair_data(kind[0], kind[1], factors, p, scale, difference[atom_a, atom_b])
+        data.append((e.astype(dtype), p.astype(dtype), pa.astype(dtype), atom_a, present[atom_a] & present[atom_b]))
     return tuple(data)
 
 
 def quartet_stage(static, quartet_arrays, one_centre, data, shifts):
     """The s8 array: the one-centre constants, then every quartet class's chunks (those with nothing
-    to compute, the padding of a size bucket's full chunk grids, are skipped)."""
-    pair_l, quartet_classes, size = static
+    to compute, the padding of a size bucket's full chunk grids and the chunks of pairs of atoms that
+    are not there, a template's absent slots, are skipped). ``one_centre``: (positions (M,), values
+    (M,)) of the integrals with all four AOs on one atom."""
+    kinds, quartet_classes, size = static
     one_centre_index, one_centre_value = one_centre
     out = jnp.zeros(size, shifts.dtype).at[one_centre_index].set(one_centre_value.astype(shifts.dtype), mode="drop")
     for (x, y), (chunks, active, destination) in zip(quartet_classes, quartet_arrays):
-        orders = tuple(max(la) + max(lb) for la, lb in (pair_l[x], pair_l[y]))  # Hermite orders of bra, ket
-        (e_bra, p_bra, pa_bra, atom_bra), (e_ket, p_ket, pa_ket, atom_ket) = data[x], data[y]
+        orders = tuple(max(kinds[c][0]) + max(kinds[c][1]) for c in (x, y))  # Hermite orders of bra, ket
+        (e_bra, p_bra, pa_bra, atom_bra, there_bra), (e_ket, p_ket, pa_ket, atom_ket, there_ket) = data[x], data[y]
+        # a chunk computes where it has work and both sides hold a pair of atoms that are there
+        work = active & _by_chunk(there_bra, chunks[:, 0]).any(-1) & _by_chunk(there_ket, chunks[:, 1]).any(-1)
         # each chunk's pairs gathered up front: the kernel then only reads its own slice
         bra = (_by_chunk(e_bra, chunks[:, 0]), _by_chunk(p_bra, chunks[:, 0]), _by_chunk(pa_bra, chunks[:, 0], 1))
         ac = shifts[_by_chunk(atom_bra, chunks[:, 0])[:, None, :], _by_chunk(atom_ket, chunks[:, 1])[:, :, None]]  # (T, J, I, 3)
@@ -188,20 +201,39 @@ def quartet_stage(static, quartet_arrays, one_centre, data, shifts):
                                 lambda: jnp.zeros(shape, shifts.dtype))  # fmt: skip
 
         # checkpointed: a gradient recomputes each chunk instead of keeping every chunk's Boys values
-        values = jax.lax.map(jax.checkpoint(chunk), (active, bra, ket))
+        values = jax.lax.map(jax.checkpoint(chunk), (work, bra, ket))
         out = out.at[destination].set(values.reshape(-1), mode="drop", unique_indices=True)
     return out
 
 
-# Conformers vmapped: the pair stage is small and elementwise.
-pair_program = compiled(
-    lambda pair_l, arrays, shifts, dtype: jax.vmap(lambda a, s: pair_stage(pair_l, a, s, dtype))(arrays, shifts),
-    static_argnums=(0, 3), name="eri_pairs")
-# Conformers one after another inside the program (lax.map), not vmapped into every chunk: a chunk's
-# arrays then stay cache-sized.
+def _pair_program(kinds, pairs, shells, coords, present, dtype: str):
+    """:func:`pair_stage` over conformers: ``shells`` ((C, S, K), (C, S, C', K)), ``coords``
+    (C, natm, 3) and ``present`` (C, natm) batched, the plan's ``pairs`` shared. Returns (pair data,
+    the atoms' differences (C, natm, natm, 3) in ``dtype``), the differences formed in the shells'
+    precision (float64 from concrete positions)."""
+    coords = coords.astype(shells[0].dtype)
+
+    def member(member_shells, member_coords, member_present):
+        difference = member_coords[:, None, :] - member_coords[None, :, :]
+        return pair_stage(kinds, pairs, member_shells, difference, member_present, dtype), difference.astype(dtype)
+
+    return jax.vmap(member)(shells, coords, present)
+
+
+def _quartet_program(static, quartet_arrays, one_centre, data, shifts):
+    """:func:`quartet_stage` of conformers one after another inside the program (lax.map), not
+    vmapped into every chunk: a chunk's arrays then stay cache-sized. The plan's ``quartet_arrays``
+    and one-centre positions are shared; ``one_centre`` = (positions (M,), selection (M,) into each
+    conformer's one-centre values (C, M'), one past whose end selects a zero), then ``data`` and
+    ``shifts`` per conformer."""
+    index, selection, values = one_centre
+    values = jnp.concatenate([values, jnp.zeros((values.shape[0], 1), values.dtype)], axis=1)
+    return jax.lax.map(lambda member: quartet_stage(static, quartet_arrays, (index, member[0][selection]), *member[1:]),
+                       (values, data, shifts))
+
+
+pair_program = compiled(_pair_program, static_argnums=(0, 5), name="eri_pairs")
 quartet_program = compiled(
-    lambda static, quartet_arrays, one_centre, data, shifts: jax.lax.map(
-        lambda member: quartet_stage(static, *member), (quartet_arrays, one_centre, data, shifts)),
-    static_argnums=0, name="eri_quartets",
+    _quartet_program, static_argnums=0, name="eri_quartets",
     # a 6-31G* program holds thousands of memory mappings: drop old ones before the process nears its limit
     budget=MappingBudget(share=0.5, fallback=3))

@@ -15,7 +15,7 @@ Built once per basis (on the host, in numpy); :mod:`.eri_kernels` evaluates it a
   (``mol.intor("int2e", aosym="s8")``) through indices computed here; repeats, padding and
   one-centre quartets go to :data:`NOWHERE`.
 - **One-centre quartets** (all four shells on one atom) do not depend on the geometry and hold the
-  largest integrals, so they are constants of the plan, from libcint in float64 (:func:`_one_centre`).
+  largest integrals, so they are constants of the plan, from libcint in float64 (:func:`one_centre_eris`).
 - **Shared shapes:** pair rows, chunks, atoms, one-centre constants and the s8 length are rounded up
   to buckets (:func:`~pyscf_ipu.padding.padded_size`), or taken from a size bucket's
   :class:`EriCapacity`, so that molecules of similar size run one compiled program.
@@ -170,6 +170,7 @@ class EriPlan:
     padded_natm: int  # atoms as computed (the extra atoms are at the origin and own no shell)
     padded_size: int  # the s8 array as computed (the tail beyond ``size`` is cut off)
     one_centre_count: int  # the one-centre constants' capacity
+    padded_shells: int  # shells as computed (the extra rows are never read)
 
 
 @dataclass(frozen=True)
@@ -183,10 +184,12 @@ class EriCapacity:
     nao: int
     natm: int
     one_centre: int
+    shells: int
 
 
-def _pair_classes(shells: Shells) -> dict[tuple, list[tuple[int, int]]]:
-    """Shell pairs by class (l_a, K_a, l_b, K_b), (l_a, K_a) >= (l_b, K_b), sorted by class."""
+def _pair_classes(shells: Shells, atom_rank: np.ndarray | None = None) -> dict[tuple, list[tuple[int, int]]]:
+    """Shell pairs by class (l_a, K_a, l_b, K_b), (l_a, K_a) >= (l_b, K_b), sorted by class; within a
+    class in shell order, or by the higher ``atom_rank`` of the pair's two atoms (stable)."""
     # classes by components and primitive counts: padding a 1-primitive shell to the 6 of a
     # 6-31G core shell would multiply its primitive quartets by up to 36
     kind = list(zip(shells.components, shells.nprim.tolist()))  # (components, K) per shell
@@ -195,6 +198,9 @@ def _pair_classes(shells: Shells) -> dict[tuple, list[tuple[int, int]]]:
         for b in range(a + 1):
             first, second = (a, b) if kind[a] >= kind[b] else (b, a)
             by_class.setdefault(kind[first] + kind[second], []).append((first, second))
+    if atom_rank is not None:
+        rank = np.asarray(atom_rank)[shells.atom]
+        by_class = {k: sorted(m, key=lambda pair: max(rank[pair[0]], rank[pair[1]])) for k, m in by_class.items()}
     return dict(sorted(by_class.items()))
 
 
@@ -206,12 +212,14 @@ def _one_centre_count(mol: gto.Mole) -> int:
 
 def eri_capacity(template: gto.Mole) -> EriCapacity:
     """The ERI shapes of the size bucket whose template molecule is ``template``."""
-    by_class = _pair_classes(shells_of(template))
+    shells = shells_of(template)
+    by_class = _pair_classes(shells)
     rows = tuple(CHUNK * padded_size(-(-len(m) // CHUNK), minimum=1) for m in by_class.values())
-    return EriCapacity(tuple(by_class), rows, template.nao_nr(), template.natm, _one_centre_count(template))
+    return EriCapacity(tuple(by_class), rows, template.nao_nr(), template.natm, _one_centre_count(template),
+                       len(shells.atom))
 
 
-def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None) -> EriPlan:
+def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None, atom_rank: np.ndarray | None = None) -> EriPlan:
     """Group ``mol``'s shell pairs and quartets into classes and chunks and work out the s8 destinations.
 
     Without ``capacity``, every count is rounded up to its own bucket (:func:`~pyscf_ipu.padding.padded_size`)
@@ -225,7 +233,7 @@ def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None) -> EriPlan:
     size = s8_size(nao)
     if padded_s8_size(size) >= NOWHERE:
         raise ValueError(f"{nao} AOs: the s8 ERI array ({size:,} entries) exceeds 32-bit indexing")
-    by_class = _pair_classes(shells)
+    by_class = _pair_classes(shells, atom_rank)
     if capacity is not None and (tuple(by_class) != capacity.classes or mol.natm > capacity.natm
                                  or any(len(m) > r for m, r in zip(by_class.values(), capacity.rows))):  # fmt: skip
         raise ValueError("the molecule does not fit the ERI capacity of this size bucket")
@@ -241,13 +249,14 @@ def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None) -> EriPlan:
             quartet = _quartet_class(shells, pairs, x, y, every_chunk=capacity is not None)
             if quartet is not None:
                 quartets.append(quartet)
-    index, value = _one_centre(mol)
+    index, value = one_centre_eris(mol)
     if capacity is None:
-        padded_natm, one_centre = padded_size(mol.natm, minimum=4), len(index)
+        padded_natm, padded_shells = padded_size(mol.natm, minimum=4), padded_size(len(shells.atom))
+        one_centre = padded_size(len(index), minimum=64)
     else:
-        padded_natm, one_centre = capacity.natm, capacity.one_centre
+        padded_natm, one_centre, padded_shells = capacity.natm, capacity.one_centre, capacity.shells
     return EriPlan(shells, tuple(pairs), tuple(quartets), nao, size, mol.natm, index, value, padded_natm,
-                   padded_s8_size(size), one_centre)  # fmt: skip
+                   padded_s8_size(size), one_centre, padded_shells)  # fmt: skip
 
 
 def _quartet_class(shells: Shells, pairs, x: int, y: int, every_chunk: bool = False) -> QuartetClass | None:
@@ -255,7 +264,7 @@ def _quartet_class(shells: Shells, pairs, x: int, y: int, every_chunk: bool = Fa
     (``every_chunk``: all chunks, those with nothing to compute included, so the shape is the classes').
 
     A quartet is computed unless it is padding, a repeat ((ij|kl) with kl > ij within one class)
-    or one-centre (all four shells on one atom: a constant of the plan, see :func:`_one_centre`).
+    or one-centre (all four shells on one atom: a constant of the plan, see :func:`one_centre_eris`).
     """
     bra, ket = pairs[x], pairs[y]
     ti, tj = np.meshgrid(np.arange(len(bra.first) // CHUNK), np.arange(len(ket.first) // CHUNK), indexing="ij")
@@ -282,7 +291,7 @@ def _quartet_class(shells: Shells, pairs, x: int, y: int, every_chunk: bool = Fa
     return QuartetClass(x, y, chunks.astype(np.int32), np.ascontiguousarray(destination))
 
 
-def _one_centre(mol: gto.Mole) -> tuple[np.ndarray, np.ndarray]:
+def one_centre_eris(mol: gto.Mole) -> tuple[np.ndarray, np.ndarray]:
     """The s8 positions and float64 values of every ERI with all four AOs on one atom.
 
     These do not depend on the geometry, so libcint evaluates them once per plan; they are also

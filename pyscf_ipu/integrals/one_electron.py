@@ -33,41 +33,82 @@ lose relative precision on core-valence elements).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..padding import padded_size
 from .basis import PrimitiveBasis
 from .hermite import PairFactors, hermite_coefficients, hermite_coulomb, hermite_indices
-from ..programs import compiled
 
 
-def one_electron(bases: list[PrimitiveBasis], coords: np.ndarray, dtype=jnp.float32,
-                 capacity: PrimitiveBasis | None = None) -> dict[str, jax.Array]:  # fmt: skip
-    """{"overlap", "kinetic", "nuclear"}: (B, N', N') spherical AO matrices in ``dtype`` of B
-    conformers, one :class:`PrimitiveBasis` each (molecules of one size bucket may mix), at atom
-    positions ``coords`` (B, natm, 3) Bohr (positions beyond a molecule's atoms are ignored), from
-    one program. N' counts the AOs of ``capacity`` (the bucket's template basis, whose counts are the
-    shapes: a molecule's matrices are the leading blocks), or of the largest basis.
-    """
-    coords = np.asarray(coords, np.float64)
-    if coords.ndim != 3 or len(bases) != len(coords):
-        raise ValueError(f"coords has shape {coords.shape}: expected (conformers, atoms, 3), one basis per conformer")
-    centres = [c[b.atom] for b, c in zip(bases, coords)]  # (P, 3) each
-    # A - C for every primitive centre A and nucleus C, in float64 on the host (see _nuclear)
-    shifts = [centre[None, :, :] - c[: len(b.charges), None, :] for b, c, centre in zip(bases, coords, centres)]
-    return _call(list(bases), centres, shifts, dtype, capacity)
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class OneElectronLayout:
+    """What the kernel reads of a basis besides its values: the same for every molecule of a size
+    bucket's template (:mod:`pyscf_ipu.templates`), whichever elements fill its slots. ``lmax`` is
+    static (the Hermite tables' size)."""
+
+    columns: np.ndarray  # (P,) int: each primitive's Cartesian AO
+    cart2sph: np.ndarray  # (Nc, N)
+    powers: np.ndarray  # (P, 3) int
+    atom: np.ndarray  # (P,) int
+    sites: np.ndarray  # (S,) int: a representative primitive of each (atom, exponent)
+    site_pair_of_row: np.ndarray  # (M,) int
+    rows: np.ndarray  # (2, M): primitive pairs alpha <= beta (the matrices are symmetric)
+    site_pairs: np.ndarray  # (2, Ms): pairs of sites s <= t
+    lmax: int = field(metadata=dict(static=True))
+
+
+def layout_of(basis: PrimitiveBasis) -> OneElectronLayout:
+    """The :class:`OneElectronLayout` of ``basis`` (the sites from its exponents: which primitives of an
+    atom share one; the same for every element of a kind, see :func:`~pyscf_ipu.buckets.element_kind`)."""
+    pairs = _pairs(basis.atom, basis.exponents)
+    return OneElectronLayout(
+        columns=np.argmax(basis.contraction != 0, axis=1).astype(np.int32),
+        cart2sph=basis.cart2sph,
+        powers=basis.powers,
+        atom=basis.atom,
+        sites=pairs.sites,
+        site_pair_of_row=pairs.site_pair_of_row,
+        rows=pairs.rows,
+        site_pairs=pairs.site_pairs,
+        lmax=int(basis.powers.sum(axis=1).max()),
+    )
+
+
+def coefficients_of(basis: PrimitiveBasis) -> np.ndarray:
+    """(P,) each primitive's coefficient in its Cartesian AO (the one entry of its contraction row)."""
+    columns = np.argmax(basis.contraction != 0, axis=1)
+    return basis.contraction[np.arange(len(columns)), columns]
+
+
+def one_electron_matrices(layout: OneElectronLayout, exponents, coefficients, charges, one_centre, coords
+                          ) -> dict[str, jax.Array]:  # fmt: skip
+    """{"overlap", "kinetic", "nuclear"}: (N, N) spherical AO matrices of one conformer, in the
+    precision of ``coords`` (natm, 3) Bohr, from the basis's values: ``exponents`` and
+    ``coefficients`` (P,) of the primitives, nuclear ``charges`` (natm,) and the one-centre
+    integrals ``one_centre`` (3, N, N) (see :class:`~.basis.PrimitiveBasis`). Traced; the primitive
+    centres' displacements from the nuclei are formed here, in the positions' precision."""
+    dtype = coords.dtype
+    centres = coords[layout.atom]  # (P, 3)
+    contraction = jnp.zeros((len(layout.columns), layout.cart2sph.shape[0]), dtype)
+    contraction = contraction.at[jnp.arange(len(layout.columns)), layout.columns].set(coefficients.astype(dtype))
+    basis = _KernelBasis(exponents=exponents.astype(dtype), contraction=contraction,
+                         cart2sph=jnp.asarray(layout.cart2sph, dtype), charges=charges.astype(dtype),
+                         one_centre=one_centre.astype(dtype), powers=layout.powers, atom=layout.atom,
+                         sites=layout.sites, site_pair_of_row=layout.site_pair_of_row, centres=centres,
+                         centre_shifts=centres[None, :, :] - coords[:, None, :])  # fmt: skip
+    return _one_electron(basis, layout.rows, layout.site_pairs, layout.lmax)
 
 
 def one_electron_at(basis: PrimitiveBasis, coords: jax.Array) -> dict[str, jax.Array]:
-    """As :func:`one_electron`, with the atom positions ``coords`` (natm, 3) a JAX array, to differentiate."""
-    centres = coords[jnp.asarray(basis.atom)]  # (P, 3)
-    out = _call([basis], [centres], [centres[None, :, :] - coords[:, None, :]], coords.dtype, None)
-    return {k: v[0] for k, v in out.items()}
+    """:func:`one_electron_matrices` of ``basis`` at the atom positions ``coords`` (natm, 3), a JAX
+    array to differentiate."""
+    return one_electron_matrices(layout_of(basis), jnp.asarray(basis.exponents), jnp.asarray(coefficients_of(basis)),
+                                 jnp.asarray(basis.charges), jnp.asarray(basis.one_centre), coords)  # fmt: skip
 
 
 class _Pairs(NamedTuple):
@@ -79,100 +120,39 @@ class _Pairs(NamedTuple):
     site_pair_of_row: np.ndarray  # (M,): the site pair of each primitive pair
 
 
-def _pairs(atom: np.ndarray, exponents: np.ndarray, count: int) -> _Pairs:
+def _pairs(atom: np.ndarray, exponents: np.ndarray) -> _Pairs:
     """The nuclear attraction's Hermite integrals R depend on a primitive pair only through its
     exponents and centres, which the Cartesian components of a shell (and, in Pople bases, the s and
-    p shells of an sp set) share: they are computed once per distinct pair of (atom, exponent).
-    The sites are padded to ``count`` (the extra ones repeat the first; computed, never read)."""
+    p shells of an sp set) share: they are computed once per distinct pair of (atom, exponent)."""
     keys = np.stack([atom.astype(np.float64), exponents], 1)
     _, sites, site_of = np.unique(keys, axis=0, return_index=True, return_inverse=True)
     site_of = site_of.reshape(-1)
-    sites = np.concatenate([sites, np.repeat(sites[:1], count - len(sites))])
     rows = np.stack(np.triu_indices(len(exponents)))
     site_pairs = np.stack(np.triu_indices(len(sites)))
     lookup = np.zeros((len(sites), len(sites)), np.int64)
     lookup[site_pairs[0], site_pairs[1]] = np.arange(site_pairs.shape[1])
     first, second = np.sort(site_of[rows], axis=0)
-    return _Pairs(rows, sites, site_pairs, lookup[first, second])
-
-
-def _call(bases: list[PrimitiveBasis], centres: list, centre_shifts: list, dtype, capacity: PrimitiveBasis | None):
-    """The kernel on the conformers' basis arrays and their positions: ``centres`` (P, 3) and
-    ``centre_shifts`` (natm, P, 3) per conformer, host float64 or (the forces) JAX arrays.
-
-    Every size is padded to that of ``capacity`` (default: the largest basis), rounded up to a bucket
-    (:func:`~pyscf_ipu.padding.padded_size`), so that molecules of one size bucket share the compiled
-    kernel: extra primitives repeat primitive 0 with no weight in any AO (so they share its site
-    too), extra nuclei have no charge, extra AOs are zero; the matrices are cut back to the
-    capacity's (N, N).
-    """
-    reference = capacity or max(bases, key=lambda b: b.exponents.shape[0])
-    nprim = padded_size(max(reference.exponents.shape[0], *(b.exponents.shape[0] for b in bases)), minimum=8)
-    ncart = padded_size(max(b.cart2sph.shape[0] for b in [reference, *bases]), minimum=8)
-    n = max(b.cart2sph.shape[1] for b in [reference, *bases])
-    naos = padded_size(n, minimum=8)
-    natm = padded_size(max(len(b.charges) for b in [reference, *bases]), minimum=4)
-    sites = padded_size(max(_site_count(b) for b in {id(b): b for b in [reference, *bases]}.values()), minimum=8)
-    lmax = int(max(b.powers.sum(axis=1).max() for b in [reference, *bases]))
-    distinct = {id(b): _member_arrays(b, nprim, ncart, naos, natm, sites) for b in bases}  # a batch's conformers
-    members = [distinct[id(b)] for b in bases]  # share their molecule's arrays
-    stacked = {k: np.stack([m[k] for m in members]) for k in members[0] if k != "source"}
-    xp = jnp if any(isinstance(c, jax.core.Tracer) for c in centres) else np  # the forces trace the positions
-    source = [m["source"] for m in members]
-    centres = xp.stack([c[i] for c, i in zip(centres, source)])  # (B, P', 3)
-    centre_shifts = xp.stack([xp.pad(s[:, i], ((0, natm - s.shape[0]), (0, 0), (0, 0)))
-                              for s, i in zip(centre_shifts, source)])  # (B, natm', P', 3)  # fmt: skip
-    rows = np.stack(np.triu_indices(nprim))
-    site_pairs = np.stack(np.triu_indices(sites))
-    cast = (lambda a: a.astype(dtype)) if xp is jnp else (lambda a: np.asarray(a, dtype))  # host: one transfer
-    arrays = {k: cast(v) if k in _FLOATS else v for k, v in stacked.items()}
-    basis = _KernelBasis(**arrays, centres=cast(centres), centre_shifts=cast(centre_shifts))
-    return one_electron_program(basis, rows, site_pairs, lmax, n)
-
-
-_FLOATS = ("exponents", "contraction", "cart2sph", "charges", "one_centre")  # in the run's dtype; the rest integers
+    return _Pairs(rows.astype(np.int32), sites.astype(np.int32), site_pairs.astype(np.int32),
+                  lookup[first, second].astype(np.int32))  # fmt: skip
 
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class _KernelBasis:
-    """A conformer's basis and positions as the kernel reads them, padded to the batch's sizes (see
-    :func:`_call`): P' primitives, C' Cartesian functions, N' AOs, A' nuclei, S' sites."""
+    """A conformer's basis and positions as the kernel reads them: P primitives, C Cartesian
+    functions, N AOs, A nuclei, S sites."""
 
-    exponents: jax.Array  # (P',)
-    contraction: jax.Array  # (P', C')
-    cart2sph: jax.Array  # (C', N')
-    charges: jax.Array  # (A',)
-    one_centre: jax.Array  # (3, N', N')  overlap, kinetic and own-nucleus attraction of one-atom pairs
-    powers: jax.Array  # (P', 3) int
-    atom: jax.Array  # (P',) int
-    sites: jax.Array  # (S',) int  a representative primitive of each (atom, exponent) site
+    exponents: jax.Array  # (P,)
+    contraction: jax.Array  # (P, C)
+    cart2sph: jax.Array  # (C, N)
+    charges: jax.Array  # (A,)
+    one_centre: jax.Array  # (3, N, N)  overlap, kinetic and own-nucleus attraction of one-atom pairs
+    powers: jax.Array  # (P, 3) int
+    atom: jax.Array  # (P,) int
+    sites: jax.Array  # (S,) int  a representative primitive of each (atom, exponent) site
     site_pair_of_row: jax.Array  # (M,) int  each primitive pair's site pair
-    centres: jax.Array  # (P', 3)
-    centre_shifts: jax.Array  # (A', P', 3)  A - C of each nucleus C and primitive centre A
-
-
-def _site_count(basis: PrimitiveBasis) -> int:
-    return len(np.unique(np.stack([basis.atom.astype(np.float64), basis.exponents], 1), axis=0))
-
-
-def _member_arrays(basis: PrimitiveBasis, nprim: int, ncart: int, naos: int, natm: int, sites: int) -> dict:
-    """One conformer's basis arrays padded to the batch's sizes (see :func:`_call`)."""
-    p, (c, n), a = basis.exponents.shape[0], basis.cart2sph.shape, len(basis.charges)
-    source = np.concatenate([np.arange(p), np.zeros(nprim - p, int)])  # (P',) the primitive each row copies
-    pairs = _pairs(basis.atom[source], basis.exponents[source], sites)
-    return {
-        "source": source,
-        "exponents": basis.exponents[source],
-        "contraction": np.pad(basis.contraction, ((0, nprim - p), (0, ncart - c))),
-        "cart2sph": np.pad(basis.cart2sph, ((0, ncart - c), (0, naos - n))),
-        "charges": np.pad(basis.charges, (0, natm - a)),
-        "one_centre": np.pad(basis.one_centre, ((0, 0), (0, naos - n), (0, naos - n))),
-        "powers": basis.powers[source],
-        "atom": basis.atom[source],
-        "sites": pairs.sites,
-        "site_pair_of_row": pairs.site_pair_of_row,
-    }
+    centres: jax.Array  # (P, 3)
+    centre_shifts: jax.Array  # (A, P, 3)  A - C of each nucleus C and primitive centre A
 
 
 def _select(table, i, j, t: int):
@@ -233,17 +213,6 @@ def _one_electron(basis: _KernelBasis, rows, site_pairs, lmax: int) -> dict[str,
 
     return {"overlap": spherical(overlap) + one_centre[0], "kinetic": spherical(kinetic) + one_centre[1],
             "nuclear": spherical(nuclear) + one_centre[2]}  # fmt: skip
-
-
-def _one_electron_members(basis: _KernelBasis, rows, site_pairs, lmax: int, naos: int) -> dict[str, jax.Array]:
-    """:func:`_one_electron` over conformers: ``basis`` with a leading axis (B, ...), the shared
-    ``rows`` and ``site_pairs``; the matrices cut to ``naos`` AOs (in the program: a slice outside it
-    is a program of its own)."""
-    out = jax.vmap(lambda member: _one_electron(member, rows, site_pairs, lmax))(basis)
-    return {key: value[..., :naos, :naos] for key, value in out.items()}
-
-
-one_electron_program = compiled(_one_electron_members, static_argnums=(3, 4))
 
 
 def _nuclear_hermite(exponents, centres, charges, centre_shifts, atom, sites, site_pairs, order: int):

@@ -8,7 +8,7 @@ from functools import lru_cache
 import jax
 import numpy as np
 
-from .contract import contract, layout, place, rows_layout_batch
+from .contract import contract, layout, place, rows_layout
 from .model import IPUModel
 from ..padding import padded_size, stack_members
 from .plan import TilePlan, Workload, plan, plan_on
@@ -45,16 +45,18 @@ class IPUJK:
         return plan_on(workload, self.model, shape.strategy.name, shape.num_ipus)
 
     def prepare(self, eris, nao_padded, dtype):
-        """The conformers' layouts, stacked. Where they share one ``rows`` layout on one device (the
-        usual case: conformers have the same AO count and nearly the same integral count), the row
-        matrices of the whole batch are gathered by one vmapped program, straight into the stack."""
-        shapes = [self.shape_plan(nao_padded, eri.kept, np.dtype(dtype).itemsize) for eri in eris]
-        sharded = shapes[0].num_ipus > 1 and len(jax.devices()) >= shapes[0].num_ipus  # placed IPU by IPU
-        batched = None if sharded else rows_layout_batch(shapes, eris, dtype)
-        if batched is not None:
-            return batched
+        """The layouts of a batch's ERIs ``eris`` (C, s8 size of ``nao_padded``) on the device, planned
+        for the bucket's unscreened integral count (so the plan is the bucket's, made once). The
+        ``rows`` strategy on one device builds every conformer's row blocks there, in one program; the
+        ``s8`` strategy and IPUs placed device by device sort the integrals out on the host."""
+        value_bytes = np.dtype(dtype).itemsize
+        shape = self.shape_plan(nao_padded, s8_size(nao_padded), value_bytes)
+        sharded = shape.num_ipus > 1 and len(jax.devices()) >= shape.num_ipus  # placed IPU by IPU
+        if shape.strategy.name == "rows" and not sharded:
+            return rows_layout(shape, eris)
+        members = [PackedERI.of(np.asarray(s8)) for s8 in np.asarray(eris)]
         return stack_members([place(layout(shape, self.real_plan(shape, eri.nao, eri.kept), eri, dtype), shape.num_ipus)
-                              for shape, eri in zip(shapes, eris)])  # fmt: skip
+                              for eri in members])  # fmt: skip
 
     def layout_bytes(self, bucket, value_bytes: int) -> int:
         """Peak bytes of :meth:`prepare` for one conformer of ``bucket`` (a

@@ -18,7 +18,7 @@ exchange is a ``psum`` (s8) or an ``all_gather`` (rows). Otherwise the IPU axis 
 
 from __future__ import annotations
 
-from functools import partial
+from functools import lru_cache, partial
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +28,6 @@ from jax.sharding import PartitionSpec as P
 
 from ..packed import degeneracy_weights, pair_index, row_matrix, s8_accumulate, s8_to_s4, symmetrise, tril_unpack
 from ..packed import PackedERI, unique_quartets, unpack_pairs
-from ..padding import stack_padded
 from ..programs import compiled, on_device
 from .plan import TilePlan
 
@@ -100,8 +99,8 @@ def layout(shape_plan: TilePlan, real_plan: TilePlan, eri: PackedERI, dtype) -> 
     if shape_plan.strategy.name == "rows":
         # Cast on the host: half the bytes to send; unpacked on the device. Padded AOs' pairs last.
         s8 = jnp.asarray(eri.s8.astype(dtype))[None]  # a batch of one
-        rows = _tiled_rows(s8, row_placement(shape_plan), eri.nao, shape_plan.workload.nao)[0]
-        return _rows_arrays(shape_plan, rows)
+        rows = _tiled_rows(s8, row_placement(shape_plan), eri.nao, shape_plan.workload.nao)
+        return jax.tree.map(lambda a: a[0], {"rows": rows, **_shared_rows_arrays(shape_plan, 1)})
     values, index = unique_quartets(eri.s8, eri.nao)
     values = (values * degeneracy_weights(index)).astype(dtype)
     return {
@@ -110,35 +109,27 @@ def layout(shape_plan: TilePlan, real_plan: TilePlan, eri: PackedERI, dtype) -> 
     }
 
 
-def _rows_arrays(shape_plan: TilePlan, rows: jax.Array) -> dict:
-    """The ``rows`` strategy's arrays around its row blocks (num_ipus, T, L, npair_pad) from
-    :func:`_tiled_rows`, or (B, num_ipus, T, L, npair_pad) for a batch, whose other arrays then get
-    the batch axis too."""
+def rows_layout(shape_plan: TilePlan, eris: jax.Array) -> dict:
+    """:func:`layout` of a batch's ERIs ``eris`` (C, s8 size), the s8 arrays of the plan's padded AOs
+    (padded AOs' integrals zero), for a ``rows`` plan: the row blocks of all of them built on the
+    device by one vmapped program; the index arrays the contraction reads are the plan's."""
+    npad = shape_plan.workload.nao
+    rows = _tiled_rows(eris, row_placement(shape_plan), npad, npad)
+    return {"rows": rows, **_shared_rows_arrays(shape_plan, rows.shape[0])}
+
+
+@lru_cache(maxsize=8)
+def _shared_rows_arrays(shape_plan: TilePlan, batch: int) -> dict:
+    """The ``rows`` strategy's index arrays for a batch of ``batch`` conformers, on the device once."""
     npad = shape_plan.workload.nao
     npair_pad = npad * (npad + 1) // 2
-    batch = rows.shape[:-4]
     i, j = tril_unpack(np.arange(npair_pad))  # the AOs of each pair
     shared = {
         "order": _order(shape_plan),  # (2 npair_pad,)
         "pair_aos": np.stack([i, j]).astype(np.int32),  # (2, npair_pad)
         "pairs": pair_index(npad),  # (Np, Np)
     }
-    shared = {k: np.broadcast_to(v, batch + v.shape) for k, v in shared.items()}
-    return {"rows": rows, **shared}
-
-
-def rows_layout_batch(shape_plans: list[TilePlan], eris: list[PackedERI], dtype) -> dict | None:
-    """:func:`layout` of a batch of conformers that share one ``rows`` plan and AO count, stacked,
-    with the row blocks of all of them built by one vmapped program; None if they do not."""
-    first, nao = shape_plans[0], eris[0].nao
-    if any(p.strategy.name != "rows" for p in shape_plans) or any(e.nao != nao for e in eris):
-        return None
-    placement = row_placement(first)  # with one padded AO count (the caller's), equal placements mean one layout
-    if any(row_placement(p) != placement for p in shape_plans[1:]):
-        return None
-    stacked = stack_padded([e.s8 for e in eris], dtype)  # libcint's float64 cast on the host: half the bytes to send
-    rows = _tiled_rows(stacked, placement, nao, first.workload.nao)
-    return on_device(_rows_arrays(first, rows))
+    return on_device({k: np.ascontiguousarray(np.broadcast_to(v, (batch,) + v.shape)) for k, v in shared.items()})
 
 
 def _tiled_rows(s8, placement, nao: int, nao_padded: int) -> jax.Array:

@@ -1,0 +1,307 @@
+"""The generator on this machine's JAX device (a GPU where there is one), as a user runs it, in one call
+inside a time budget: conformers per hour, the host's work beside the device's, the device's busy
+share, PySCF on every host core, and the labels against PySCF.
+
+    python benchmarks/gpu.py [--budget 480] [--size full|tiny] [--phases ...] [--json FILE]
+
+Phases, in this order, each skipped (and said so) where the time left cannot hold it:
+
+- ``sto3g``: ``qm1b generate`` over distinct molecules of 9-11 heavy atoms of the built-in sample,
+  SMILES to labels, QM1B's settings (B3LYP5/STO-3G, grid level 0, float32), every other setting the
+  generator's default: cold (a new process, empty program and compilation caches), then restarted
+  (a new process, the caches filled). Conformers per hour, wall time by stage, and the host's CPU time
+  per conformer by stage (the generator's own clock: CPU time outside compiled programs, worker
+  threads included; what a run pays once, loading programs and building templates, apart). On an
+  NVIDIA GPU the utilisation that ``nvidia-smi`` samples every 0.2 s through the restarted run.
+- ``def2svp``: the same, restarted after a cold run, for molecules of 15-20 heavy atoms at
+  def2-SVP with density fitting, on the device's own integrals (``--integrals jax``: the path a GPU
+  takes by default, forced where the device is a CPU).
+- ``pyscf``: PySCF (RKS, its default convergence) over every host core, one single-threaded
+  process per core, on the STO-3G run's very conformers (read back from its dataset).
+- ``labels``: ours minus PySCF float64 on those conformers (and PySCF's density fitting on the
+  def2-SVP ones, where that phase ran), in meV.
+
+It needs JAX, PySCF, RDKit and h5py, and nothing from the network: on a machine without PySCF and
+RDKit, unpack ``gpu_deps.sh``'s archive and put it on ``PYTHONPATH`` (see benchmarks/README.md).
+``--size tiny`` runs two molecules of two conformers each, the STO-3G phases only: the test suite's
+smoke test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HARTREE_TO_MEV = 27211.386245988
+LABELS = ("energy", "homo", "lumo", "y")
+PHASES = ("sto3g", "def2svp", "pyscf", "labels")
+# def2-SVP molecules of 15 to 20 heavy atoms (C, H, N, O): ibuprofen, melatonin, naproxen, practolol
+DEF2SVP_SMILES = ["CC(C)Cc1ccc(cc1)C(C)C(=O)O", "COc1ccc2[nH]cc(CCNC(C)=O)c2c1", "COc1ccc2cc(ccc2c1)C(C)C(=O)O",
+                  "CC(C)NCC(O)COc1ccc(NC(C)=O)cc1"]  # fmt: skip
+SIZES = {"full": {"molecules": 12, "conformers": 32, "def2svp": 4}, "tiny": {"molecules": 2, "conformers": 2, "def2svp": 0}}
+
+
+class Budget:
+    """The seconds left of the run's budget."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    @property
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+class DeviceMonitor:
+    """``nvidia-smi``'s GPU utilisation (percent), sampled every ``period_ms`` while the block runs;
+    nothing where there is no ``nvidia-smi``."""
+
+    def __init__(self, period_ms: int = 200):
+        self.period_ms, self.samples, self._process = period_ms, [], None
+
+    def __enter__(self):
+        if shutil.which("nvidia-smi"):
+            command = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", f"-lms={self.period_ms}"]
+            self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            threading.Thread(target=self._read, daemon=True).start()
+        return self
+
+    def _read(self):
+        for line in self._process.stdout:
+            try:
+                self.samples.append(float(line.split(",")[0]))
+            except ValueError:
+                continue
+
+    def __exit__(self, *exc):
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait()
+
+    def summary(self) -> dict | None:
+        """Mean utilisation over the whole run, and over its steady state (from the first sample
+        above zero to the last: the process's start and end, loading programs, left out)."""
+        if not self.samples:
+            return None
+        busy = [k for k, u in enumerate(self.samples) if u > 0]
+        steady = self.samples[busy[0] : busy[-1] + 1] if busy else []
+        return {"samples": len(self.samples), "mean_percent": statistics.fmean(self.samples),
+                "steady_mean_percent": statistics.fmean(steady) if steady else 0.0,
+                "steady_idle_share": sum(u == 0 for u in steady) / len(steady) if steady else 1.0}  # fmt: skip
+
+
+@dataclass
+class Run:
+    """One ``qm1b generate`` process."""
+
+    wall: float  # the process's seconds, its start and imports included
+    summary: dict | None  # the generator's own report (None: it did not finish)
+    device: dict | None  # the GPU's utilisation through it
+    error: str = ""
+
+
+def generate(out: Path, cache: Path, smiles: Path, extra: list[str], timeout: float) -> Run:
+    """``qm1b generate`` in a new process over ``smiles`` into ``out``, with the program and compilation
+    caches in ``cache``; stopped after ``timeout`` seconds."""
+    report = out.with_suffix(".json")
+    command = [sys.executable, "-m", "qm1b.cli", "generate", "--smiles", str(smiles), "--out", str(out),
+               "--no-progress", "--report", str(report), *extra]  # fmt: skip
+    env = {**os.environ, "PYSCF_IPU_CACHE": str(cache), "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
+    start = time.perf_counter()
+    with DeviceMonitor() as monitor:
+        try:
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=max(1.0, timeout))
+        except subprocess.TimeoutExpired:
+            return Run(time.perf_counter() - start, None, monitor.summary(), f"stopped after {timeout:.0f} s")
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        return Run(wall, None, monitor.summary(), (done.stderr.strip().splitlines() or ["exit code %d" % done.returncode])[-1])
+    return Run(wall, json.loads(report.read_text())[0], monitor.summary())
+
+
+def describe(name: str, run: Run) -> list[str]:
+    """What one run printed to the console: rate, host work by stage, wall time by stage, device use."""
+    if run.summary is None:
+        return [f"{name}: did not finish ({run.error})"]
+    s = run.summary
+    n = max(1, s["conformers"] + s["failures"])
+    host = {k: 1000 * v / n for k, v in s["host"].items() if k not in s["once_seconds"]}
+    lines = [f"{name}: {s['conformers']} conformers in {s['seconds']:.1f} s ({run.wall:.1f} s with the process's "
+             f"start): {s['conformers_per_hour']:,.0f} conformers per hour, {s['seconds'] / n:.3f} s per conformer; "
+             f"{s['converged']}/{s['conformers']} converged",
+             f"  host CPU per conformer: {s['host_ms_per_conformer']:.2f} ms ("
+             + ", ".join(f"{k} {v:.2f}" for k, v in sorted(host.items(), key=lambda kv: -kv[1])) + "), and once: "
+             + ", ".join(f"{k} {v:.1f} s" for k, v in s["once_seconds"].items()),
+             "  wall by stage per conformer: " + ", ".join(f"{k} {1000 * v / n:.1f} ms" for k, v in
+                                                            sorted(s["timings"].items(), key=lambda kv: -kv[1]))]  # fmt: skip
+    if run.device is not None:
+        d = run.device
+        lines.append(f"  GPU utilisation: {d['mean_percent']:.0f}% over the run, {d['steady_mean_percent']:.0f}% over "
+                     f"its steady state ({d['steady_idle_share']:.0%} of those samples idle; {d['samples']} samples)")
+    return lines
+
+
+def pyscf_one(task: tuple) -> dict:
+    """One conformer by PySCF (RKS at the run's settings, its default convergence), labels in eV."""
+    numbers, positions, basis, fitted = task
+    from pyscf import dft, gto
+
+    start = time.perf_counter()
+    mol = gto.M(atom=[(int(z), tuple(p)) for z, p in zip(numbers, positions)], unit="Bohr", basis=basis, verbose=0)
+    mf = dft.RKS(mol, xc="b3lyp5")
+    mf.grids.level = 0
+    if fitted:
+        mf = mf.density_fit()
+    energy = mf.kernel()
+    nocc = mol.nelectron // 2
+    homo, lumo = mf.mo_energy[nocc - 1], mf.mo_energy[nocc]
+    ev = HARTREE_TO_MEV / 1000
+    return {"energy": energy * ev, "homo": homo * ev, "lumo": lumo * ev, "y": (lumo - homo) * ev,
+            "converged": bool(mf.converged), "seconds": time.perf_counter() - start}  # fmt: skip
+
+
+def conformers_of(directory: Path) -> list[dict]:
+    """The dataset's records (atomic numbers, positions in Bohr, labels), ordered by key."""
+    from qm1b.store import open_dataset
+
+    with open_dataset(directory) as dataset:
+        records = sorted(dataset.records(), key=lambda r: (r["molecule_id"], r["conformer_id"]))
+    return [{"z": r["z"], "pos": r["pos"].astype(float), **{q: float(r[q]) for q in LABELS}} for r in records]
+
+
+def pyscf_on_every_core(records: list[dict], basis: str, fitted: bool, timeout: float) -> tuple[list[dict], float] | None:
+    """PySCF over ``records``, one single-threaded process per host core: (labels, wall seconds), or
+    None past ``timeout``."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    os.environ.update(dict.fromkeys(saved, "1"))  # the workers inherit it before they import numpy
+    try:
+        start = time.perf_counter()
+        with ProcessPoolExecutor(cores, mp_context=get_context("spawn")) as pool:
+            futures = [pool.submit(pyscf_one, (r["z"], r["pos"], basis, fitted)) for r in records]
+            labels = [f.result(timeout=max(1.0, timeout - (time.perf_counter() - start))) for f in futures]
+        return labels, time.perf_counter() - start
+    except TimeoutError:
+        return None
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def label_differences(ours: list[dict], theirs: list[dict]) -> dict:
+    """The largest |ours - PySCF| per label (meV), and the converged counts."""
+    return {**{q: max(abs(a[q] - b[q]) * 1000 for a, b in zip(ours, theirs)) for q in LABELS},
+            "pyscf_converged": sum(b["converged"] for b in theirs), "count": len(theirs)}  # fmt: skip
+
+
+def write_smiles(path: Path, smiles: list[str]) -> Path:
+    path.write_text("".join(f"{s} m{k}\n" for k, s in enumerate(smiles)))
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget", type=float, default=480.0, help="seconds the whole run may take (default: 480)")
+    parser.add_argument("--size", choices=tuple(SIZES), default="full")
+    parser.add_argument("--phases", default=",".join(PHASES), help=f"of {', '.join(PHASES)} (default: all)")
+    parser.add_argument("--json", metavar="FILE", help="also write every figure here")
+    parser.add_argument("--work", metavar="DIR", help="keep the datasets and caches here (default: a temporary folder)")
+    args = parser.parse_args()
+    budget = Budget(args.budget)
+    phases = set(args.phases.split(","))
+    if phases - set(PHASES):
+        parser.error(f"unknown phases {sorted(phases - set(PHASES))}: choose from {', '.join(PHASES)}")
+    size = SIZES[args.size]
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gpu-benchmark-"))
+    work.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(ROOT))
+    import jax
+
+    from pyscf_ipu.programs import device_description
+    from qm1b.inputs import builtin_sample
+
+    device = device_description()
+    print(f"device: {device}; JAX {jax.__version__}; {os.cpu_count()} host cores; budget {args.budget:.0f} s", flush=True)
+    results: dict = {"device": device, "jax": jax.__version__, "size": args.size}
+
+    sample = [m.smiles for m in builtin_sample() if m.heavy_atoms is not None and 9 <= m.heavy_atoms <= 11]
+    sto3g = write_smiles(work / "sto3g.smi", sample[: size["molecules"]])
+    common = ["--conformers", str(size["conformers"])]
+    if "sto3g" in phases:
+        cache = work / "cache-sto3g"
+        for window in ("cold", "restarted"):
+            if budget.left < 30:
+                print(f"sto3g {window}: skipped, {budget.left:.0f} s left")
+                continue
+            out = work / f"sto3g-{window}"
+            shutil.rmtree(out, ignore_errors=True)
+            run = generate(out, cache, sto3g, common, budget.left - 20)
+            results[f"sto3g_{window}"] = run.__dict__
+            print("\n".join(describe(f"STO-3G {window}", run)), flush=True)
+
+    if "def2svp" in phases and size["def2svp"]:
+        smiles = write_smiles(work / "def2svp.smi", DEF2SVP_SMILES[: size["def2svp"]])
+        extra = ["--conformers", "1", "--basis", "def2-svp", "--jk", "df", "--integrals", "jax"]
+        cache = work / "cache-def2svp"
+        for window in ("cold", "restarted"):
+            if budget.left < 60:
+                print(f"def2svp {window}: skipped, {budget.left:.0f} s left")
+                continue
+            out = work / f"def2svp-{window}"
+            shutil.rmtree(out, ignore_errors=True)
+            run = generate(out, cache, smiles, extra, budget.left - 30)
+            results[f"def2svp_{window}"] = run.__dict__
+            print("\n".join(describe(f"def2-SVP {window}", run)), flush=True)
+
+    restarted = work / "sto3g-restarted"
+    if {"pyscf", "labels"} & phases and results.get("sto3g_restarted", {}).get("summary"):
+        records = conformers_of(restarted)
+        done = pyscf_on_every_core(records, "sto-3g", False, budget.left - 10) if budget.left > 30 else None
+        if done is None:
+            print("PySCF: skipped or stopped, the budget ran out")
+        else:
+            labels, seconds = done
+            rate = 3600 * len(records) / seconds
+            ours = results["sto3g_restarted"]["summary"]["conformers_per_hour"]
+            results["pyscf_sto3g"] = {"conformers_per_hour": rate, "seconds": seconds, "count": len(records)}
+            print(f"PySCF, one process per host core: {rate:,.0f} conformers per hour; ours restarted "
+                  f"{ours / rate:.2f}x that", flush=True)
+            if "labels" in phases:
+                results["labels_sto3g_mev"] = differences = label_differences(records, labels)
+                print("labels, ours - PySCF float64 (largest, meV): "
+                      + ", ".join(f"{q} {differences[q]:.3f}" for q in LABELS)
+                      + f"; PySCF converged {differences['pyscf_converged']}/{differences['count']}", flush=True)
+    fitted = work / "def2svp-restarted"
+    if "labels" in phases and results.get("def2svp_restarted", {}).get("summary") and budget.left > 60:
+        records = conformers_of(fitted)
+        done = pyscf_on_every_core(records, "def2-svp", True, budget.left - 10)
+        if done is not None:
+            results["labels_def2svp_mev"] = differences = label_differences(records, done[0])
+            print("def2-SVP labels, ours - PySCF's density fitting (largest, meV): "
+                  + ", ".join(f"{q} {differences[q]:.3f}" for q in LABELS), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"done, {budget.left:.0f} s of the budget left")
+
+
+if __name__ == "__main__":
+    main()

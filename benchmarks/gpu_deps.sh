@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Pack PySCF and RDKit for a GPU machine without them or the network: their CPython 3.12 x86-64 wheels,
+# unpacked into one folder and trimmed, as one .tar.xz (about 49 MB) that travels with the working tree.
+#   benchmarks/gpu_deps.sh [ARCHIVE]          default: .gpu/deps.tar.xz (ignored by git)
+# There, in the repository's root:
+#   mkdir -p /tmp/site && tar -xJf .gpu/deps.tar.xz -C /tmp/site
+#   PYTHONPATH=/tmp/site:. python3 benchmarks/gpu.py --budget 480 --json gpu.json
+# The versions are this environment's own, so that both machines label with the same code. Trimmed:
+# pyscf/pbc (periodic systems; its library libpbc.so stays, pyscf's DFT library links it), pyscf's
+# bundled xcfun (lib/deps/lib64; libxc serves every functional here) and rdkit/Contrib.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+archive="${1:-.gpu/deps.tar.xz}"
+python="${PY:-.venv/bin/python}"
+version() { "$python" -c "import importlib.metadata as m; print(m.version('$1'))"; }
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+"$python" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$work/wheels" "pyscf==$(version pyscf)" "rdkit==$(version rdkit)"
+mkdir -p "$work/site"
+for wheel in "$work"/wheels/*.whl; do
+    "$python" -m zipfile -e "$wheel" "$work/site"
+done
+find "$work/site/pyscf/pbc" -mindepth 1 -delete
+rmdir "$work/site/pyscf/pbc"
+rm -rf "$work/site/pyscf/lib/deps/lib64" "$work/site/rdkit/Contrib"
+mkdir -p "$(dirname "$archive")"
+tar -cJf "$archive" -C "$work/site" .
+echo "$archive: $(du -h "$archive" | cut -f1) (pyscf $(version pyscf), rdkit $(version rdkit), cp312)"

@@ -1,0 +1,243 @@
+"""A batch's integrals, grid and guess as padded device arrays (:class:`BatchIntegrals`), and the device
+programs that assemble them from a size bucket's template.
+
+What the host sends for a batch of C conformers of one bucket is their atom positions and each
+slot's element row (:meth:`~pyscf_ipu.buckets.SizeBucket.place`); the bucket's template layout and
+element tables (:mod:`pyscf_ipu.templates`) are on the device already. One program then gathers each
+conformer's basis values from the tables and evaluates, in float64, the one-electron integrals, the
+Becke grid's weights, the nuclear repulsion and the superposition-of-atoms guess, and in the loop's
+precision the AO values on the grid; the ERIs follow from the bucket's ERI plan
+(:func:`~pyscf_ipu.integrals.eri.eri_s8`). Nothing of it depends on a molecule's composition but
+data, so every molecule of the bucket runs these programs, and a batch may mix them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .grid import AtomGrids, grid_coords_and_weights
+from .integrals.ao_values import AOConstants, ao_kernel
+from .integrals.eri import ShellValues, _static, _structure, chunk_batch, eri_s8
+from .integrals.eri_kernels import pair_program
+from .integrals.fitting import (COMPANION_COEFFICIENT, FittingPlan, factor_program, fitting_static, fitting_structure,
+                                plan_arrays, plan_fitting)
+from .integrals.one_electron import OneElectronLayout, layout_of, one_electron_matrices
+from .molecule import Molecule
+from .packed import FittedFactor
+from .programs import compiled, on_device
+from .templates import BucketTemplate, ElementTables, SlotRows
+
+if TYPE_CHECKING:
+    from .prepare import PreparedProblem
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class BatchIntegrals:
+    """A batch's integrals, grid and guess, C conformers padded to their bucket's shapes (Np AOs, Gp
+    grid points), on the device. Padded AOs (a template's absent slots, or those past a molecule's
+    own) have zero rows and columns; padded grid points weigh nothing."""
+
+    overlap: jax.Array  # (C, Np, Np) float64
+    hcore: jax.Array  # (C, Np, Np) float64  T + V
+    guess: jax.Array  # (C, Np, Np) float64  the initial density
+    nuclear_repulsion: jax.Array  # (C,) float64
+    weights: jax.Array  # (C, Gp) float64
+    ao: jax.Array  # (C, 4, Gp, Np)  AO values and x/y/z derivatives, in the loop's precision
+    real: jax.Array  # (C, Np) bool  the molecule's own AOs
+    occupied: jax.Array  # (C,) int32  doubly occupied orbitals
+    eris: jax.Array  # (C, s8 size of Np)  the ERIs in the loop's precision, PySCF's s8 packing; or the
+    # density-fitted factor where the J-K backend fits (then (C, Qp, npair + 1), see jk.FittedJK)
+
+
+@dataclass(frozen=True, eq=False)
+class BatchMember:
+    """One conformer of a batch, as the host keeps it: its molecule, and where its own AOs are among
+    the padded ones."""
+
+    molecule: Molecule
+    nocc: int
+    aos: np.ndarray  # (N,) the padded row of each of the molecule's AOs, in its own AO order
+    grid_points: int  # the molecule's own grid points (0 without a grid)
+    host: PreparedProblem | None = None  # a host preparation's arrays (libcint), which its finalisation reads
+
+    @property
+    def nao(self) -> int:
+        return len(self.aos)
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class TemplateLayout:
+    """A template's layout as the assembly program reads it (device arrays)."""
+
+    primitive_rows: SlotRows
+    cartesian_rows: SlotRows
+    shell_rows: SlotRows
+    one_centre_rows: SlotRows
+    ao_rows: SlotRows
+    point_rows: SlotRows
+    fitting_rows: SlotRows
+    fitting_functions: jax.Array  # (Qp,) int  each fitting function's shell
+    one_electron: OneElectronLayout
+    cartesian_powers: jax.Array  # (Nc, 3) int
+    cartesian_atom: jax.Array  # (Nc,) int
+    cart2sph: jax.Array | None  # (Nc, Np) float64; None where the Cartesian AOs are the spherical ones
+
+
+@lru_cache(maxsize=8)
+def template_layout(template: BucketTemplate) -> TemplateLayout:
+    """``template``'s :class:`TemplateLayout` on the device (once per template)."""
+    cartesian = template.cartesian
+    functions = np.repeat(np.arange(len(template.fitting_l)), 2 * template.fitting_l + 1).astype(np.int32)
+    with jax.enable_x64(True):  # the transform stays float64
+        return on_device(TemplateLayout(
+            primitive_rows=template.primitive_rows, cartesian_rows=template.cartesian_rows,
+            shell_rows=template.shell_rows, one_centre_rows=template.one_centre_rows, ao_rows=template.ao_rows,
+            point_rows=template.point_rows, fitting_rows=template.fitting_rows, fitting_functions=functions,
+            one_electron=layout_of(template.primitives), cartesian_powers=cartesian.powers,
+            cartesian_atom=cartesian.atom, cart2sph=cartesian.cart2sph))  # fmt: skip
+
+
+@lru_cache(maxsize=16)
+def device_tables(template: BucketTemplate, present: frozenset[str]) -> ElementTables:
+    """``template``'s element tables with the rows of ``present`` filled, on the device in float64."""
+    with jax.enable_x64(True):
+        return on_device(template.tables(present))
+
+
+def _blocks(rows: SlotRows, table, elements):
+    """(Np, Np): the block-diagonal matrix whose block of each slot is ``table`` (E, n, n) at its
+    element's row, read at the places of the block's AOs ``rows``; zero between slots."""
+    e = elements[rows.slot]  # (Np,)
+    values = table[e[:, None], rows.local[:, None], rows.local[None, :]]
+    return jnp.where(rows.slot[:, None] == rows.slot[None, :], values, 0.0)
+
+
+def nuclear_repulsion(charges, coords):
+    """sum_{A<B} Z_A Z_B / |R_A - R_B| over the atoms with charge (absent slots have none and may sit
+    on top of another atom)."""
+    pair = (charges[:, None] * charges[None, :] != 0) & ~jnp.eye(len(charges), dtype=bool)
+    apart = coords[:, None, :] - coords[None, :, :]
+    distance = jnp.sqrt(jnp.where(pair, jnp.sum(apart * apart, axis=-1), 1.0))
+    return 0.5 * jnp.sum(jnp.where(pair, charges[:, None] * charges[None, :] / distance, 0.0))
+
+
+def _member(layout: TemplateLayout, tables: ElementTables, elements, coords, dtype: str, grid: bool) -> dict:
+    """One conformer's integrals, grid weights, AO values, guess and ERI shell values (float64 but the
+    AO values and one-centre ERIs, in ``dtype``), from its slots' element rows ``elements`` (natm,)
+    and positions ``coords`` (natm, 3)."""
+    charges = tables.charges[elements]  # (natm,)
+    ints = one_electron_matrices(
+        layout.one_electron,
+        layout.primitive_rows.gather(tables.primitive_exponents, elements),
+        layout.primitive_rows.gather(tables.primitive_coefficients, elements),
+        charges,
+        jnp.stack([_blocks(layout.ao_rows, tables.one_electron[:, k], elements) for k in range(3)]),
+        coords,
+    )
+    out = {
+        "overlap": ints["overlap"],
+        "hcore": ints["kinetic"] + ints["nuclear"],
+        "guess": _blocks(layout.ao_rows, tables.guess, elements),
+        "nuclear_repulsion": nuclear_repulsion(charges, coords),
+        "real": elements[layout.ao_rows.slot] != 0,
+        "present": elements != 0,
+        "shell_exponents": layout.shell_rows.gather(tables.shell_exponents, elements),
+        "shell_coefficients": layout.shell_rows.gather(tables.shell_coefficients, elements),
+        "one_centre": layout.one_centre_rows.gather(tables.one_centre_eris, elements).astype(dtype),  # the ERIs'
+        # precision: their quartet program runs in it
+    }
+    if len(layout.fitting_functions):  # density fitted: the fitting shells, then each atom's companion
+        natm = len(elements)
+        exponents = layout.fitting_rows.gather(tables.fitting_exponents, elements)  # (S_f, K)
+        coefficients = layout.fitting_rows.gather(tables.fitting_coefficients, elements)
+        k = exponents.shape[1]
+        companion = jnp.zeros((natm, k), exponents.dtype).at[:, 0].set(COMPANION_COEFFICIENT)
+        out["fitting_shells"] = (jnp.concatenate([exponents, jnp.zeros((natm, k), exponents.dtype)]),
+                                 jnp.concatenate([coefficients, companion])[:, None, :])  # fmt: skip
+        there = layout.fitting_rows.gather(tables.fitting_present, elements)  # (S_f,)
+        out["fitting_present"] = there[layout.fitting_functions]
+    if not grid:  # Hartree-Fock: no grid at all
+        return {**out, "weights": jnp.zeros(0, coords.dtype)}
+    points = layout.point_rows
+    offsets = points.gather(tables.grid_offsets, elements)  # (Gp, 3) float64: each point minus its atom
+    volumes = points.gather(tables.grid_volumes, elements)
+    grids = AtomGrids(offsets, volumes, points.slot, tables.radii_adjust[elements[:, None], elements[None, :]],
+                      elements != 0)  # fmt: skip
+    _, weights = grid_coords_and_weights(grids, coords)
+    cartesian = layout.cartesian_rows
+    exponents = cartesian.gather(tables.cartesian_exponents, elements)  # (Nc, K)
+    coefficients = cartesian.gather(tables.cartesian_coefficients, elements)
+    constants = AOConstants(exponents, coefficients, -2.0 * exponents * coefficients, layout.cartesian_powers,
+                            layout.cart2sph)._cast(lambda a: a.astype(dtype))  # fmt: skip
+    # each atom's position minus each Cartesian AO's centre, in float64, then rounded once
+    shifts = (coords[:, None, :] - coords[layout.cartesian_atom][None, :, :]).astype(dtype)  # (natm, Nc, 3)
+    ao_inputs = (constants, offsets.astype(dtype), shifts, points.slot.astype(jnp.int32), volumes != 0)
+    return {**out, "weights": weights, "ao_inputs": ao_inputs}
+
+
+assemble_program = compiled(
+    lambda layout, tables, elements, coords, dtype, grid: jax.vmap(
+        lambda e, c: _member(layout, tables, e, c, dtype, grid))(elements, coords),
+    static_argnums=(4, 5), name="assemble")
+# the AO values on their own, outside 64-bit mode: XLA's CPU code for the kernel's integer and
+# float32 arithmetic is faster there (it is all float32)
+ao_values_program = compiled(jax.vmap(ao_kernel), name="ao_values")
+
+
+def assemble_integrals(template: BucketTemplate, elements: np.ndarray, coords: np.ndarray, occupied: np.ndarray,
+                       present: frozenset[str], dtype, grid: bool, factor=None) -> BatchIntegrals:  # fmt: skip
+    """The :class:`BatchIntegrals` of C conformers of ``template``'s bucket, from their slots' element
+    rows ``elements`` (C, natm), positions ``coords`` (C, natm, 3) Bohr (absent slots anywhere) and
+    doubly occupied orbital counts ``occupied`` (C,); ``present``: elements whose table rows are
+    needed (a superset of the batch's), ``grid``: whether the functional needs one. The AO values
+    and ERIs in ``dtype``; a density-fitted bucket's factor from ``factor(template, coords, ERI shell
+    values, the assembly program's outputs)`` (a :class:`~pyscf_ipu.packed.FittedFactor`).
+    Dispatched, not waited for."""
+    dtype = np.dtype(dtype).name
+    with jax.enable_x64(True):
+        out = assemble_program(template_layout(template), device_tables(template, present),
+                               np.asarray(elements, np.int32), np.asarray(coords, np.float64), dtype, grid)  # fmt: skip
+    if grid:
+        ao = ao_values_program(*out["ao_inputs"])
+    else:  # Hartree-Fock: no grid at all
+        ao = on_device(np.zeros((len(coords), 4, 0, template.bucket.nao), dtype))
+    values = ShellValues(out["shell_exponents"], out["shell_coefficients"], out["one_centre"], out["present"])
+    if template.bucket.occupied:  # density fitted: the factor, not the s8 ERIs
+        eris = factor(template, coords, values, out) if factor is not None else None
+    else:
+        eris = eri_s8(template.plan, coords, dtype, values=values)
+    return BatchIntegrals(overlap=out["overlap"], hcore=out["hcore"], guess=out["guess"],
+                          nuclear_repulsion=out["nuclear_repulsion"], weights=out["weights"], ao=ao,
+                          real=out["real"], occupied=on_device(np.asarray(occupied, np.int32)), eris=eris)  # fmt: skip
+
+
+
+def device_factor(template: BucketTemplate, coords: np.ndarray, values: ShellValues, assembled: dict, dtype,
+                  rank: int) -> FittedFactor:  # fmt: skip
+    """The density-fitted factor of a batch of ``template``'s bucket, computed on the device in float64
+    (:mod:`~pyscf_ipu.integrals.fitting`) from the conformers' positions and the shells the
+    assembly program gathered, and rounded to ``dtype`` for the loop."""
+    plan = fitting_plan(template)
+    with jax.enable_x64(True):
+        data, shifts = pair_program(_static(template.plan)[0], _structure(template.plan),
+                                    (values.exponents, values.coefficients), coords, values.present, "float64")
+        fitting, _ = pair_program(fitting_static(plan)[1][0], fitting_structure(plan), assembled["fitting_shells"],
+                                  coords, values.present, "float64")
+        exact, packed = factor_program(fitting_static(plan), plan_arrays(plan), data + fitting, shifts,
+                                       assembled["fitting_present"], chunk_batch(), np.dtype(dtype).name)  # fmt: skip
+    return FittedFactor(packed, exact, rank)
+
+
+@lru_cache(maxsize=4)
+def fitting_plan(template: BucketTemplate) -> FittingPlan:
+    """The :class:`~pyscf_ipu.integrals.fitting.FittingPlan` of ``template``'s fitting shells."""
+    return plan_fitting(template.plan, template.fitting_rows.slot, template.fitting_l, template.fitting_primitives,
+                        template.bucket.natm)  # fmt: skip

@@ -1,0 +1,150 @@
+"""The JAX integral source: a batch's integrals, grid, AO values and guess assembled on the device from
+its size bucket's template (pyscf_ipu.templates, pyscf_ipu.assembly), against libcint and PySCF, conformer
+by conformer, in each molecule's own AO order.
+
+Tolerances (docs/science.md): float64 quantities within 1e-10 (round-off is ~1e-13); float32 ERIs
+within 1e-6 absolute; float32 AO values within 3e-6 relative to max(1, |value|)
+(tests/test_integrals.py). Grid weights within 1e-12 relative of PySCF's.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from pyscf import ao2mo, dft, scf
+
+from pyscf_ipu.buckets import SizeBucket
+from pyscf_ipu.config import RKSConfig
+from pyscf_ipu.integral_sources import JaxIntegrals, placement
+from pyscf_ipu.method import resolve
+from pyscf_ipu.molecule import from_atom_string, from_name
+from pyscf_ipu.pyscf_mole import build_mole
+from pyscf_ipu.templates import bucket_template
+
+AMMONIA = "N 0 0 0.12; H 0 0.94 -0.27; H 0.81 -0.47 -0.27; H -0.81 -0.47 -0.27"
+METHANE = "C 0 0 0; H 0.63 0.63 0.63; H -0.63 -0.63 0.63; H -0.63 0.63 -0.63; H 0.63 -0.63 -0.63"
+
+
+def assembled(molecules, config: RKSConfig):
+    """(the batch's integrals as numpy arrays, its members, its bucket) from the JAX source."""
+    method = resolve(config)
+    bucket = SizeBucket.of(molecules[0], config.basis, config.grid_level, config.occupied_step)
+    integrals, members, _ = JaxIntegrals().integrals(molecules, bucket, method)
+    return jax.device_get(integrals), members, bucket
+
+
+def template_points(bucket: SizeBucket, molecule) -> tuple[np.ndarray, np.ndarray]:
+    """(points (Gp, 3) Bohr, whether each is one of the molecule's own) of the template's grid, as the
+    assembly lays them out: each slot's atomic grid about its atom."""
+    rows, atoms = bucket.place(molecule.symbols)
+    template = bucket_template(bucket)
+    tables = template.tables(frozenset(molecule.symbols))
+    slots, places = template.point_rows.slot, template.point_rows.local
+    coords = np.concatenate([molecule.positions, np.zeros((1, 3))])[atoms]
+    return coords[slots] + tables.grid_offsets[rows[slots], places], tables.grid_volumes[rows[slots], places] != 0
+
+
+@pytest.mark.parametrize("basis", ["sto-3g", "6-31g*"])
+def test_assembled_integrals_equal_libcints_at_each_geometry(basis):
+    """Two conformers of water (STO-3G's hydrogen capacity of 4 leaves two slots absent; 6-31G* has d
+    shells, through the spherical transform) and, at STO-3G, ammonia and methane in one batch: each
+    conformer's overlap, core Hamiltonian and nuclear repulsion within 1e-10 of libcint's, its guess
+    PySCF's atom guess, its float32 ERIs within 1e-6, its grid's points and weights PySCF's, its AO
+    values PySCF's ``eval_ao``; the padded AOs' rows, columns and ERIs are zero."""
+    water = from_name("water")
+    rng = np.random.default_rng(3)
+    conformers = [water.with_positions(water.positions + 0.1 * rng.normal(size=(3, 3))) for _ in range(2)]
+    groups = [conformers] + ([[from_atom_string(AMMONIA), from_atom_string(METHANE)]] if basis == "sto-3g" else [])
+    for molecules in groups:
+        ints, members, bucket = assembled(molecules, RKSConfig(basis=basis))
+        npad = bucket.nao
+        for c, (molecule, member) in enumerate(zip(molecules, members)):
+            mol = build_mole(molecule, basis)
+            own = np.ix_(member.aos, member.aos)
+            np.testing.assert_allclose(ints.overlap[c][own], mol.intor("int1e_ovlp"), rtol=0, atol=1e-10)
+            np.testing.assert_allclose(ints.hcore[c][own], mol.intor("int1e_kin") + mol.intor("int1e_nuc"), rtol=0,
+                                       atol=1e-10)  # fmt: skip
+            np.testing.assert_allclose(ints.guess[c][own], scf.hf.init_guess_by_atom(mol), rtol=0, atol=1e-12)
+            assert float(ints.nuclear_repulsion[c]) == pytest.approx(mol.energy_nuc(), abs=1e-10)
+            padded = ~ints.real[c]
+            assert padded.sum() == npad - mol.nao and not ints.overlap[c][padded].any() and not ints.hcore[c][padded].any()
+            eri = ao2mo.restore(1, np.asarray(ints.eris[c], np.float64), npad)
+            np.testing.assert_allclose(eri[np.ix_(*[member.aos] * 4)], mol.intor("int2e"), rtol=0, atol=1e-6)
+            assert not eri[padded].any()
+            # the grid: PySCF's points and weights, in another order
+            points, real = template_points(bucket, molecule)
+            grids = dft.gen_grid.Grids(mol)
+            grids.level = 0
+            grids.build(with_non0tab=False, sort_grids=False)
+            ours = np.column_stack([points[real], ints.weights[c][real]])
+            theirs = np.column_stack([grids.coords, grids.weights])[grids.atm_idx >= 0]  # its alignment padding aside
+            ours, theirs = (a[np.lexsort(a[:, :3].T)] for a in (ours, theirs))
+            np.testing.assert_allclose(ours[:, :3], theirs[:, :3], rtol=0, atol=1e-12)
+            np.testing.assert_allclose(ours[:, 3], theirs[:, 3], rtol=1e-12, atol=1e-12)
+            assert not ints.weights[c][~real].any()
+            reference = dft.numint.eval_ao(mol, points[real], deriv=1)
+            values = np.asarray(ints.ao[c], np.float64)
+            error = np.abs(values[:, real][:, :, member.aos] - reference) / np.maximum(1.0, np.abs(reference))
+            assert error.max() <= 3e-6, error.max()
+            assert not values[:, ~real].any() and not values[:, :, padded].any()
+        assert np.abs(ints.eris[0] - ints.eris[1]).max() > 1e-3  # each conformer its own
+
+
+def test_a_molecules_place_in_its_bucket():
+    """Each kind's atoms fill that kind's first slots in the molecule's order; the rest are absent, and
+    a molecule's AOs map one to one onto the template's AOs of its atoms' slots."""
+    methane, ammonia = from_atom_string(METHANE), from_atom_string(AMMONIA)
+    bucket = SizeBucket.of(methane, "sto-3g", 0)
+    assert bucket == SizeBucket.of(ammonia, "sto-3g", 0) and bucket.template_elements == ("H",) * 4 + ("Li",)
+    rows, atoms, aos, points = placement(bucket, ammonia.symbols, True)
+    assert list(atoms) == [1, 2, 3, -1, 0] and [bucket.elements[r] for r in rows] == ["H", "H", "H", "", "N"]
+    assert sorted(aos) == [0, 1, 2, 4, 5, 6, 7, 8] and list(aos[:5]) == [4, 5, 6, 7, 8]  # N's 1s, 2s, 2p first
+    grids = dft.gen_grid.Grids(build_mole(ammonia, "sto-3g"))
+    grids.level = 0
+    grids.build(with_non0tab=False, sort_grids=False)
+    assert points == np.count_nonzero(grids.atm_idx >= 0)  # PySCF's grid, its alignment padding aside
+
+
+def test_the_device_factor_equals_libcints():
+    """The density-fitted factor from the JAX kernels (float64, on the device) gives libcint's fitted
+    ERIs B^T B (water at 6-31G*, its molecule's pairs in the template's order): within 1e-10 on entries
+    of O(1) (measured 8e-14), and so its J of a density (measured 4e-12 on J of O(10))."""
+    from pyscf_ipu.integral_sources import template_pairs
+    from pyscf_ipu.prepare import fitted_eri
+
+    molecule = from_name("water")
+    ints, (member,), bucket = assembled([molecule], RKSConfig(basis="6-31g*", jk="df", integrals="jax"))
+    ours = np.asarray(ints.eris.exact[0])[:, template_pairs(member.aos)]  # (Qp, npair) of the molecule's pairs
+    theirs = fitted_eri(build_mole(molecule, "6-31g*"), "6-31g*")
+    assert ours.dtype == np.float64 and ours.shape[0] >= theirs.shape[0]
+    np.testing.assert_allclose(ours.T @ ours, theirs.T @ theirs, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(ints.eris.packed[0], np.float64), np.asarray(ints.eris.exact[0]),
+                               rtol=1e-6, atol=1e-7)  # the loop's: the same, rounded to float32  # fmt: skip
+
+
+def test_the_finalisation_contracts_the_loops_integrals_on_the_device():
+    """With the JAX integrals the finalisation contracts J and K of the loop's float32 ERIs on the
+    device in float64, and forms the labels there. Its energy terms equal PySCF's float64 contraction
+    of the same float32 integrals at the same density: Coulomb within 1e-9 Hartree (the same numbers
+    summed in another order), exact exchange within 1e-8 (K's row matrix holds (ij|kl) + (ik|jl)
+    added in float32: one more rounding, 6e-8 relative per element)."""
+    from pyscf_ipu.padding import fill_batch
+    from pyscf_ipu.problem import prepare_batch
+    from pyscf_ipu.rks import submit_batch
+
+    water = from_name("water")
+    config = RKSConfig(integrals="jax")
+    distorted = water.with_positions(water.positions + 0.1 * np.random.default_rng(5).normal(size=(3, 3)))
+    method = resolve(config)
+    results = submit_batch(prepare_batch(fill_batch([water, distorted], 4), method), method).results()[:2]
+    ints, members, bucket = assembled([water, distorted], config)
+    for c, (member, result) in enumerate(zip(members, results)):
+        own = np.ix_(*[member.aos] * 4)
+        eri = ao2mo.restore(1, np.asarray(ints.eris[c], np.float64), bucket.nao)[own]
+        vj, vk = scf.hf.dot_eri_dm(eri, result.density, hermi=1)
+        assert result.energy_terms["coulomb"] == pytest.approx(0.5 * np.sum(result.density * vj), abs=1e-9)
+        exchange = -0.25 * method.functional.hf_exchange * np.sum(result.density * vk)
+        assert result.energy_terms["exact_exchange"] == pytest.approx(exchange, abs=1e-8)
+        assert result.nao == 7 and result.mo_coeff.shape == (7, 7) and len(result.mo_energy) == 7
+    assert abs(results[0].energy - results[1].energy) > 1e-4  # each conformer its own
