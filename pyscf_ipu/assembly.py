@@ -6,8 +6,9 @@ slot's element row (:meth:`~pyscf_ipu.buckets.SizeBucket.place`); the bucket's t
 element tables (:mod:`pyscf_ipu.templates`) are on the device already. One program then gathers each
 conformer's basis values from the tables and evaluates, in float64, the one-electron integrals, the
 Becke grid's weights, the nuclear repulsion and the superposition-of-atoms guess, and in the loop's
-precision the AO values on the grid; the ERIs follow from the bucket's ERI plan
-(:func:`~pyscf_ipu.integrals.eri.eri_s8`). Nothing of it depends on a molecule's composition but
+precision the AO values on the grid; the ERIs follow, in float64, from the bucket's ERI plan
+(:func:`~pyscf_ipu.integrals.eri.eri_s8`): the loop rounds them, and the finalisation contracts them
+as they are, so that its labels are those of float64 integrals. Nothing of it depends on a molecule's composition but
 data, so every molecule of the bucket runs these programs, and a batch may mix them.
 """
 
@@ -25,8 +26,8 @@ from .grid import AtomGrids, grid_coords_and_weights
 from .integrals.ao_values import AOConstants, ao_kernel
 from .integrals.eri import ShellValues, _static, _structure, chunk_batch, eri_s8
 from .integrals.eri_kernels import pair_program
-from .integrals.fitting import (COMPANION_COEFFICIENT, FittingPlan, factor_program, fitting_static, fitting_structure,
-                                plan_arrays, plan_fitting)
+from .integrals.fitting import (COMPANION_COEFFICIENT, FittingPlan, fitted_factor, fitting_kinds, fitting_structure,
+                                plan_fitting)
 from .integrals.one_electron import OneElectronLayout, layout_of, one_electron_matrices
 from .molecule import Molecule
 from .packed import FittedFactor
@@ -52,8 +53,8 @@ class BatchIntegrals:
     ao: jax.Array  # (C, 4, Gp, Np)  AO values and x/y/z derivatives, in the loop's precision
     real: jax.Array  # (C, Np) bool  the molecule's own AOs
     occupied: jax.Array  # (C,) int32  doubly occupied orbitals
-    eris: jax.Array  # (C, s8 size of Np)  the ERIs in the loop's precision, PySCF's s8 packing; or the
-    # density-fitted factor where the J-K backend fits (then (C, Qp, npair + 1), see jk.FittedJK)
+    eris: jax.Array  # (C, s8 size of Np)  the ERIs in float64, PySCF's s8 packing; or the density-fitted
+    # factor where the J-K backend fits (a packed.FittedFactor: (C, Qp, npair) in both precisions)
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,7 +132,7 @@ def nuclear_repulsion(charges, coords):
 
 def _member(layout: TemplateLayout, tables: ElementTables, elements, coords, dtype: str, grid: bool) -> dict:
     """One conformer's integrals, grid weights, AO values, guess and ERI shell values (float64 but the
-    AO values and one-centre ERIs, in ``dtype``), from its slots' element rows ``elements`` (natm,)
+    AO values, in ``dtype``), from its slots' element rows ``elements`` (natm,)
     and positions ``coords`` (natm, 3)."""
     charges = tables.charges[elements]  # (natm,)
     ints = one_electron_matrices(
@@ -151,8 +152,7 @@ def _member(layout: TemplateLayout, tables: ElementTables, elements, coords, dty
         "present": elements != 0,
         "shell_exponents": layout.shell_rows.gather(tables.shell_exponents, elements),
         "shell_coefficients": layout.shell_rows.gather(tables.shell_coefficients, elements),
-        "one_centre": layout.one_centre_rows.gather(tables.one_centre_eris, elements).astype(dtype),  # the ERIs'
-        # precision: their quartet program runs in it
+        "one_centre": layout.one_centre_rows.gather(tables.one_centre_eris, elements),  # float64, as the ERIs
     }
     if len(layout.fitting_functions):  # density fitted: the fitting shells, then each atom's companion
         natm = len(elements)
@@ -198,7 +198,7 @@ def assemble_integrals(template: BucketTemplate, elements: np.ndarray, coords: n
     rows ``elements`` (C, natm), positions ``coords`` (C, natm, 3) Bohr (absent slots anywhere) and
     doubly occupied orbital counts ``occupied`` (C,); ``present``: elements whose table rows are
     needed (a superset of the batch's), ``grid``: whether the functional needs one. The AO values
-    and ERIs in ``dtype``; a density-fitted bucket's factor from ``factor(template, coords, ERI shell
+    in ``dtype``, the ERIs in float64 (the finalisation contracts them so); a density-fitted bucket's factor from ``factor(template, coords, ERI shell
     values, the assembly program's outputs)`` (a :class:`~pyscf_ipu.packed.FittedFactor`).
     Dispatched, not waited for."""
     dtype = np.dtype(dtype).name
@@ -213,7 +213,8 @@ def assemble_integrals(template: BucketTemplate, elements: np.ndarray, coords: n
     if template.bucket.occupied:  # density fitted: the factor, not the s8 ERIs
         eris = factor(template, coords, values, out) if factor is not None else None
     else:
-        eris = eri_s8(template.plan, coords, dtype, values=values)
+        with jax.enable_x64(True):  # the finalisation's; the loop rounds them
+            eris = eri_s8(template.plan, coords, "float64", values=values)
     return BatchIntegrals(overlap=out["overlap"], hcore=out["hcore"], guess=out["guess"],
                           nuclear_repulsion=out["nuclear_repulsion"], weights=out["weights"], ao=ao,
                           real=out["real"], occupied=on_device(np.asarray(occupied, np.int32)), eris=eris)  # fmt: skip
@@ -229,10 +230,10 @@ def device_factor(template: BucketTemplate, coords: np.ndarray, values: ShellVal
     with jax.enable_x64(True):
         data, shifts = pair_program(_static(template.plan)[0], _structure(template.plan),
                                     (values.exponents, values.coefficients), coords, values.present, "float64")
-        fitting, _ = pair_program(fitting_static(plan)[1][0], fitting_structure(plan), assembled["fitting_shells"],
-                                  coords, values.present, "float64")
-        exact, packed = factor_program(fitting_static(plan), plan_arrays(plan), data + fitting, shifts,
-                                       assembled["fitting_present"], chunk_batch(), np.dtype(dtype).name)  # fmt: skip
+        fitting, _ = pair_program(fitting_kinds(plan), fitting_structure(plan), assembled["fitting_shells"], coords,
+                                  values.present, "float64")
+        exact, packed = fitted_factor(plan, data + fitting, shifts, assembled["fitting_present"], chunk_batch(),
+                                      np.dtype(dtype).name)  # fmt: skip
     return FittedFactor(packed, exact, rank)
 
 

@@ -17,8 +17,8 @@ each doing its share on the device and the rest on the host (:func:`final_contra
 Where both are formed on the device, so are the Fock matrix, the energy terms and the eigensolve,
 and the host only reads the labels out (:func:`finalise`); else the host does those three:
 
-- :class:`LoopBackend`: the loop's own J-K backend in float64 on the device, where the loop's
-  integrals are as exact as any the host holds (the JAX integrals);
+- :class:`DeviceERIs`: the float64 ERIs that the JAX integrals compute on the device, contracted
+  there row by row (:func:`~pyscf_ipu.jk.s8_coulomb_exchange`);
 - :class:`LibcintERIs`: PySCF contracts the host's float64 libcint ERIs, which a float32 loop holds
   only rounded;
 - :class:`FittedExchange`: a density-fitted run's K from the float32 factor in float32 products with
@@ -36,12 +36,12 @@ import numpy as np
 import scipy.linalg
 from pyscf import scf as pyscf_scf
 
-from .jk import FittedArrays, JKBackend, density_factor, exchange_factor, fitted_coulomb
+from .jk import FittedArrays, density_factor, exchange_factor, fitted_coulomb, s8_coulomb_exchange
 from .method import Method
 from .assembly import BatchMember
 from .numint import weighted_points, xc_energy_and_potential
 from .prepare import PreparedProblem
-from .problem import FINAL_SHIFT, FinalInputs, PreparedBatch
+from .problem import FINAL_SHIFT, FinalInputs, PreparedBatch, final_contracts_eris
 from .programs import compiled
 from .results import SCFResult
 from .scf import SCFTrace, energy_terms, fock_matrix
@@ -84,8 +84,9 @@ class FinalContraction(Protocol):
     """How the finalisation gets J, K and tr(D K) of the purified density (N, N): a share on the
     device, queued behind the loop, and the rest on the host."""
 
-    def device_arrays(self, jk):
-        """What :meth:`on_device` reads of the loop's J-K arrays ``jk`` (``{}``: nothing)."""
+    def device_arrays(self, jk, final: FinalInputs):
+        """What :meth:`on_device` reads of the loop's J-K arrays ``jk`` and the batch's final inputs
+        ``final`` (``{}``: nothing)."""
 
     def on_device(self, data, dm) -> tuple[jax.Array | None, jax.Array | None, jax.Array | None]:
         """(J, K, tr(D K)) of the padded ``dm``, each None where :meth:`on_host` forms it; traced."""
@@ -101,21 +102,19 @@ def _own(a, n: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class LoopBackend:
-    """J and K by the loop's own ``backend`` on its arrays, summed in float64: where the loop's
-    integrals are as exact as any the host holds (the JAX integrals)."""
+class DeviceERIs:
+    """J and K in float64 on the device from the float64 ERIs that the batch's final inputs hold (the
+    JAX integrals compute them there; the loop holds them only rounded)."""
 
-    backend: JKBackend
-
-    def device_arrays(self, jk):
-        return jk
+    def device_arrays(self, jk, final):
+        return final.eris
 
     def on_device(self, data, dm):
-        vj, vk = self.backend.contract(data, dm)
+        vj, vk = s8_coulomb_exchange(data, dm)
         return vj, vk, jnp.sum(dm * vk)
 
     def on_host(self, prepared, dm, final):
-        raise AssertionError("the loop's backend forms J and K on the device")
+        raise AssertionError("the device's float64 ERIs form J and K on the device")
 
 
 @dataclass(frozen=True)
@@ -123,7 +122,7 @@ class LibcintERIs:
     """J and K by PySCF from the host's float64 libcint ERIs, which a float32 loop holds only
     rounded; nothing on the device."""
 
-    def device_arrays(self, jk):
+    def device_arrays(self, jk, final):
         return {}
 
     def on_device(self, data, dm):
@@ -146,7 +145,7 @@ class FittedExchange:
     carry K's rounding, about 1e-7 of the exchange energy, into the label.
     """
 
-    def device_arrays(self, jk):
+    def device_arrays(self, jk, final):
         return jk
 
     def on_device(self, data: FittedArrays, dm):
@@ -160,12 +159,12 @@ class FittedExchange:
 
 
 def final_contraction(method: Method) -> FinalContraction:
-    """The run's :class:`FinalContraction`: the fitted one where the loop density-fits, the loop's
-    backend where its integrals are exact on the device, else libcint's ERIs on the host."""
+    """The run's :class:`FinalContraction`: the fitted one where the loop density-fits, the device's
+    float64 ERIs where its integral source computes them there, else libcint's ERIs on the host."""
     if method.config.density_fitted:
         return FittedExchange()
-    if method.integrals.exact_on_device:
-        return LoopBackend(method.backend)
+    if final_contracts_eris(method):
+        return DeviceERIs()
     return LibcintERIs()
 
 
@@ -224,7 +223,7 @@ def dispatch_finalisation(method: Method, batch: PreparedBatch, trace: SCFTrace)
     """Dispatch the device's float64 finalisation of ``batch``'s loop ``trace`` (asynchronous: it
     queues behind the loop)."""
     contraction = final_contraction(method)
-    jk = contraction.device_arrays(batch.problem.jk)
+    jk = contraction.device_arrays(batch.problem.jk, batch.final)
     with jax.enable_x64(True):  # the float64 inputs stay float64
         return final_density_program(method.functional, contraction, batch.problem.ao, trace.density, batch.final, jk)
 

@@ -177,15 +177,38 @@ class LibcintFactor:
     def factor(self, molecules, placed, bucket, method):
         def made(template, coords, values, assembled) -> FittedFactor:
             npad = bucket.nao
-            exact = aligned_empty((len(molecules), bucket.naux, npad * (npad + 1) // 2), np.float64, zeroed=True)
-            for slot, molecule, (_, _, aos, _) in zip(exact, molecules, placed):
-                own = fitted_eri(build_mole(molecule, bucket.basis), bucket.basis, method.config.eri_expcutoff)
-                slot[: len(own), template_pairs(aos)] = own  # the fitting functions' order is immaterial
+            shape = (len(molecules), bucket.naux, npad * (npad + 1) // 2)
+            exact, packed = aligned_empty(shape, np.float64, zeroed=True), aligned_empty(shape, method.dtype, zeroed=True)
+            for c, (molecule, (_, atoms, aos, _)) in enumerate(zip(molecules, placed)):
+                ordered, aos = in_slot_order(molecule, atoms, aos)
+                own = fitted_eri(build_mole(ordered, bucket.basis), bucket.basis, method.config.eri_expcutoff)
+                for target in (exact[c], packed[c]):  # the fitting functions' order is immaterial
+                    copy_columns(target[: len(own)], own, template_pairs(aos))
             with jax.enable_x64(True):
-                packed = on_device(exact.astype(method.dtype), may_alias=True)
-                return FittedFactor(packed, on_device(exact, may_alias=True), bucket.occupied_rank)
+                return FittedFactor(on_device(packed, may_alias=True), on_device(exact, may_alias=True),
+                                    bucket.occupied_rank)  # fmt: skip
 
         return made
+
+
+def in_slot_order(molecule: Molecule, atoms: np.ndarray, aos: np.ndarray) -> tuple[Molecule, np.ndarray]:
+    """``molecule`` with its atoms in the order of the template's slots they sit in (``atoms``: the
+    molecule's atom per slot, -1 where absent), and the template AO of each of its AOs in that order
+    (``aos``: the same in the molecule's own order; slots' AOs follow the slots, so in slot order they
+    increase). A factor computed in slot order lands in long runs of the template's pairs, which copy
+    as slices."""
+    order = atoms[atoms >= 0]
+    ordered = Molecule(molecule.atomic_numbers[order], molecule.positions[order], molecule.charge, molecule.spin,
+                       molecule.name, molecule.comment)  # fmt: skip
+    return ordered, np.sort(aos)
+
+
+def copy_columns(target: np.ndarray, source: np.ndarray, columns: np.ndarray) -> None:
+    """``target[:, columns] = source``, run by run of consecutive ``columns`` (slice copies, where
+    numpy's fancy indexing writes one element at a time)."""
+    breaks = np.flatnonzero(np.diff(columns) != 1) + 1
+    for start, stop in zip(np.concatenate([[0], breaks]), np.concatenate([breaks, [len(columns)]])):
+        target[:, columns[start] : columns[start] + stop - start] = source[:, start:stop]
 
 
 def template_pairs(aos: np.ndarray) -> np.ndarray:
@@ -200,11 +223,11 @@ def template_pairs(aos: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class JaxIntegrals:
     """The JAX kernels of :mod:`pyscf_ipu.integrals`, assembled on the device for a whole batch
-    (:mod:`pyscf_ipu.assembly`): the one-electron integrals, the grid and the guess in float64, the
-    ERIs and AO values in the SCF's precision. The host sends the conformers' positions and element
-    rows only. The loop's J-K arrays then hold the very integrals the host would use, so the device
-    contracts them for the finalisation too (in float64). A density-fitted run's factor comes from
-    ``factor`` (:class:`DeviceFactor`, or :class:`LibcintFactor` where the device is this CPU)."""
+    (:mod:`pyscf_ipu.assembly`): the one-electron integrals, the grid, the guess and the ERIs in
+    float64, the AO values in the SCF's precision. The host sends the conformers' positions and
+    element rows only. The loop reads the ERIs rounded, and the finalisation contracts them on the
+    device as they are. A density-fitted run's factor comes from ``factor`` (:class:`DeviceFactor`,
+    or :class:`LibcintFactor` where the device is this CPU)."""
 
     name: str = "jax"
     factor: DeviceFactor | LibcintFactor = DeviceFactor()
@@ -240,8 +263,9 @@ class JaxIntegrals:
         return eri_plan(basis, tuple(elements))
 
     def held_bytes(self, nao, grid_points, value_bytes):
-        # the bucket's s8 array in the loop's precision; the AO values never leave the device
-        return {"eris": value_bytes * s8_size(nao), "ao_values": 0}
+        # the bucket's s8 array in float64 (the finalisation's) and in the loop's precision; the AO
+        # values never leave the device
+        return {"eris": (8 + value_bytes) * s8_size(nao), "ao_values": 0}
 
 
 INTEGRAL_SOURCES: dict[str, IntegralSource] = {source.name: source for source in (LibcintIntegrals(), JaxIntegrals())}

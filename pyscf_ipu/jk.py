@@ -87,6 +87,22 @@ class DenseJK:
         return (data["eri_j"] @ vec).reshape(n, n), (data["eri_k"] @ vec).reshape(n, n)
 
 
+def s8_coulomb_exchange(s8: jax.Array, dm: jax.Array) -> tuple[jax.Array, jax.Array]:
+    r"""J and K of the density ``dm`` (N, N) from PySCF's s8-packed ERIs ``s8``, in their precision,
+    one AO row at a time: with the block :math:`E^{(i)}_{jkl} = (ij|kl)` unpacked from the 4-fold
+    matrix, :math:`J_{ij} = \sum_{kl} E^{(i)}_{jkl} D_{kl}` and :math:`K_{il} = \sum_{jk} E^{(i)}_{jkl} D_{jk}`.
+    No N^4 array is formed (each step holds N^3), which suits a single pass such as the finalisation."""
+    n = dm.shape[0]
+    s4 = s8_to_s4(s8, n * (n + 1) // 2)  # (npair, npair)
+    pairs = jnp.asarray(pair_index(n))  # (N, N)
+
+    def row(index):  # (N,) the pairs (i, j) of one i
+        block = s4[index][:, pairs.reshape(-1)].reshape(n, n, n)  # [j, k, l] = (ij|kl)
+        return jnp.einsum("jkl,kl->j", block, dm), jnp.einsum("jkl,jk->l", block, dm)
+
+    return jax.lax.map(row, pairs)
+
+
 @partial(compiled, static_argnums=1, name="dense_layout")
 def _dense_matrices(eris, nao_padded):
     """Each conformer's s8 ERIs (C, size) as the J and K matrices (C, Np^2, Np^2), on the device."""
@@ -152,7 +168,7 @@ class FittedJK:
     where :math:`D = U \mathrm{diag}(w) U^T` over its R largest eigenvalues, R the bucket's bound on
     the occupied orbitals (:attr:`~pyscf_ipu.buckets.SizeBucket.occupied_rank`): the densities the
     loop forms from orbitals have rank at most R, so K costs 4 Q N^2 R operations instead of
-    4 Q N^3. Only the MINAO guess has a higher rank (about five per heavy atom); its K keeps the R
+    4 Q N^3. Only the initial guess (a superposition of atomic densities) has a higher rank (about five per heavy atom); its K keeps the R
     largest weights. That Fock matrix only starts the loop (DIIS leaves it out), so the converged
     result does not depend on it. J is exact for any density, from the packed factor.
     B is held unpacked, Q ~ 6 N values per AO pair instead of the N^2 / 2 of the s8 ERIs. The labels

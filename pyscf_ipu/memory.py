@@ -54,9 +54,10 @@ def batch_memory(bucket: SizeBucket, method: Method, conformers: int, prepared_a
     grid = bucket.grid_points if method.needs_grid else 0
     held = method.integrals.held_bytes(nao, grid, value_bytes)  # one conformer's
     making = 0  # bytes held only while one conformer's ERIs are made
-    if method.config.density_fitted:  # the float64 fitted factor instead of the s8 ERIs
-        held = {**held, "eris": 8 * bucket.naux * nao * (nao + 1) // 2}
-        making = held["eris"]  # libcint's 3-centre integrals beside the factor made from them
+    if method.config.density_fitted:  # the fitted factor in float64 and in the loop's precision, not the s8 ERIs
+        values = bucket.naux * nao * (nao + 1) // 2
+        held = {**held, "eris": (8 + value_bytes) * values}
+        making = 16 * values  # the float64 3-centre integrals (and the solve's output) beside the factor
     jk = method.backend.layout_bytes(bucket, value_bytes)
     device_ao = 4 * grid * nao * value_bytes  # (4, Gp, Np) in the loop's precision
     host = conformers + prepared_ahead

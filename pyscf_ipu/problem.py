@@ -72,6 +72,7 @@ class FinalInputs:
     weights: jax.Array  # (Gp,)
     nuclear_repulsion: jax.Array  # ()
     occupied: jax.Array  # () int32  doubly occupied orbitals
+    eris: jax.Array  # (s8 size of Np,)  the float64 ERIs where the finalisation contracts them on the device, else (0,)
 
 
 def orthogonaliser(overlap) -> tuple[jax.Array, jax.Array]:
@@ -96,7 +97,7 @@ def _problem(integrals: BatchIntegrals, dtype: str) -> tuple[SCFProblem, FinalIn
                          cast(integrals.guess), cast(occupation), cast(integrals.nuclear_repulsion),
                          integrals.ao.astype(dtype), cast(integrals.weights), {})  # fmt: skip
     final = FinalInputs(overlap, integrals.hcore, x, kept, integrals.weights, integrals.nuclear_repulsion,
-                        integrals.occupied)  # fmt: skip
+                        integrals.occupied, jnp.zeros(0, integrals.overlap.dtype))  # fmt: skip
     return problem, final
 
 
@@ -105,14 +106,27 @@ problem_program = compiled(
     name="problem")
 
 
-def build_problem(integrals: BatchIntegrals, backend, dtype) -> tuple[SCFProblem, FinalInputs]:
+def final_contracts_eris(method: Method) -> bool:
+    """Whether the finalisation contracts the run's float64 ERIs on the device: where its integral
+    source computes them there (the JAX integrals), and the loop does not density-fit."""
+    return method.integrals.exact_on_device and not method.config.density_fitted
+
+
+cast_program = compiled(lambda a, dtype: a.astype(dtype), static_argnums=1, name="cast")
+
+
+def build_problem(integrals: BatchIntegrals, backend, dtype, final_eris: bool) -> tuple[SCFProblem, FinalInputs]:
     """The batch's :class:`SCFProblem` in ``dtype``, its J-K arrays laid out by ``backend`` (a
-    :class:`~pyscf_ipu.jk.JKBackend`), and its :class:`FinalInputs` in float64; dispatched, not
-    waited for."""
+    :class:`~pyscf_ipu.jk.JKBackend`) from its ERIs rounded to ``dtype``, and its :class:`FinalInputs`
+    in float64, which hold the float64 ERIs where ``final_eris``; dispatched, not waited for."""
     dtype = np.dtype(dtype)
+    eris = integrals.eris
     with jax.enable_x64(True):  # the float64 inputs stay float64
         problem, final = problem_program(replace(integrals, eris=None), dtype.name)
-    jk = backend.prepare(integrals.eris, integrals.overlap.shape[-1], dtype)
+        if final_eris:
+            final = replace(final, eris=eris)
+            eris = cast_program(eris, dtype.name)
+    jk = backend.prepare(eris, integrals.overlap.shape[-1], dtype)
     devices = {device for leaf in jax.tree.leaves(jk) for device in leaf.sharding.device_set}
     if len(devices) > 1:  # the backend spread its arrays over devices (simulated IPUs): the rest goes beside, whole
         mesh = Mesh(np.array(sorted(devices, key=lambda d: d.id)), ("devices",))
@@ -156,6 +170,6 @@ def batch_of(integrals: BatchIntegrals, members: list[BatchMember], timings: dic
     built and laid out for the run's J-K backend."""
     start = time.perf_counter()
     with precision_scope(method.config.precision):
-        problem, final = build_problem(integrals, method.backend, method.dtype)
+        problem, final = build_problem(integrals, method.backend, method.dtype, final_contracts_eris(method))
     timings = {**timings, "layout": (time.perf_counter() - start) / len(members)}
     return PreparedBatch(members, bucket, problem, final, timings)
