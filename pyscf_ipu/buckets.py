@@ -165,8 +165,8 @@ def _auxiliary_layout(basis: str, kind: tuple) -> tuple[tuple[int, int], ...]:
 @lru_cache(maxsize=None)
 def minimal_occupied(symbol: str) -> int:
     """Minimal-basis functions that hold electrons in the free atom's spherically averaged ground state
-    (PySCF's ``atom_hf.frac_occ``): the rank of its share of the MINAO guess density, which is at
-    least its share of the occupied orbitals."""
+    (PySCF's ``atom_hf.frac_occ``): the rank of its share of the initial guess (a superposition of
+    atomic densities), which is at least its share of the occupied orbitals."""
     from pyscf.scf import atom_hf
 
     shells = [atom_hf.frac_occ(symbol, l) for l in range(4)]
@@ -269,7 +269,7 @@ class SizeBucket:
 
     @property
     def density_rank(self) -> int:
-        """R: a bound on the rank of any density of the bucket's molecules (the MINAO guess's, and so
+        """R: a bound on the rank of any density of the bucket's molecules (the initial guess's, and so
         the occupied orbitals' count), at most Np."""
         bound = sum(cap * _kind_maximum(self.basis, kind, minimal_occupied) for kind, cap in self.kinds)
         return min(self.nao, bound)
@@ -304,9 +304,3 @@ class SizeBucket:
         """True if ``molecule`` belongs to this bucket."""
         step = OCCUPIED_STEP if self.occupied else 0
         return SizeBucket.of(molecule, self.basis, self.grid_level, step) == self
-
-
-def pad_atoms(coords: np.ndarray, natm: int) -> np.ndarray:
-    """([C,] n, 3) positions padded to ``natm`` atoms with dummies at the origin (no shells, no charge)."""
-    extra = [(0, 0)] * (np.ndim(coords) - 2) + [(0, natm - coords.shape[-2]), (0, 0)]
-    return np.pad(coords, extra)

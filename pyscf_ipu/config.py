@@ -75,8 +75,8 @@ class RKSConfig:
     integrals: str = option(
         "libcint",
         "what computes the integrals, grid and guess: libcint (PySCF's, on the host, float64), jax (pyscf_ipu.integrals, "
-        "assembled on the device for a whole batch; the ERIs in the SCF precision) or auto (jax, with libcint's "
-        "density-fitting factor where the device is this CPU); the old spellings host and device still work",
+        "assembled on the device for a whole batch, in float64) or auto (jax, with libcint's density-fitting factor "
+        "where the device is this CPU); the old spellings host and device still work",
         choices=INTEGRALS,
         renamed=RENAMED_VALUES["integrals"],
     )

@@ -249,7 +249,7 @@ def scf_loop(problem: SCFProblem, settings: LoopSettings, weighted) -> SCFTrace:
 
 @partial(compiled, static_argnums=1)
 def scf_program(problems: SCFProblem, settings: LoopSettings) -> SCFTrace:
-    """:func:`scf_loop` over a batch of conformers (a leading axis; see ``problem.build_batch``), as
+    """:func:`scf_loop` over a batch of conformers (a leading axis; see ``problem.build_problem``), as
     one compiled program per (settings, padded shapes, dtype).
 
     The batched while-loop runs until every member has stopped; members that stopped earlier keep

@@ -28,7 +28,7 @@ import numpy as np
 from pyscf import gto, scf
 from pyscf.dft import radi
 
-from .buckets import SizeBucket, _kind_grid_size, auxiliary_layout, auxiliary_mole
+from .buckets import SizeBucket, _element_aos, _kind_grid_size, auxiliary_layout, auxiliary_mole, capacity
 from .grid import atom_grids
 from .integrals.ao_values import AOTables, ao_tables
 from .integrals.basis import MAX_FITTING_L, PrimitiveBasis, contracted_shells, primitive_basis
@@ -49,9 +49,10 @@ class SlotRows:
     def of(cls, atoms: np.ndarray) -> SlotRows:
         """The rows of an array whose rows are grouped by atom, ``atoms`` (R,) giving each row's."""
         atoms = np.asarray(atoms)
-        if np.any(np.diff(atoms) < 0):
-            raise ValueError("a template array's rows must be grouped by atom, in atom order")
-        first = np.searchsorted(atoms, atoms)  # the first row of each row's atom
+        starts = np.flatnonzero(np.r_[True, atoms[1:] != atoms[:-1]]) if len(atoms) else np.zeros(0, int)
+        if len(set(atoms[starts].tolist())) != len(starts):
+            raise ValueError("a template array's rows must be grouped by atom")
+        first = starts[np.searchsorted(starts, np.arange(len(atoms)), side="right") - 1]  # each row's group's first
         return cls(atoms.astype(np.int32), (np.arange(len(atoms)) - first).astype(np.int32))
 
     def gather(self, table, elements):
@@ -237,13 +238,17 @@ def _template(bucket: SizeBucket) -> BucketTemplate:
     primitives = primitive_basis(mol)
     cartesian = ao_tables(primitives)
     # each slot ranked within its kind: a molecule leaves the highest ranks absent (SizeBucket.place)
-    kind_first = np.searchsorted(bucket.slot_kinds, bucket.slot_kinds)
-    plan = plan_eri(mol, eri_capacity(mol), atom_rank=np.arange(mol.natm) - kind_first)
+    rank = np.arange(mol.natm) - np.searchsorted(bucket.slot_kinds, bucket.slot_kinds)
+    # a density-fitted bucket pairs its shells with fitting functions: no four-centre quartets
+    plan = plan_eri(mol, eri_capacity(mol), atom_rank=rank, quartets=not bucket.occupied)
     aos = mol.aoslice_by_atom()[:, 3] - mol.aoslice_by_atom()[:, 2]
-    # each slot's grid: its kind's largest atomic grid; then the padding to the bucket's aligned size,
-    # each padding point a column past every element's grid (zero volume)
+    # each slot's grid: its kind's largest atomic grid, the slots of kinds counted exactly first and then,
+    # rank by rank, the others', so that absent slots' points come last (the XC loops stop before
+    # them); then the padding to the bucket's aligned size, each point a column past every grid
     sizes = [_kind_grid_size(bucket.basis, kind, bucket.grid_level) for kind, cap in bucket.kinds for _ in range(cap)]
-    points = SlotRows.of(np.repeat(np.arange(mol.natm), sizes))
+    rounded = np.array([capacity(1, _element_aos(kind)) > 1 for kind, _ in bucket.kinds])[bucket.slot_kinds]
+    order = np.lexsort((rank, rounded))  # exact kinds' slots, then the rounded kinds' by rank
+    points = SlotRows.of(np.repeat(order, np.asarray(sizes)[order]))
     padding = bucket.grid_points - len(points.slot)
     points = SlotRows(np.concatenate([points.slot, np.zeros(padding, np.int32)]),
                       np.concatenate([points.local, np.full(padding, max(sizes), np.int32)]))  # fmt: skip

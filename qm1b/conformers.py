@@ -127,7 +127,7 @@ def embed_conformers(
     mol = Chem.AddHs(_neutral(smiles, parse_smiles(smiles) if parsed is None else parsed))
     params = AllChem.ETKDGv3()
     params.randomSeed = conformer_seed(seed, molecule_id)
-    params.numThreads = 1  # one molecule per call; parallelism comes from shards
+    params.numThreads = 1  # one thread per molecule: the generator's worker threads embed several at once
     with rdBase.BlockLogs():
         conf_ids = list(AllChem.EmbedMultipleConfs(mol, numConfs=count, params=params))
     if not conf_ids:

@@ -4,14 +4,18 @@ shard, resumable.
 Molecules are ordered by size bucket (:mod:`pyscf_ipu.buckets`) and their conformers go in batches
 of ``batch_size``, filled from one molecule or several of a bucket: a bucket's molecules share every
 shape, so a batch runs as one vmapped program per stage, and the stored programs and persistent
-compilation cache spare a restarted run the tracing and compiling. The integrals come from the JAX
-kernels by default (``--integrals libcint``: libcint's). While the device works on batch k, the host
-prepares batch k+1 (only its host-side steps overlap with the JAX integrals: XLA's CPU client runs
-the programs of one thread in order, so the integrals' programs wait for batch k's loop); batch k
-is then finalised and committed to the shard as one atomic part (see
-:mod:`qm1b.store`). A killed run resumes with ``--resume``: committed conformers and
-recorded failures are skipped, so at most the batch in flight is recomputed. A run whose conformers
-mostly fail to converge stops (:class:`ConvergenceWatch`): that is a broken setup, not hard molecules.
+compilation cache spare a restarted run the tracing and compiling. The integrals come from the
+``auto`` source by default (``--integrals``): the JAX integrals assembled on the device from the
+bucket's template, with libcint's density-fitting factor where the device is the CPU.
+
+Three kinds of thread share the work (:mod:`qm1b.pipeline`): worker threads embed the conformers
+ahead of the device; the main thread sends batch k + 1's positions and dispatches its programs
+before it reads batch k's labels, so that an accelerator always has the next batch; a commit thread
+writes each labelled batch to the shard as one atomic part (see :mod:`qm1b.store`). A killed run
+resumes with ``--resume``: committed conformers and recorded failures are skipped, so at most the
+batch in flight, the one being committed and the one queued for commit are computed again. A run
+whose conformers mostly fail to converge stops (:class:`ConvergenceWatch`): that is a broken setup,
+not hard molecules.
 """
 
 from __future__ import annotations
@@ -141,6 +145,10 @@ class Summary:
     timings: Counter[str] = field(default_factory=Counter)  # seconds per stage, summed
     host: Counter[str] = field(default_factory=Counter)  # the host's CPU seconds per stage (HostClock)
     tasks: int = 0  # Ray tasks summed up here (0: one shard in one process)
+    # the batches whose wall time holds no program loading or compiling (neither the batch nor the
+    # one dispatched beside it is its size bucket's first): their conformers and seconds
+    steady_conformers: int = 0
+    steady_seconds: float = 0.0
 
     @property
     def where(self) -> str:
@@ -150,6 +158,12 @@ class Summary:
     def conformers_per_hour(self) -> float:
         return 3600.0 * self.conformers / self.seconds if self.seconds else 0.0
 
+    @property
+    def steady_conformers_per_hour(self) -> float | None:
+        """The rate over the batches that load or compile no programs (what a long run approaches);
+        None where every batch did."""
+        return 3600.0 * self.steady_conformers / self.steady_seconds if self.steady_seconds else None
+
     def to_dict(self) -> dict:
         """The summary as JSON-able data; ``host_ms_per_conformer`` is the host's CPU time per labelled
         conformer without what a run pays once (:data:`ONCE_PER_RUN`), ``once_seconds`` those."""
@@ -157,7 +171,8 @@ class Summary:
         steady = sum(v for k, v in self.host.items() if k not in ONCE_PER_RUN)
         return {**{k: getattr(self, k) for k in ("out", "shard", "molecules", "conformers", "converged", "failures",
                                                    "skipped", "seconds", "tasks")},
-                "conformers_per_hour": self.conformers_per_hour, "timings": dict(self.timings),
+                "conformers_per_hour": self.conformers_per_hour,
+                "steady_conformers_per_hour": self.steady_conformers_per_hour, "timings": dict(self.timings),
                 "host": dict(self.host), "host_ms_per_conformer": 1000 * steady / labelled if labelled else None,
                 "once_seconds": {k: self.host[k] for k in ONCE_PER_RUN if k in self.host}}  # fmt: skip
 
@@ -167,7 +182,10 @@ class Summary:
         lines = [
             f"{self.out} ({self.where}): {self.conformers} conformers of {self.molecules} molecules written, "
             f"{rate:.1%} converged; {self.failures} failures; {self.skipped} already done",
-            f"{self.seconds:.1f}s, {self.conformers_per_hour:,.0f} conformers per hour; time: {split}",
+            f"{self.seconds:.1f}s, {self.conformers_per_hour:,.0f} conformers per hour"
+            + (f" ({self.steady_conformers_per_hour:,.0f} in batches that load no programs)" if self.steady_seconds
+               else "")
+            + f"; time: {split}",
         ]
         labelled = self.conformers + self.failures
         if labelled and self.host:
@@ -397,9 +415,10 @@ class _Ledger:
         self.bar.update(settled.progress)
 
     def label(self, batch: _Batch, results: list[SCFResult], gradients: list[np.ndarray] | None,
-              forces_seconds: float) -> None:  # fmt: skip
+              forces_seconds: float, steady: bool) -> None:  # fmt: skip
         """Hand a labelled batch to the commit thread: its records (their seconds the generator's wall
-        time since the last batch, failed conformers' time included) and its failures."""
+        time since the last batch, failed conformers' time included) and its failures. ``steady``:
+        that time holds no program loading or compiling (the summary's steady rate counts it)."""
         for result in results:  # host preparation, transfer, waiting for the device, finalisation
             self.summary.timings.update(result.timings)
         if gradients is not None:
@@ -407,6 +426,9 @@ class _Ledger:
         now = time.perf_counter()
         rows, gradients, failures = _labelled(batch, results, gradients, self.drop_unconverged)
         self.commits.put((rows, now - self.last_commit, gradients, failures))
+        if steady:
+            self.summary.steady_conformers += len(batch.members)
+            self.summary.steady_seconds += now - self.last_commit
         self.last_commit = now
         self.summary.conformers += len(rows)
         self.summary.converged += sum(bool(r.converged) for *_, r in rows)
@@ -489,11 +511,13 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], bu
         bar = tqdm(total=sum(source.expected(m) for m in inputs), unit="conf", disable=not gen.progress,
                    smoothing=0.1)  # fmt: skip
         commits = CommitThread(_committer(writer), clock)
-        ledger = _Ledger(commits, summary, bar, watch, gen.drop_unconverged, time.perf_counter())
-        inflight: tuple[_Batch, BatchRun] | None = None
+        inflight: tuple[_Batch, BatchRun, bool] | None = None  # and whether it was its bucket's first
+        started: set = set()  # the size buckets whose programs are loaded
         done = writer.done()
+        supply = iter(_supply(inputs, source, done, clock))  # a generator: its workers start at its first item
         try:
-            for item in _batches(inputs, buckets, source, done, sizes, iter(_supply(inputs, source, done, clock))):
+            ledger = _Ledger(commits, summary, bar, watch, gen.drop_unconverged, time.perf_counter())
+            for item in _batches(inputs, buckets, source, done, sizes, supply):
                 if isinstance(item, _Settled):
                     ledger.settle(item)
                     continue
@@ -507,17 +531,23 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], bu
                     ledger.settle(_Settled([Failure(e.description, str(err), e.molecule_id, -1) for e in entries.values()],
                                            0, len(item.members)))  # fmt: skip
                     continue
+                first = bucket not in started  # its programs are loaded or compiled as it is dispatched
+                started.add(bucket)
                 with clock.stage("dispatch"):
                     run = submit_batch(prepared, method)
                 if inflight is not None:  # the device worked on it while this batch was prepared
-                    ledger.label(inflight[0], *_results(*inflight, method, gen.forces, clock))
-                inflight = (item, run)
+                    ledger.label(inflight[0], *_results(*inflight[:2], method, gen.forces, clock),
+                                 steady=not (first or inflight[2]))  # fmt: skip
+                inflight = (item, run, first)
             if inflight is not None:
-                ledger.label(inflight[0], *_results(*inflight, method, gen.forces, clock))
+                ledger.label(inflight[0], *_results(*inflight[:2], method, gen.forces, clock), steady=not inflight[2])
         except NotConvergingError as err:
             stop = err  # the shard closes as usual below: what was committed is merged and kept
-        finally:
-            commits.close()
+        except BaseException:
+            supply.close()  # its workers stop after the conformers they are making
+            commits.close(raise_error=False)  # what was queued is committed; the error in hand is the one to tell
+            raise
+        commits.close()
         bar.close()
     summary.seconds = time.perf_counter() - start
     summary.host.update(clock.seconds)
@@ -596,7 +626,8 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
             bar.update(pending.pop(ready))
     total = Summary(out=gen.out, shard=gen.shard, seconds=time.perf_counter() - start, tasks=len(summaries))
     for s in summaries:
-        for name in ("molecules", "conformers", "converged", "failures", "skipped"):
+        for name in ("molecules", "conformers", "converged", "failures", "skipped", "steady_conformers",
+                     "steady_seconds"):  # the steady rate so summed is a task's, not the cluster's  # fmt: skip
             setattr(total, name, getattr(total, name) + getattr(s, name))
         total.timings.update(s.timings)
         total.host.update(s.host)

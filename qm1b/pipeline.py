@@ -103,13 +103,15 @@ class ConformerSupply:
 class CommitThread:
     """Runs ``commit(item)`` for each :meth:`put` item on a thread of its own, in order, with at most
     one item waiting: a crash loses at most the batch being committed and the one waiting (committed
-    work is published atomically, see :mod:`qm1b.store`). An exception in ``commit`` ends the
-    thread and is raised again by the next :meth:`put` or by :meth:`close`."""
+    work is published atomically, see :mod:`qm1b.store`). The first exception in ``commit`` stops
+    every later commit (nothing is written out of order after a failure) and is raised once, by the
+    next :meth:`put` or by :meth:`close`."""
 
     def __init__(self, commit: Callable, clock: HostClock, stage: str = "write"):
         self._commit, self._clock, self._stage = commit, clock, stage
         self._queue: queue.Queue = queue.Queue(maxsize=1)
         self._error: BaseException | None = None
+        self._reported = False
         self._thread = threading.Thread(target=self._loop, name="commit", daemon=True)
         self._thread.start()
 
@@ -124,17 +126,19 @@ class CommitThread:
                     self._error = err
 
     def _raise(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        if self._error is not None and not self._reported:
+            self._reported = True
+            raise self._error
 
     def put(self, item) -> None:
         """Queue ``item`` (waits while one is queued already); raise the thread's error, if any."""
         self._raise()
         self._queue.put(item)
 
-    def close(self) -> None:
-        """Wait for every queued item to be committed; raise the thread's error, if any."""
+    def close(self, raise_error: bool = True) -> None:
+        """Wait for every queued item to be committed; raise the thread's error, if any and if
+        ``raise_error`` (not while another exception is on its way out)."""
         self._queue.put(None)
         self._thread.join()
-        self._raise()
+        if raise_error:
+            self._raise()

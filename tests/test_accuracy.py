@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from pyscf_ipu.config import RKSConfig
-from pyscf_ipu.method import resolve
 from pyscf_ipu.rks import run_rks
 from pyscf_ipu.units import HARTREE_TO_MEV
 

@@ -42,7 +42,7 @@ def pyscf_fitted_jk(mol, basis: str, dm: np.ndarray) -> tuple[np.ndarray, np.nda
 @pytest.mark.parametrize("name, basis", [("benzene", "6-31g*"), ("water", "def2-svp")])
 def test_fitted_jk_matches_pyscf_density_fitting(name, basis):
     """J and K in float32, padded by 3 AOs, against PySCF in float64: of an orbital density (the core
-    Hamiltonian's occupied orbitals, rank nocc, within the bucket's occupied rank), and J of the MINAO
+    Hamiltonian's occupied orbitals, rank nocc, within the bucket's occupied rank), and J of the initial
     guess, whose rank is higher (J is exact for any density; the guess's K keeps the bucket's rank).
     Float32 sums of O(1) terms keep 1e-5 of the largest element."""
     host = prepare([from_name(name)], resolve(RKSConfig(basis=basis, jk="df")))[0]

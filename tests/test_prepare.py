@@ -106,15 +106,19 @@ def test_eri_primitive_screening_is_below_float32_resolution():
 
 def test_integral_sources_are_the_config_choices():
     """Each choice of ``RKSConfig.integrals`` names one registered source, or ``auto``, which picks by the
-    platform (here a CPU: the JAX integrals with libcint's density-fitting factor); the old spellings
+    platform (here a CPU: the JAX integrals with libcint's density-fitting factor; on an accelerator
+    with the device's own factor); the old spellings
     (host, device) resolve to the sources they always meant, and an unknown name never reaches a source."""
     from pyscf_ipu.config import INTEGRALS
-    from pyscf_ipu.integral_sources import INTEGRAL_SOURCES, JaxIntegrals, LibcintFactor, LibcintIntegrals
+    from pyscf_ipu.integral_sources import (INTEGRAL_SOURCES, DeviceFactor, JaxIntegrals, LibcintFactor,
+                                            LibcintIntegrals, auto_integrals)
 
     assert set(INTEGRAL_SOURCES) | {"auto"} == set(INTEGRALS) == {"libcint", "jax", "auto"}
     assert all(resolve(RKSConfig(integrals=name)).integrals.name == name for name in INTEGRAL_SOURCES)
     auto = resolve(RKSConfig(integrals="auto")).integrals
     assert isinstance(auto, JaxIntegrals) and isinstance(auto.factor, LibcintFactor)
+    on_a_gpu = auto_integrals("gpu")
+    assert isinstance(on_a_gpu, JaxIntegrals) and isinstance(on_a_gpu.factor, DeviceFactor)
     assert isinstance(resolve(RKSConfig(integrals="host")).integrals, LibcintIntegrals)
     assert isinstance(resolve(RKSConfig(integrals="device")).integrals, JaxIntegrals)
     assert RKSConfig(integrals="device") == RKSConfig(integrals="jax")  # one config, whichever spelling

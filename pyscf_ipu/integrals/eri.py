@@ -185,9 +185,10 @@ def _parts(plan: EriPlan, workers: int) -> tuple[Share, ...]:
 
 def _static(plan: EriPlan):
     """The plan's compile-time part: each pair class's (l_a, l_b, K_a, K_b), each quartet class's
-    (bra, ket) and the s8 array's padded length."""
+    (bra, ket), the s8 array's padded length, and how many chunks the map computes at once
+    (:func:`chunk_batch`)."""
     return (tuple((c.la, c.lb, c.ka, c.kb) for c in plan.pairs), tuple((q.bra, q.ket) for q in plan.quartets),
-            plan.padded_size)  # fmt: skip
+            plan.padded_size, chunk_batch())  # fmt: skip
 
 
 @lru_cache(maxsize=4)  # a 6-31G* plan's destinations alone are hundreds of MB

@@ -178,7 +178,7 @@ def quartet_stage(static, quartet_arrays, one_centre, data, shifts):
     to compute, the padding of a size bucket's full chunk grids and the chunks of pairs of atoms that
     are not there, a template's absent slots, are skipped). ``one_centre``: (positions (M,), values
     (M,)) of the integrals with all four AOs on one atom."""
-    kinds, quartet_classes, size = static
+    kinds, quartet_classes, size, batch = static
     one_centre_index, one_centre_value = one_centre
     out = jnp.zeros(size, shifts.dtype).at[one_centre_index].set(one_centre_value.astype(shifts.dtype), mode="drop")
     for (x, y), (chunks, active, destination) in zip(quartet_classes, quartet_arrays):
@@ -201,7 +201,7 @@ def quartet_stage(static, quartet_arrays, one_centre, data, shifts):
                                 lambda: jnp.zeros(shape, shifts.dtype))  # fmt: skip
 
         # checkpointed: a gradient recomputes each chunk instead of keeping every chunk's Boys values
-        values = jax.lax.map(jax.checkpoint(chunk), (work, bra, ket))
+        values = jax.lax.map(jax.checkpoint(chunk), (work, bra, ket), batch_size=batch)
         out = out.at[destination].set(values.reshape(-1), mode="drop", unique_indices=True)
     return out
 

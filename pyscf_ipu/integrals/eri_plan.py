@@ -219,19 +219,24 @@ def eri_capacity(template: gto.Mole) -> EriCapacity:
                        len(shells.atom))
 
 
-def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None, atom_rank: np.ndarray | None = None) -> EriPlan:
+def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None, atom_rank: np.ndarray | None = None,
+             quartets: bool = True) -> EriPlan:  # fmt: skip
     """Group ``mol``'s shell pairs and quartets into classes and chunks and work out the s8 destinations.
 
     Without ``capacity``, every count is rounded up to its own bucket (:func:`~pyscf_ipu.padding.padded_size`)
     and chunks without a quartet to compute are left out. With the ``capacity`` of ``mol``'s size
     bucket, the plan takes the bucket's shapes: its classes' row counts, every chunk of each quartet
     class (a chunk with nothing to compute is skipped by the kernel at run time), and the s8 array of
-    the bucket's AOs, of which ``mol``'s is the leading part.
+    the bucket's AOs, of which ``mol``'s is the leading part. ``atom_rank`` orders each class's pairs
+    by the higher rank of their atoms: a size bucket's template ranks its slots within their kind, so
+    that the pairs of the slots a molecule leaves absent (the last of a kind) come last and fill
+    whole chunks, which the kernel skips. ``quartets`` False plans the shell pairs alone (a
+    density-fitted run pairs them with fitting functions instead: :mod:`.fitting`), with no s8 array.
     """
     shells = shells_of(mol)
     nao = mol.nao_nr() if capacity is None else capacity.nao
     size = s8_size(nao)
-    if padded_s8_size(size) >= NOWHERE:
+    if quartets and padded_s8_size(size) >= NOWHERE:
         raise ValueError(f"{nao} AOs: the s8 ERI array ({size:,} entries) exceeds 32-bit indexing")
     by_class = _pair_classes(shells, atom_rank)
     if capacity is not None and (tuple(by_class) != capacity.classes or mol.natm > capacity.natm
@@ -243,19 +248,19 @@ def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None, atom_rank: np.n
         padded = CHUNK * padded_size(-(-len(rows) // CHUNK), minimum=1) if capacity is None else capacity.rows[k]
         rows = np.concatenate([rows, np.repeat(rows[:1], padded - len(rows), axis=0)])
         pairs.append(PairClass(la, lb, ka, kb, len(members), rows[:, 0], rows[:, 1]))
-    quartets = []
-    for x in range(len(pairs)):
+    classes = []
+    for x in range(len(pairs) if quartets else 0):
         for y in range(x + 1):
             quartet = _quartet_class(shells, pairs, x, y, every_chunk=capacity is not None)
             if quartet is not None:
-                quartets.append(quartet)
-    index, value = one_centre_eris(mol)
+                classes.append(quartet)
+    index, value = one_centre_eris(mol) if quartets else (np.zeros(0, np.int32), np.zeros(0))
     if capacity is None:
         padded_natm, padded_shells = padded_size(mol.natm, minimum=4), padded_size(len(shells.atom))
         one_centre = padded_size(len(index), minimum=64)
     else:
         padded_natm, one_centre, padded_shells = capacity.natm, capacity.one_centre, capacity.shells
-    return EriPlan(shells, tuple(pairs), tuple(quartets), nao, size, mol.natm, index, value, padded_natm,
+    return EriPlan(shells, tuple(pairs), tuple(classes), nao, size, mol.natm, index, value, padded_natm,
                    padded_s8_size(size), one_centre, padded_shells)  # fmt: skip
 
 

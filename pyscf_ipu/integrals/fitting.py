@@ -5,13 +5,15 @@ A fitting function P is a Gaussian shell on its own; the kernels of :mod:`.eri_k
 a shell pair whose second shell is a **companion**: an s function of exponent 0 on the same atom,
 whose coefficient makes it exactly 1 (its Hermite expansion is P's own). So (ij|P) is a quartet of
 an orbital pair and a fitting "pair", and (P|Q) one of two fitting "pairs", and the chunk kernel of
-the four-centre ERIs computes both. Their destinations separate into a bra part and a ket part: a
-value of orbital pair ij and fitting function Q goes to Q npair + ij, one of P and Q to P Qp + Q,
-so the plan (:class:`FittingPlan`) holds each class's pair and function indices, not one index per
-value. The pairs (ij) are i >= j of the padded AOs in PySCF's packing; padding fitting functions
-(a slot's element has fewer than its kind's layout) have zero integrals and a unit metric diagonal,
-so their rows of B are zero. The factor is what ``df.incore.cholesky_eri`` makes (J. L. Whitten,
-J. Chem. Phys. 58, 4496 (1973); Vahtras, Almlof and Feyereisen, Chem. Phys. Lett. 213, 514 (1993)).
+the four-centre ERIs computes both. Each side's pair classes of one angular momentum pattern form a
+:class:`FlatGroup`, one primitive pair per row, so that one kernel serves every primitive count (a
+kernel per class made programs that took minutes to compile); the values of a row go to its pair's
+destination, where a contracted pair's primitives add up. A value of orbital pair ij and fitting
+function Q goes to Q npair + ij, one of P and Q to P Qp + Q. The pairs (ij) are i >= j of the
+padded AOs in PySCF's packing; padding fitting functions (a slot's element has fewer than its
+kind's layout) have zero integrals and a unit metric diagonal, so their rows of B are zero. The
+factor is what ``df.incore.cholesky_eri`` makes (J. L. Whitten, J. Chem. Phys. 58, 4496 (1973);
+Vahtras, Almlof and Feyereisen, Chem. Phys. Lett. 213, 514 (1993)).
 """
 
 from __future__ import annotations
@@ -34,27 +36,29 @@ COMPANION_COEFFICIENT = math.sqrt(4.0 * math.pi)
 
 
 @dataclass(frozen=True)
-class FittedClass:
-    """The (bra class | ket class) quartets of the factor's integrals, in CHUNK x CHUNK squares of
-    pairs, with each bra and ket row's destinations (NOWHERE for repeats and padding)."""
+class FlatGroup:
+    """Pair classes of one angular momentum pattern, each pair's primitive pairs laid out as rows of
+    their own (so that one kernel serves every primitive count), padded to whole chunks: each row's
+    destination part (an orbital pair's packed index, or a fitting function's), repeated over a pair's
+    primitives, whose values the scatter then adds up; NOWHERE for repeats and padding."""
 
-    bra: int  # pair class of the bra, in the stage's list
-    ket: int  # pair class of the ket
-    chunks: np.ndarray  # (T, 2) int32  bra chunk and ket chunk of each square
-    bra_index: np.ndarray  # (rows of bra, S_ab) int32  orbital pair (3-centre) or fitting function (metric)
-    ket_index: np.ndarray  # (rows of ket, S_P) int32  fitting function
+    members: tuple[tuple[int, int], ...]  # (pair class in the stage's data, its primitive pairs K2), in order
+    components: tuple[tuple[int, ...], tuple[int, ...]]  # (l_a, l_b) of every member
+    index: np.ndarray  # (rows, S_a S_b) int32, rows a multiple of CHUNK
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: device arrays are cached per plan
 class FittingPlan:
     """A size bucket's 3-centre and metric integrals: the fitting shells as pairs with their
-    companions, appended to the orbital plan's pair classes (the bra side of the 3-centre ones)."""
+    companions, appended to the orbital plan's pair classes, and both sides' classes gathered into
+    :class:`FlatGroup`s by angular momentum (the bra side of the 3-centre integrals: the orbital
+    pairs'; the ket side, and both sides of the metric: the fitting functions')."""
 
     orbital: EriPlan
     pairs: tuple[PairClass, ...]  # the fitting shells' "pairs" (la = (l,), lb = (0,)); second: the companion
     shell_atom: np.ndarray  # (S_f + natm,) the atom of each fitting shell, then each atom's companion
-    three: tuple[FittedClass, ...]  # bra: an orbital class; ket: a fitting class
-    metric: tuple[FittedClass, ...]  # bra and ket: fitting classes
+    orbital_groups: tuple[FlatGroup, ...]
+    fitting_groups: tuple[FlatGroup, ...]
     naux: int  # fitting functions (Qp)
     npair: int  # orbital pairs i >= j of the padded AOs
 
@@ -65,12 +69,28 @@ def _rows(members: np.ndarray) -> np.ndarray:
     return np.concatenate([members, np.repeat(members[:1], padded - len(members))])
 
 
+def _flat_groups(classes: list[PairClass], indices: list[np.ndarray], first: int) -> tuple[FlatGroup, ...]:
+    """``classes`` (their destination parts ``indices``, rows by pair) as :class:`FlatGroup`s: one per
+    (l_a, l_b), each class's pairs repeated over their primitive pairs; class k is ``first + k`` in the
+    stage's data."""
+    groups: dict[tuple, list[int]] = {}
+    for k, c in enumerate(classes):
+        groups.setdefault((c.la, c.lb), []).append(k)
+    out = []
+    for components, members in sorted(groups.items()):
+        rows = np.concatenate([np.repeat(indices[k], classes[k].ka * classes[k].kb, axis=0) for k in members])
+        padded = CHUNK * -(-len(rows) // CHUNK)
+        rows = np.concatenate([rows, np.full((padded - len(rows), rows.shape[1]), NOWHERE, np.int32)])
+        out.append(FlatGroup(tuple((first + k, classes[k].ka * classes[k].kb) for k in members), components,
+                             rows.astype(np.int32)))  # fmt: skip
+    return tuple(out)
+
+
 def plan_fitting(orbital: EriPlan, atom: np.ndarray, l: np.ndarray, primitives: np.ndarray, natm: int) -> FittingPlan:
     """The :class:`FittingPlan` of fitting shells on atoms ``atom`` (S_f,) with angular momenta ``l``
     and primitive counts ``primitives``, their functions in this order, beside ``orbital``."""
     sizes = 2 * np.asarray(l) + 1
     offset = np.concatenate([[0], np.cumsum(sizes)])[:-1]
-    naux = int(sizes.sum())
     count = len(atom)
     pairs, functions = [], []
     for key in sorted(set(zip(l.tolist(), primitives.tolist()))):
@@ -81,13 +101,11 @@ def plan_fitting(orbital: EriPlan, atom: np.ndarray, l: np.ndarray, primitives: 
         index[len(members):] = NOWHERE
         functions.append(index.astype(np.int32))
     npad = orbital.nao
-    orbital_index = [_pair_functions(orbital, c) for c in orbital.pairs]
-    first = len(orbital.pairs)
-    three = tuple(_fitted_class(x, first + y, orbital_index[x], functions[y])
-                  for x in range(len(orbital.pairs)) for y in range(len(pairs)))  # fmt: skip
-    metric = tuple(_fitted_class(x, y, functions[x], functions[y]) for x in range(len(pairs)) for y in range(len(pairs)))
+    orbital_groups = _flat_groups(list(orbital.pairs), [_pair_functions(orbital, c) for c in orbital.pairs], 0)
+    fitting_groups = _flat_groups(pairs, functions, len(orbital.pairs))
     shell_atom = np.concatenate([atom, np.arange(natm)]).astype(np.int32)
-    return FittingPlan(orbital, tuple(pairs), shell_atom, three, metric, naux, npad * (npad + 1) // 2)
+    return FittingPlan(orbital, tuple(pairs), shell_atom, orbital_groups, fitting_groups, int(sizes.sum()),
+                       npad * (npad + 1) // 2)  # fmt: skip
 
 
 def _pair_functions(plan: EriPlan, pair: PairClass) -> np.ndarray:
@@ -105,50 +123,88 @@ def _pair_functions(plan: EriPlan, pair: PairClass) -> np.ndarray:
     return index.astype(np.int32)
 
 
-def _fitted_class(x: int, y: int, bra: np.ndarray, ket: np.ndarray) -> FittedClass:
-    ti, tj = np.meshgrid(np.arange(len(bra) // CHUNK), np.arange(len(ket) // CHUNK), indexing="ij")
-    return FittedClass(x, y, np.stack([ti.ravel(), tj.ravel()], 1).astype(np.int32), bra, ket)
+def _flattened(members, rows: int, data) -> tuple:
+    """A group's pair data (its ``members``' classes in ``data``) as rows of one primitive pair each (the
+    kernel's K2 = 1), padded to ``rows``: (E (R, 1, S, H), p (R, 1), P - A (3, R, 1), first atom (R,));
+    padding p = 1 (no division by zero) and E = 0 (no values)."""
+    parts = [data[k] for k, _ in members]
+    e = jnp.concatenate([d[0].reshape(-1, 1, *d[0].shape[2:]) for d in parts])
+    p = jnp.concatenate([d[1].reshape(-1, 1) for d in parts])
+    pa = jnp.concatenate([d[2].reshape(3, -1, 1) for d in parts], axis=1)
+    atom = jnp.concatenate([jnp.repeat(d[3], k2) for d, (_, k2) in zip(parts, members)])
+    extra = rows - e.shape[0]
+    return (jnp.pad(e, [(0, extra), (0, 0), (0, 0), (0, 0)]), jnp.pad(p, [(0, extra), (0, 0)], constant_values=1.0),
+            jnp.pad(pa, [(0, 0), (0, extra), (0, 0)]), jnp.pad(atom, (0, extra)))  # fmt: skip
 
 
-def _stage(classes, static, data, shifts, size: int, width: int, batch: int):
-    """The values of one stage's classes written to a flat (size,) array: value (bra row i, its
-    function s, ket row j, its function t) to ket_index[j, t] * width + bra_index[i, s]."""
-    kinds, keys = static
+def _order(components) -> int:
+    return max(components[0]) + max(components[1])
+
+
+def _stage(bra, ket, shifts, size: int, width: int, batch: int):
+    """Every (bra group | ket group) of one stage, added into a flat (size,) array. ``bra`` and ``ket``:
+    per group (its components, its flattened data, its destination parts); the value of bra row i's
+    function s and ket row j's function t goes to ket_index[j, t] * width + bra_index[i, s] (a
+    contracted pair's or function's primitives add up there). A scan over ``batch`` chunks at a time
+    adds each step's values at once, so only one step's uncontracted values are ever held."""
     out = jnp.zeros(size, shifts.dtype)
-    for (x, y), (chunks, bra_index, ket_index) in zip(keys, classes):
-        orders = tuple(max(kinds[c][0]) + max(kinds[c][1]) for c in (x, y))
-        (e_bra, p_bra, pa_bra, atom_bra, _), (e_ket, p_ket, pa_ket, atom_ket, _) = data[x], data[y]
-        bra = (_by_chunk(e_bra, chunks[:, 0]), _by_chunk(p_bra, chunks[:, 0]), _by_chunk(pa_bra, chunks[:, 0], 1))
-        ac = shifts[_by_chunk(atom_bra, chunks[:, 0])[:, None, :], _by_chunk(atom_ket, chunks[:, 1])[:, :, None]]
-        ket = (_by_chunk(p_ket, chunks[:, 1]), _by_chunk(pa_ket, chunks[:, 1], 1), chunks[:, 1], ac)
-        signed = _ket_signed(orders[1], e_ket)
-        signed = signed.reshape(-1, CHUNK, *signed.shape[1:])
-        values = jax.lax.map(lambda arguments, orders=orders, signed=signed: _chunk(*orders, *arguments, signed),
-                             (bra, ket), batch_size=batch)  # (T, I, S_ab, J, S_P)  # fmt: skip
-        rows, columns = _by_chunk(bra_index, chunks[:, 0]), _by_chunk(ket_index, chunks[:, 1])  # (T, I, S_ab), (T, J, S_P)
-        valid = (rows != NOWHERE)[:, :, :, None, None] & (columns != NOWHERE)[:, None, None, :, :]
-        destination = jnp.where(valid, columns[:, None, None, :, :] * width + rows[:, :, :, None, None], NOWHERE)
-        out = out.at[destination.reshape(-1)].set(values.reshape(-1), mode="drop", unique_indices=True)
+    index_dtype = jnp.int32 if size < np.iinfo(np.int32).max else jnp.int64
+    for (bra_components, (e_bra, p_bra, pa_bra, atom_bra), bra_index) in bra:
+        for (ket_components, (e_ket, p_ket, pa_ket, atom_ket), ket_index) in ket:
+            orders = (_order(bra_components), _order(ket_components))
+            signed = _ket_signed(orders[1], e_ket)
+            signed = signed.reshape(-1, CHUNK, *signed.shape[1:])
+            chunks = np.stack(np.meshgrid(np.arange(len(bra_index) // CHUNK), np.arange(len(ket_index) // CHUNK),
+                                          indexing="ij"), -1).reshape(-1, 2)  # fmt: skip
+            steps = -(-len(chunks) // batch)
+            real = np.arange(steps * batch) < len(chunks)  # padding steps repeat chunk 0, and add nothing
+            chunks = np.concatenate([chunks, np.zeros((steps * batch - len(chunks), 2), chunks.dtype)])
+
+            def step(out, xs, bra=(e_bra, p_bra, pa_bra, atom_bra, bra_index), ket=(p_ket, pa_ket, atom_ket, ket_index),
+                     signed=signed, orders=orders):  # fmt: skip
+                (e_b, p_b, pa_b, atom_b, bra_index), (p_k, pa_k, atom_k, ket_index) = bra, ket
+                chunks, real = xs  # (B, 2), (B,)
+                first, second = chunks[:, 0], chunks[:, 1]
+                left = (_by_chunk(e_b, first), _by_chunk(p_b, first), _by_chunk(pa_b, first, 1))
+                ac = shifts[_by_chunk(atom_b, first)[:, None, :], _by_chunk(atom_k, second)[:, :, None]]
+                right = (_by_chunk(p_k, second), _by_chunk(pa_k, second, 1), second, ac)
+                values = jax.vmap(lambda l, r: _chunk(*orders, l, r, signed))(left, right)  # (B, I, S_ab, J, S_P)
+                rows = _by_chunk(bra_index, first).astype(index_dtype)  # (B, I, S_ab)
+                columns = _by_chunk(ket_index, second).astype(index_dtype)  # (B, J, S_P)
+                valid = ((rows != NOWHERE)[:, :, :, None, None] & (columns != NOWHERE)[:, None, None, :, :]
+                         & real[:, None, None, None, None])  # fmt: skip
+                destination = jnp.where(valid, columns[:, None, None, :, :] * width + rows[:, :, :, None, None], size)
+                return out.at[destination.reshape(-1)].add(values.reshape(-1), mode="drop"), None
+
+            out, _ = jax.lax.scan(step, out, (jnp.asarray(chunks.reshape(steps, batch, 2), jnp.int32),
+                                              jnp.asarray(real.reshape(steps, batch))))  # fmt: skip
     return out
 
 
-def factor_member(static, plan_arrays, data, shifts, present, batch: int):
+def factor_member(static, indices, data, shifts, present, batch: int):
     """One conformer's factor B (Qp, npair) in the precision of its pair ``data`` (float64), from
-    the orbital and fitting pair data, the atoms' differences ``shifts`` and which fitting functions
-    are there, ``present`` (Qp,)."""
-    three_static, metric_static, naux, npair, orbital_classes = static
-    three_classes, metric_classes = plan_arrays
-    three = _stage(three_classes, three_static, data, shifts, naux * npair, npair, batch).reshape(naux, npair)
-    metric = _stage(metric_classes, metric_static, data[orbital_classes:], shifts, naux * naux, naux, batch)
+    the orbital and fitting pair data (the orbital plan's classes, then the fitting ones), the atoms'
+    differences ``shifts`` and which fitting functions are there, ``present`` (Qp,). ``static``: per
+    side, each group's (members, components), then Qp and npair (:func:`fitting_static`);
+    ``indices``: per side, each group's destination parts."""
+    orbital, fitting, naux, npair = static
+
+    def side(groups, group_indices):
+        return [(components, _flattened(members, len(index), data), index)
+                for (members, components), index in zip(groups, group_indices)]  # fmt: skip
+
+    orbital, fitting = side(orbital, indices[0]), side(fitting, indices[1])
+    three = _stage(orbital, fitting, shifts, naux * npair, npair, batch)
+    metric = _stage(fitting, fitting, shifts, naux * naux, naux, batch)
     metric = metric.reshape(naux, naux) + jnp.diag(jnp.where(present, 0.0, 1.0))  # padding: a unit diagonal
     lower = jnp.linalg.cholesky(metric)
-    return jax.scipy.linalg.solve_triangular(lower, three, lower=True)
+    return jax.scipy.linalg.solve_triangular(lower, three.reshape(naux, npair), lower=True)
 
 
-def _factor_program(static, plan_arrays, data, shifts, present, batch: int, dtype: str):
+def _factor_program(static, indices, data, shifts, present, batch: int, dtype: str):
     """:func:`factor_member` of conformers one after another (lax.map): (the factors in float64, and
     rounded to ``dtype``) (C, Qp, npair) each."""
-    exact = jax.lax.map(lambda member: factor_member(static, plan_arrays, *member, batch), (data, shifts, present))
+    exact = jax.lax.map(lambda member: factor_member(static, indices, *member, batch), (data, shifts, present))
     return exact, exact.astype(dtype)
 
 
@@ -157,18 +213,26 @@ factor_program = compiled(_factor_program, static_argnums=(0, 5, 6), name="fitte
 
 def fitting_static(plan: FittingPlan) -> tuple:
     """The compile-time part of ``plan`` (see :func:`factor_member`)."""
-    orbital_kinds = tuple((c.la, c.lb, c.ka, c.kb) for c in plan.orbital.pairs)
-    fitting_kinds = tuple((c.la, c.lb, c.ka, c.kb) for c in plan.pairs)
-    three = (orbital_kinds + fitting_kinds, tuple((c.bra, c.ket) for c in plan.three))
-    metric = (fitting_kinds, tuple((c.bra, c.ket) for c in plan.metric))
-    return three, metric, plan.naux, plan.npair, len(plan.orbital.pairs)
+    side = lambda groups: tuple((g.members, g.components) for g in groups)  # noqa: E731
+    return side(plan.orbital_groups), side(plan.fitting_groups), plan.naux, plan.npair
 
 
 @lru_cache(maxsize=4)
-def plan_arrays(plan: FittingPlan):
-    """The plan's index arrays on the device (once per plan)."""
-    pick = lambda classes: tuple((c.chunks, c.bra_index, c.ket_index) for c in classes)  # noqa: E731
-    return on_device((pick(plan.three), pick(plan.metric)))
+def plan_indices(plan: FittingPlan) -> tuple:
+    """Each group's destination parts on the device, per side (once per plan)."""
+    return on_device((tuple(g.index for g in plan.orbital_groups), tuple(g.index for g in plan.fitting_groups)))
+
+
+def fitted_factor(plan: FittingPlan, data, shifts, present, batch: int, dtype: str):
+    """The factors (C, Qp, npair) of a batch, in float64 and rounded to ``dtype``, from its pair data
+    (the orbital classes', then the fitting ones'), differences ``shifts`` (C, natm, natm, 3) and fitting
+    functions ``present`` (C, Qp). Dispatched, not waited for."""
+    return factor_program(fitting_static(plan), plan_indices(plan), data, shifts, present, batch, dtype)
+
+
+def fitting_kinds(plan: FittingPlan) -> tuple:
+    """The fitting "pairs"' (l_a, l_b, K_a, K_b), as the pair stage takes them."""
+    return tuple((c.la, c.lb, c.ka, c.kb) for c in plan.pairs)
 
 
 @lru_cache(maxsize=4)
