@@ -7,24 +7,29 @@ share, PySCF on every host core, and the labels against PySCF.
 Phases, in this order, each skipped (and said so) where the time left cannot hold it:
 
 - ``sto3g``: ``qm1b generate`` over distinct molecules of 9-11 heavy atoms of the built-in sample,
-  SMILES to labels, QM1B's settings (B3LYP5/STO-3G, grid level 0, float32), every other setting the
-  generator's default: cold (a new process, empty program and compilation caches), then restarted
+  SMILES to labels, QM1B's settings (B3LYP5/STO-3G, grid level 0, float32), the device's own
+  integrals (``--integrals jax``: a GPU's default, forced where the device is a CPU), every other
+  setting the generator's default: cold (a new process, empty program and compilation caches), then restarted
   (a new process, the caches filled). Conformers per hour, wall time by stage, and the host's CPU time
   per conformer by stage (the generator's own clock: CPU time outside compiled programs, worker
-  threads included; what a run pays once, loading programs and building templates, apart). On an
-  NVIDIA GPU the utilisation that ``nvidia-smi`` samples every 0.2 s through the restarted run.
-- ``def2svp``: the same, restarted after a cold run, for molecules of 15-20 heavy atoms at
-  def2-SVP with density fitting, on the device's own integrals (``--integrals jax``: the path a GPU
-  takes by default, forced where the device is a CPU).
+  threads included; what a run pays once, loading programs and building templates, apart), and the
+  rate over the batches that load or compile no programs (what a long run approaches). On an
+  NVIDIA GPU, the utilisation that ``nvidia-smi`` samples every 0.2 s through each run.
 - ``pyscf``: PySCF (RKS, its default convergence) over every host core, one single-threaded
-  process per core, on the STO-3G run's very conformers (read back from its dataset).
-- ``labels``: ours minus PySCF float64 on those conformers (and PySCF's density fitting on the
-  def2-SVP ones, where that phase ran), in meV.
+  process per core, on a sample of the STO-3G run's very conformers (read back from its dataset).
+- ``labels``: ours minus PySCF float64 on that sample, in meV (and, once the ``def2svp`` phase has
+  run, ours minus PySCF's density fitting on one conformer of each of its molecules).
+- ``def2svp``: cold, then restarted, for a molecule of 20-30 atoms at def2-SVP with density
+  fitting, on the device's own integrals (``--integrals jax``: the path a GPU takes by default,
+  forced where the device is a CPU).
+- ``jk``: the STO-3G run again with each other J-K backend that suits STO-3G (cold, then restarted),
+  its rate beside the default's and its labels against the same PySCF sample: which backend should
+  be a device's default.
 
 It needs JAX, PySCF, RDKit and h5py, and nothing from the network: on a machine without PySCF and
-RDKit, unpack ``gpu_deps.sh``'s archive and put it on ``PYTHONPATH`` (see benchmarks/README.md).
-``--size tiny`` runs two molecules of two conformers each, the STO-3G phases only: the test suite's
-smoke test.
+RDKit, unpack the archive that ``benchmarks/gpu_deps.sh`` makes and put it on ``PYTHONPATH`` (that
+script's header says how). ``--size tiny`` runs two molecules of two conformers each, the STO-3G,
+PySCF and labels phases only: the test suite's smoke test.
 """
 
 from __future__ import annotations
@@ -39,19 +44,21 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import TimeoutError as PoolTimeout
 from multiprocessing import get_context
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-HARTREE_TO_MEV = 27211.386245988
 LABELS = ("energy", "homo", "lumo", "y")
-PHASES = ("sto3g", "def2svp", "pyscf", "labels")
-# def2-SVP molecules of 15 to 20 heavy atoms (C, H, N, O): ibuprofen, melatonin, naproxen, practolol
-DEF2SVP_SMILES = ["CC(C)Cc1ccc(cc1)C(C)C(=O)O", "COc1ccc2[nH]cc(CCNC(C)=O)c2c1", "COc1ccc2cc(ccc2c1)C(C)C(=O)O",
-                  "CC(C)NCC(O)COc1ccc(NC(C)=O)cc1"]  # fmt: skip
-SIZES = {"full": {"molecules": 12, "conformers": 32, "def2svp": 4}, "tiny": {"molecules": 2, "conformers": 2, "def2svp": 0}}
+PHASES = ("sto3g", "pyscf", "labels", "def2svp", "jk")
+# def2-SVP: a molecule of 20 to 30 atoms, aspirin (21 atoms, 13 heavy); each more costs a compile
+DEF2SVP_SMILES = ["CC(=O)Oc1ccccc1C(=O)O"]
+OTHER_JK = ("dense",)  # the J-K backends besides the default that suit STO-3G (s8 gathers, df fits)
+# the phases each size runs, molecules and conformers of the STO-3G phase, its PySCF sample, and the
+# def2-SVP conformers per molecule
+SIZES = {"full": {"phases": PHASES, "molecules": 64, "conformers": 64, "sample": 128, "def2svp": 32},
+         "tiny": {"phases": ("sto3g", "pyscf", "labels"), "molecules": 2, "conformers": 2, "sample": 4, "def2svp": 0}}  # fmt: skip
 
 
 class Budget:
@@ -70,13 +77,14 @@ class DeviceMonitor:
     nothing where there is no ``nvidia-smi``."""
 
     def __init__(self, period_ms: int = 200):
-        self.period_ms, self.samples, self._process = period_ms, [], None
+        self.period_ms, self.samples, self._process, self._reader = period_ms, [], None, None
 
     def __enter__(self):
         if shutil.which("nvidia-smi"):
             command = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", f"-lms={self.period_ms}"]
             self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            threading.Thread(target=self._read, daemon=True).start()
+            self._reader = threading.Thread(target=self._read, daemon=True)
+            self._reader.start()
         return self
 
     def _read(self):
@@ -90,6 +98,7 @@ class DeviceMonitor:
         if self._process is not None:
             self._process.terminate()
             self._process.wait()
+            self._reader.join(timeout=5)
 
     def summary(self) -> dict | None:
         """Mean utilisation over the whole run, and over its steady state (from the first sample
@@ -115,7 +124,7 @@ class Run:
 
 def generate(out: Path, cache: Path, smiles: Path, extra: list[str], timeout: float) -> Run:
     """``qm1b generate`` in a new process over ``smiles`` into ``out``, with the program and compilation
-    caches in ``cache``; stopped after ``timeout`` seconds."""
+    caches in ``cache``; stopped after ``timeout`` seconds. Its console output goes to ``out``.log."""
     report = out.with_suffix(".json")
     command = [sys.executable, "-m", "qm1b.cli", "generate", "--smiles", str(smiles), "--out", str(out),
                "--no-progress", "--report", str(report), *extra]  # fmt: skip
@@ -125,9 +134,12 @@ def generate(out: Path, cache: Path, smiles: Path, extra: list[str], timeout: fl
     with DeviceMonitor() as monitor:
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=max(1.0, timeout))
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as stopped:
+            text = [t.decode(errors="replace") if isinstance(t, bytes) else t or "" for t in (stopped.stdout, stopped.stderr)]
+            out.with_suffix(".log").write_text("".join(text))
             return Run(time.perf_counter() - start, None, monitor.summary(), f"stopped after {timeout:.0f} s")
     wall = time.perf_counter() - start
+    out.with_suffix(".log").write_text(done.stdout + done.stderr)  # kept where --work keeps the datasets
     if done.returncode != 0:
         return Run(wall, None, monitor.summary(), (done.stderr.strip().splitlines() or ["exit code %d" % done.returncode])[-1])
     return Run(wall, json.loads(report.read_text())[0], monitor.summary())
@@ -141,8 +153,10 @@ def describe(name: str, run: Run) -> list[str]:
     n = max(1, s["conformers"] + s["failures"])
     host = {k: 1000 * v / n for k, v in s["host"].items() if k not in s["once_seconds"]}
     lines = [f"{name}: {s['conformers']} conformers in {s['seconds']:.1f} s ({run.wall:.1f} s with the process's "
-             f"start): {s['conformers_per_hour']:,.0f} conformers per hour, {s['seconds'] / n:.3f} s per conformer; "
-             f"{s['converged']}/{s['conformers']} converged",
+             f"start): {s['conformers_per_hour']:,.0f} conformers per hour, {s['seconds'] / n:.3f} s per conformer"
+             + (f" ({s['steady_conformers_per_hour']:,.0f} per hour, {3600 / s['steady_conformers_per_hour']:.3f} s "
+                "per conformer in batches that load no programs)" if s.get("steady_conformers_per_hour") else "")
+             + f"; {s['converged']}/{s['conformers']} converged",
              f"  host CPU per conformer: {s['host_ms_per_conformer']:.2f} ms ("
              + ", ".join(f"{k} {v:.2f}" for k, v in sorted(host.items(), key=lambda kv: -kv[1])) + "), and once: "
              + ", ".join(f"{k} {v:.1f} s" for k, v in s["once_seconds"].items()),
@@ -160,6 +174,8 @@ def pyscf_one(task: tuple) -> dict:
     numbers, positions, basis, fitted = task
     from pyscf import dft, gto
 
+    from pyscf_ipu.units import HARTREE_TO_EV
+
     start = time.perf_counter()
     mol = gto.M(atom=[(int(z), tuple(p)) for z, p in zip(numbers, positions)], unit="Bohr", basis=basis, verbose=0)
     mf = dft.RKS(mol, xc="b3lyp5")
@@ -169,7 +185,7 @@ def pyscf_one(task: tuple) -> dict:
     energy = mf.kernel()
     nocc = mol.nelectron // 2
     homo, lumo = mf.mo_energy[nocc - 1], mf.mo_energy[nocc]
-    ev = HARTREE_TO_MEV / 1000
+    ev = HARTREE_TO_EV
     return {"energy": energy * ev, "homo": homo * ev, "lumo": lumo * ev, "y": (lumo - homo) * ev,
             "converged": bool(mf.converged), "seconds": time.perf_counter() - start}  # fmt: skip
 
@@ -185,19 +201,21 @@ def conformers_of(directory: Path) -> list[dict]:
 
 def pyscf_on_every_core(records: list[dict], basis: str, fitted: bool, timeout: float) -> tuple[list[dict], float] | None:
     """PySCF over ``records``, one single-threaded process per host core: (labels, wall seconds), or
-    None past ``timeout``."""
+    None past ``timeout`` (the workers are then terminated)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
     os.environ.update(dict.fromkeys(saved, "1"))  # the workers inherit it before they import numpy
+    pool = get_context("spawn").Pool(min(cores, len(records)))
     try:
         start = time.perf_counter()
-        with ProcessPoolExecutor(cores, mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(pyscf_one, (r["z"], r["pos"], basis, fitted)) for r in records]
-            labels = [f.result(timeout=max(1.0, timeout - (time.perf_counter() - start))) for f in futures]
+        work = pool.map_async(pyscf_one, [(r["z"], r["pos"], basis, fitted) for r in records], chunksize=1)
+        labels = work.get(timeout=max(1.0, timeout))
         return labels, time.perf_counter() - start
-    except TimeoutError:
+    except PoolTimeout:
         return None
     finally:
+        pool.terminate()
+        pool.join()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -205,15 +223,50 @@ def pyscf_on_every_core(records: list[dict], basis: str, fitted: bool, timeout: 
                 os.environ[key] = value
 
 
-def label_differences(ours: list[dict], theirs: list[dict]) -> dict:
-    """The largest |ours - PySCF| per label (meV), and the converged counts."""
-    return {**{q: max(abs(a[q] - b[q]) * 1000 for a, b in zip(ours, theirs)) for q in LABELS},
-            "pyscf_converged": sum(b["converged"] for b in theirs), "count": len(theirs)}  # fmt: skip
+def spread(records: list[dict], count: int) -> list[dict]:
+    """At most ``count`` of ``records``, evenly spread over them (so over their molecules)."""
+    step = max(1, -(-len(records) // count))
+    return records[::step][:count]
+
+
+def compare(ours: list[dict], theirs: list[dict], title: str) -> dict:
+    """The largest |ours - PySCF| per label (meV), and PySCF's converged count, printed after ``title``."""
+    differences = {**{q: max(abs(a[q] - b[q]) * 1000 for a, b in zip(ours, theirs)) for q in LABELS},
+                   "pyscf_converged": sum(b["converged"] for b in theirs), "count": len(theirs)}  # fmt: skip
+    print(f"{title} (largest, meV): " + ", ".join(f"{q} {differences[q]:.3f}" for q in LABELS)
+          + f"; PySCF converged {differences['pyscf_converged']}/{differences['count']}", flush=True)
+    return differences
 
 
 def write_smiles(path: Path, smiles: list[str]) -> Path:
     path.write_text("".join(f"{s} m{k}\n" for k, s in enumerate(smiles)))
     return path
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A generator phase: its name (of :data:`PHASES`), its title, the seconds left below which a run
+    is skipped, and the seconds each run leaves the rest of the budget."""
+
+    name: str
+    title: str
+    least: float
+    reserve: float
+
+
+def cold_then_restarted(phase: Phase, smiles: Path, extra: list[str], work: Path, budget: Budget, results: dict) -> None:
+    """``phase``'s ``qm1b generate`` over ``smiles``, cold (empty caches), then restarted (the caches the
+    cold run filled), each printed and kept in ``results`` as ``{name}_{cold|restarted}``."""
+    cache = work / f"cache-{phase.name}"
+    for window in ("cold", "restarted"):
+        if budget.left < phase.least:
+            print(f"{phase.name} {window}: skipped, {budget.left:.0f} s left")
+            continue
+        out = work / f"{phase.name}-{window}"
+        shutil.rmtree(out, ignore_errors=True)
+        run = generate(out, cache, smiles, extra, budget.left - phase.reserve)
+        results[f"{phase.name}_{window}"] = run.__dict__
+        print("\n".join(describe(f"{phase.title} {window}", run)), flush=True)
 
 
 def main() -> None:
@@ -229,79 +282,76 @@ def main() -> None:
     if phases - set(PHASES):
         parser.error(f"unknown phases {sorted(phases - set(PHASES))}: choose from {', '.join(PHASES)}")
     size = SIZES[args.size]
+    phases &= set(size["phases"])
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gpu-benchmark-"))
     work.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))
     import jax
 
     from pyscf_ipu.programs import device_description
-    from qm1b.inputs import builtin_sample
 
     device = device_description()
     print(f"device: {device}; JAX {jax.__version__}; {os.cpu_count()} host cores; budget {args.budget:.0f} s", flush=True)
     results: dict = {"device": device, "jax": jax.__version__, "size": args.size}
+    try:
+        run_phases(phases, size, work, budget, results)
+    finally:  # what was measured, also when a phase failed
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"done, {budget.left:.0f} s of the budget left")
+
+
+def run_phases(phases: set[str], size: dict, work: Path, budget: Budget, results: dict) -> None:
+    """The phases of :data:`PHASES` in ``phases``, in that order, each figure printed and kept in ``results``."""
+    from qm1b.inputs import builtin_sample
 
     sample = [m.smiles for m in builtin_sample() if m.heavy_atoms is not None and 9 <= m.heavy_atoms <= 11]
     sto3g = write_smiles(work / "sto3g.smi", sample[: size["molecules"]])
-    common = ["--conformers", str(size["conformers"])]
+    common = ["--conformers", str(size["conformers"]), "--integrals", "jax"]
     if "sto3g" in phases:
-        cache = work / "cache-sto3g"
-        for window in ("cold", "restarted"):
-            if budget.left < 30:
-                print(f"sto3g {window}: skipped, {budget.left:.0f} s left")
-                continue
-            out = work / f"sto3g-{window}"
-            shutil.rmtree(out, ignore_errors=True)
-            run = generate(out, cache, sto3g, common, budget.left - 20)
-            results[f"sto3g_{window}"] = run.__dict__
-            print("\n".join(describe(f"STO-3G {window}", run)), flush=True)
+        cold_then_restarted(Phase("sto3g", "STO-3G", 30, 20), sto3g, common, work, budget, results)
 
-    if "def2svp" in phases and size["def2svp"]:
-        smiles = write_smiles(work / "def2svp.smi", DEF2SVP_SMILES[: size["def2svp"]])
-        extra = ["--conformers", "1", "--basis", "def2-svp", "--jk", "df", "--integrals", "jax"]
-        cache = work / "cache-def2svp"
-        for window in ("cold", "restarted"):
-            if budget.left < 60:
-                print(f"def2svp {window}: skipped, {budget.left:.0f} s left")
-                continue
-            out = work / f"def2svp-{window}"
-            shutil.rmtree(out, ignore_errors=True)
-            run = generate(out, cache, smiles, extra, budget.left - 30)
-            results[f"def2svp_{window}"] = run.__dict__
-            print("\n".join(describe(f"def2-SVP {window}", run)), flush=True)
-
-    restarted = work / "sto3g-restarted"
+    reference = None  # PySCF's labels on the sample of the STO-3G run's conformers
     if {"pyscf", "labels"} & phases and results.get("sto3g_restarted", {}).get("summary"):
-        records = conformers_of(restarted)
+        records = spread(conformers_of(work / "sto3g-restarted"), size["sample"])
         done = pyscf_on_every_core(records, "sto-3g", False, budget.left - 10) if budget.left > 30 else None
         if done is None:
             print("PySCF: skipped or stopped, the budget ran out")
         else:
-            labels, seconds = done
+            reference, seconds = done
             rate = 3600 * len(records) / seconds
             ours = results["sto3g_restarted"]["summary"]["conformers_per_hour"]
             results["pyscf_sto3g"] = {"conformers_per_hour": rate, "seconds": seconds, "count": len(records)}
-            print(f"PySCF, one process per host core: {rate:,.0f} conformers per hour; ours restarted "
-                  f"{ours / rate:.2f}x that", flush=True)
+            print(f"PySCF, one process per host core, {len(records)} of those conformers: {rate:,.0f} conformers "
+                  f"per hour; ours restarted {ours / rate:.2f}x that", flush=True)  # fmt: skip
             if "labels" in phases:
-                results["labels_sto3g_mev"] = differences = label_differences(records, labels)
-                print("labels, ours - PySCF float64 (largest, meV): "
-                      + ", ".join(f"{q} {differences[q]:.3f}" for q in LABELS)
-                      + f"; PySCF converged {differences['pyscf_converged']}/{differences['count']}", flush=True)
-    fitted = work / "def2svp-restarted"
-    if "labels" in phases and results.get("def2svp_restarted", {}).get("summary") and budget.left > 60:
-        records = conformers_of(fitted)
-        done = pyscf_on_every_core(records, "def2-svp", True, budget.left - 10)
-        if done is not None:
-            results["labels_def2svp_mev"] = differences = label_differences(records, done[0])
-            print("def2-SVP labels, ours - PySCF's density fitting (largest, meV): "
-                  + ", ".join(f"{q} {differences[q]:.3f}" for q in LABELS), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
-    if not args.work:
-        shutil.rmtree(work, ignore_errors=True)
-    print(f"done, {budget.left:.0f} s of the budget left")
+                results["labels_sto3g_mev"] = compare(records, reference, "labels, ours - PySCF float64")
 
+    if "def2svp" in phases:
+        smiles = write_smiles(work / "def2svp.smi", DEF2SVP_SMILES)
+        extra = ["--conformers", str(size["def2svp"]), "--basis", "def2-svp", "--jk", "df", "--integrals", "jax"]
+        cold_then_restarted(Phase("def2svp", "def2-SVP", 60, 40), smiles, extra, work, budget, results)
+        if "labels" in phases and results.get("def2svp_restarted", {}).get("summary") and budget.left > 60:
+            records = spread(conformers_of(work / "def2svp-restarted"), len(DEF2SVP_SMILES))
+            done = pyscf_on_every_core(records, "def2-svp", True, budget.left - 10)
+            if done is not None:
+                results["labels_def2svp_mev"] = compare(records, done[0], "def2-SVP labels, ours - PySCF's density "
+                                                        "fitting")  # fmt: skip
+
+    if "jk" in phases and results.get("sto3g_restarted", {}).get("summary"):
+        default = results["sto3g_restarted"]["summary"]["conformers_per_hour"]
+        for jk in OTHER_JK:
+            phase = Phase(f"jk-{jk}", f"STO-3G --jk {jk}", 30, 10)
+            cold_then_restarted(phase, sto3g, [*common, "--jk", jk], work, budget, results)
+            summary = results.get(f"{phase.name}_restarted", {}).get("summary")
+            if summary:
+                print(f"  --jk {jk} restarted: {summary['conformers_per_hour'] / default:.2f}x the default's rate")
+                if reference is not None:
+                    records = spread(conformers_of(work / f"{phase.name}-restarted"), size["sample"])
+                    results[f"labels_{phase.name}_mev"] = compare(records, reference, f"  --jk {jk} labels, ours - "
+                                                                  "PySCF float64")  # fmt: skip
 
 if __name__ == "__main__":
     main()

@@ -7,7 +7,9 @@
 #   PYTHONPATH=/tmp/site:. python3 benchmarks/gpu.py --budget 480 --json gpu.json
 # The versions are this environment's own, so that both machines label with the same code. Trimmed:
 # pyscf/pbc (periodic systems; its library libpbc.so stays, pyscf's DFT library links it), pyscf's
-# bundled xcfun (lib/deps/lib64; libxc serves every functional here) and rdkit/Contrib.
+# bundled xcfun with its interface (lib/deps/lib64 and lib/libxcfun_itrf.so; libxc serves every
+# functional here, and PySCF skips xcfun when its interface is missing, where a bare interface
+# would fail its import) and rdkit/Contrib.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 archive="${1:-.gpu/deps.tar.xz}"
@@ -24,7 +26,7 @@ for wheel in "$work"/wheels/*.whl; do
 done
 find "$work/site/pyscf/pbc" -mindepth 1 -delete
 rmdir "$work/site/pyscf/pbc"
-rm -rf "$work/site/pyscf/lib/deps/lib64" "$work/site/rdkit/Contrib"
+rm -rf "$work/site/pyscf/lib/deps/lib64" "$work/site/pyscf/lib/libxcfun_itrf.so" "$work/site/rdkit/Contrib"
 mkdir -p "$(dirname "$archive")"
 tar -cJf "$archive" -C "$work/site" .
 echo "$archive: $(du -h "$archive" | cut -f1) (pyscf $(version pyscf), rdkit $(version rdkit), cp312)"

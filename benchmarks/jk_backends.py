@@ -3,7 +3,7 @@
     python benchmarks/jk_backends.py [--repeats 7] [--skip-dense-above 200]
 
 Molecules: benzene/STO-3G (N=36), QM9 22040/STO-3G (N=56), paracetamol/STO-3G (N=64) and QM9
-22076/6-31G* (N=150). The density is the MINAO guess. Each backend's contraction is jitted and
+22076/6-31G* (N=150). The density is the initial guess (a superposition of atomic densities). Each backend's contraction is jitted and
 run once to compile; then the backends are timed round-robin (A B C ... A B C ...) and the median
 with [min, max] is printed. XLA uses its default CPU thread pool; PySCF is not involved in the
 timing. Preparation (host layout + transfer) is printed separately: it happens once per molecule.
@@ -26,6 +26,7 @@ from pyscf_ipu.method import resolve
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.ipu import IPUJK, ipu_model
 from pyscf_ipu.molecule import from_name
+from pyscf_ipu.packed import batch_eris
 from pyscf_ipu.qm9 import qm9_molecules
 
 CASES = [
@@ -65,7 +66,7 @@ def main() -> None:
         runs, plans, prep = {}, {}, {}
         for label, backend in backends(n, args.skip_dense_above).items():
             t = time.perf_counter()
-            stacked = backend.prepare([host.eri], n, np.float32)  # a batch of one
+            stacked = backend.prepare(batch_eris([host.eri_s8], n, np.float32), n, np.float32)  # a batch of one
             data = jax.block_until_ready(jax.tree.map(lambda a: a[0], stacked))
             prep[label] = time.perf_counter() - t
             fn = jax.jit(backend.contract)

@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--conformers", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--growth", default="25,50,100", help="molecule counts for the program counts ('' skips)")
-    parser.add_argument("--integrals", choices=("host", "device"), help="our side's integrals (default: the generator's)")
+    parser.add_argument("--integrals", choices=("libcint", "jax", "auto"), help="our side's integrals (default: the generator's)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", UserWarning)
     work = Path(tempfile.mkdtemp(prefix="qm1b-realistic-"))

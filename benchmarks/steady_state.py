@@ -1,7 +1,7 @@
 """The generator's in-process steady state of two source trees, side by side, window by window.
 
     python benchmarks/steady_state.py --against DIR [--rounds 16] [--molecules 3] [--conformers 8]
-                                      [--integrals device] [--xc b3lyp5]
+                                      [--integrals jax] [--xc b3lyp5]
 
 ``DIR`` is another checkout of this repository (``git worktree add /tmp/old REV``). One worker
 process runs on each tree (``PYTHONPATH`` picks it), both alive at once, and they take turns: each
@@ -117,7 +117,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=16, help="timed windows per side, after one that loads")
     parser.add_argument("--molecules", type=int, default=3)
     parser.add_argument("--conformers", type=int, default=8)
-    parser.add_argument("--integrals", choices=("host", "device"), default="device")
+    parser.add_argument("--integrals", choices=("libcint", "jax", "auto"), default="auto")
     parser.add_argument("--xc", default="b3lyp5")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

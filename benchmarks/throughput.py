@@ -52,11 +52,10 @@ from pyscf_ipu.config import RKSConfig  # noqa: E402
 from pyscf_ipu.programs import precision_scope  # noqa: E402
 from pyscf_ipu.runtime import reuse_freed_memory  # noqa: E402
 from pyscf_ipu.method import resolve  # noqa: E402
-from pyscf_ipu.prepare import prepare  # noqa: E402
 from pyscf_ipu.reference import pyscf_method  # noqa: E402
 from pyscf_ipu.finalisation import dispatch_finalisation, finalise  # noqa: E402
 from pyscf_ipu.padding import fill_batch  # noqa: E402
-from pyscf_ipu.problem import build_batch, padded_shapes  # noqa: E402
+from pyscf_ipu.problem import prepare_batch  # noqa: E402
 from pyscf_ipu.scf import scf_program  # noqa: E402
 from pyscf_ipu.units import HARTREE_TO_EV  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
@@ -87,7 +86,7 @@ def stage_split(batches: list[list], config: RKSConfig, batch_size: int, repeats
 
     def one_pass() -> tuple[dict[str, list[float]], dict[str, float]]:
         stages: dict[str, list[float]] = {}  # name -> [wall, CPU] seconds
-        parts = dict.fromkeys(("one_electron", "eri", "grid", "guess"), 0.0)  # of host preparation, wall
+        parts: dict[str, float] = {}  # of the integrals' stage, wall (the integral source's own timings)
 
         def timed(name, work):
             wall, cpu = time.perf_counter(), time.process_time()
@@ -98,18 +97,16 @@ def stage_split(batches: list[list], config: RKSConfig, batch_size: int, repeats
             return out
 
         for molecules in batches:
-            members = timed("host preparation", lambda: prepare(fill_batch(molecules, batch_size), method))
-            for key in parts:
-                parts[key] += sum(m.timings.get(key, 0.0) for m in members[: len(molecules)])
-            shapes = padded_shapes(members[0])
+            batch = timed("integrals and problem", lambda: prepare_batch(fill_batch(molecules, batch_size), method))
+            for key, seconds in batch.timings.items():
+                parts[key] = parts.get(key, 0.0) + seconds * len(molecules)
             with precision_scope(config.precision):
-                problems = timed("AO values, J-K layout", lambda: build_batch(members, method.backend, method.dtype, shapes))
-                trace = timed("SCF loop", lambda: scf_program(problems, method.loop))
-                final = timed("float64 finalisation",
-                              lambda: dispatch_finalisation(method, members, problems, shapes, trace))
+                trace = timed("SCF loop", lambda: scf_program(batch.problem, method.loop))
+                final = timed("float64 finalisation", lambda: dispatch_finalisation(method, batch, trace))
             trace, final = jax.device_get((trace, final))
-            timed("host finalise", lambda: [finalise(m, *jax.tree.map(lambda a: a[i], (trace, final)), method, shapes)
-                                            for i, m in enumerate(members[: len(molecules)])])  # fmt: skip
+            timed("host finalise", lambda: [finalise(m, *jax.tree.map(lambda a: a[i], (trace, final)), method,
+                                                     batch.shapes)
+                                            for i, m in enumerate(batch.members[: len(molecules)])])  # fmt: skip
         return stages, parts
 
     one_pass()
@@ -119,7 +116,7 @@ def stage_split(batches: list[list], config: RKSConfig, batch_size: int, repeats
     print(f"  {'':24s} {'wall':>7s} {'CPU':>7s}")
     for name in passes[0][0]:
         print(f"  {name:24s} {ms(p[name][0] for p, _ in passes):7.1f} {ms(p[name][1] for p, _ in passes):7.1f}")
-        if name == "host preparation":
+        if name == "integrals and problem":
             for key in passes[0][1]:
                 print(f"    {key:22s} {ms(q[key] for _, q in passes):7.1f}")
     print(f"  {'total':24s} {ms(sum(v[0] for v in p.values()) for p, _ in passes):7.1f} "
@@ -134,7 +131,7 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=3, help="timed windows per side, after the cold one")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--split-repeats", type=int, default=3, help="passes of the stage split (0: none)")
-    parser.add_argument("--integrals", choices=("libcint", "jax"), default=GENERATOR_DFT_DEFAULTS["integrals"],
+    parser.add_argument("--integrals", choices=("libcint", "jax", "auto"), default=GENERATOR_DFT_DEFAULTS["integrals"],
                         help="our side's integrals: libcint's, or the JAX kernels (default: the generator's)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", UserWarning)
