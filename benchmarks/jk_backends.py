@@ -3,8 +3,8 @@
     python benchmarks/jk_backends.py [--repeats 7] [--skip-dense-above 200]
 
 Molecules: benzene/STO-3G (N=36), QM9 22040/STO-3G (N=56), paracetamol/STO-3G (N=64) and QM9
-22076/6-31G* (N=150). The density is the initial guess (a superposition of atomic densities). Each backend's contraction is jitted and
-run once to compile; then the backends are timed round-robin (A B C ... A B C ...) and the median
+22076/6-31G* (N=150). The density is the initial guess (a superposition of atomic densities).
+Each backend's contraction is jitted and run once to compile; then the backends are timed round-robin (A B C ... A B C ...) and the median
 with [min, max] is printed. XLA uses its default CPU thread pool; PySCF is not involved in the
 timing. Preparation (host layout + transfer) is printed separately: it happens once per molecule.
 """

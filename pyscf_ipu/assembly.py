@@ -8,8 +8,9 @@ conformer's basis values from the tables and evaluates, in float64, the one-elec
 Becke grid's weights, the nuclear repulsion and the superposition-of-atoms guess, and in the loop's
 precision the AO values on the grid; the ERIs follow, in float64, from the bucket's ERI plan
 (:func:`~pyscf_ipu.integrals.eri.eri_s8`): the loop rounds them, and the finalisation contracts them
-as they are, so that its labels are those of float64 integrals. Nothing of it depends on a molecule's composition but
-data, so every molecule of the bucket runs these programs, and a batch may mix them.
+as they are, so that its labels are those of float64 integrals. Nothing of it depends on a
+molecule's composition but data, so every molecule of the bucket runs these programs, and a batch
+may mix them.
 """
 
 from __future__ import annotations
@@ -198,8 +199,9 @@ def assemble_integrals(template: BucketTemplate, elements: np.ndarray, coords: n
     rows ``elements`` (C, natm), positions ``coords`` (C, natm, 3) Bohr (absent slots anywhere) and
     doubly occupied orbital counts ``occupied`` (C,); ``present``: elements whose table rows are
     needed (a superset of the batch's), ``grid``: whether the functional needs one. The AO values
-    in ``dtype``, the ERIs in float64 (the finalisation contracts them so); a density-fitted bucket's factor from ``factor(template, coords, ERI shell
-    values, the assembly program's outputs)`` (a :class:`~pyscf_ipu.packed.FittedFactor`).
+    in ``dtype``, the ERIs in float64 (the finalisation contracts them so); a density-fitted
+    bucket's factor from ``factor(template, coords, ERI shell values, the assembly program's
+    outputs)`` (a :class:`~pyscf_ipu.packed.FittedFactor`).
     Dispatched, not waited for."""
     dtype = np.dtype(dtype).name
     with jax.enable_x64(True):

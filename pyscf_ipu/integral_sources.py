@@ -12,7 +12,7 @@ members as the host keeps them (:class:`~pyscf_ipu.assembly.BatchMember`).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 from typing import TYPE_CHECKING, Protocol
 
@@ -198,8 +198,7 @@ def in_slot_order(molecule: Molecule, atoms: np.ndarray, aos: np.ndarray) -> tup
     increase). A factor computed in slot order lands in long runs of the template's pairs, which copy
     as slices."""
     order = atoms[atoms >= 0]
-    ordered = Molecule(molecule.atomic_numbers[order], molecule.positions[order], molecule.charge, molecule.spin,
-                       molecule.name, molecule.comment)  # fmt: skip
+    ordered = replace(molecule, atomic_numbers=molecule.atomic_numbers[order], positions=molecule.positions[order])
     return ordered, np.sort(aos)
 
 

@@ -115,15 +115,16 @@ def final_contracts_eris(method: Method) -> bool:
 cast_program = compiled(lambda a, dtype: a.astype(dtype), static_argnums=1, name="cast")
 
 
-def build_problem(integrals: BatchIntegrals, backend, dtype, final_eris: bool) -> tuple[SCFProblem, FinalInputs]:
-    """The batch's :class:`SCFProblem` in ``dtype``, its J-K arrays laid out by ``backend`` (a
-    :class:`~pyscf_ipu.jk.JKBackend`) from its ERIs rounded to ``dtype``, and its :class:`FinalInputs`
-    in float64, which hold the float64 ERIs where ``final_eris``; dispatched, not waited for."""
-    dtype = np.dtype(dtype)
+def build_problem(integrals: BatchIntegrals, method: Method) -> tuple[SCFProblem, FinalInputs]:
+    """The batch's :class:`SCFProblem` in ``method``'s precision, its J-K arrays laid out by its
+    backend from its ERIs rounded to that precision, and its :class:`FinalInputs` in float64, which
+    hold the float64 ERIs where the finalisation contracts them (:func:`final_contracts_eris`);
+    dispatched, not waited for."""
+    dtype, backend = np.dtype(method.dtype), method.backend
     eris = integrals.eris
     with jax.enable_x64(True):  # the float64 inputs stay float64
         problem, final = problem_program(replace(integrals, eris=None), dtype.name)
-        if final_eris:
+        if final_contracts_eris(method):
             final = replace(final, eris=eris)
             eris = cast_program(eris, dtype.name)
     jk = backend.prepare(eris, integrals.overlap.shape[-1], dtype)
@@ -170,6 +171,6 @@ def batch_of(integrals: BatchIntegrals, members: list[BatchMember], timings: dic
     built and laid out for the run's J-K backend."""
     start = time.perf_counter()
     with precision_scope(method.config.precision):
-        problem, final = build_problem(integrals, method.backend, method.dtype, final_contracts_eris(method))
+        problem, final = build_problem(integrals, method)
     timings = {**timings, "layout": (time.perf_counter() - start) / len(members)}
     return PreparedBatch(members, bucket, problem, final, timings)

@@ -50,8 +50,8 @@ def test_assembled_integrals_equal_libcints_at_each_geometry(basis):
     """Two conformers of water (STO-3G's hydrogen capacity of 4 leaves two slots absent; 6-31G* has d
     shells, through the spherical transform) and, at STO-3G, ammonia and methane in one batch: each
     conformer's overlap, core Hamiltonian and nuclear repulsion within 1e-10 of libcint's, its guess
-    PySCF's atom guess, its float64 ERIs within 1e-12 (measured 1e-14), its grid's points and weights PySCF's, its AO
-    values PySCF's ``eval_ao``; the padded AOs' rows, columns and ERIs are zero."""
+    PySCF's atom guess, its float64 ERIs within 1e-12 (measured 1e-14), its grid's points and weights
+    PySCF's, its AO values PySCF's ``eval_ao``; the padded AOs' rows, columns and ERIs are zero."""
     water = from_name("water")
     rng = np.random.default_rng(3)
     conformers = [water.with_positions(water.positions + 0.1 * rng.normal(size=(3, 3))) for _ in range(2)]

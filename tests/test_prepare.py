@@ -107,8 +107,8 @@ def test_eri_primitive_screening_is_below_float32_resolution():
 def test_integral_sources_are_the_config_choices():
     """Each choice of ``RKSConfig.integrals`` names one registered source, or ``auto``, which picks by the
     platform (here a CPU: the JAX integrals with libcint's density-fitting factor; on an accelerator
-    with the device's own factor); the old spellings
-    (host, device) resolve to the sources they always meant, and an unknown name never reaches a source."""
+    with the device's own factor); the old spellings (host, device) resolve to the sources they
+    always meant, and an unknown name never reaches a source."""
     from pyscf_ipu.config import INTEGRALS
     from pyscf_ipu.integral_sources import (INTEGRAL_SOURCES, DeviceFactor, JaxIntegrals, LibcintFactor,
                                             LibcintIntegrals, auto_integrals)

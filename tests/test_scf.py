@@ -18,7 +18,7 @@ from pyscf_ipu.method import resolve
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.molecule import from_atom_string, from_name
 from pyscf_ipu.integral_sources import host_integrals
-from pyscf_ipu.problem import VIRTUAL_SHIFT, build_problem, final_contracts_eris, prepare_batch
+from pyscf_ipu.problem import VIRTUAL_SHIFT, build_problem, prepare_batch
 from pyscf_ipu.padding import fill_batch
 from pyscf_ipu.programs import precision_scope
 from pyscf_ipu.rks import run_rks, submit_batch
@@ -34,7 +34,7 @@ def problems_of(hosts, config: RKSConfig, shapes=None):
     method = resolve(config)
     integrals, _, _ = host_integrals(hosts, method, shapes)
     with precision_scope(config.precision):
-        return build_problem(integrals, method.backend, method.dtype, final_contracts_eris(method))
+        return build_problem(integrals, method)
 
 
 def assert_float32_close(result, ref):
