@@ -6,9 +6,10 @@ slot's element row (:meth:`~pyscf_ipu.buckets.SizeBucket.place`); the bucket's t
 element tables (:mod:`pyscf_ipu.templates`) are on the device already. One program then gathers each
 conformer's basis values from the tables and evaluates, in float64, the one-electron integrals, the
 Becke grid's weights, the nuclear repulsion and the superposition-of-atoms guess, and in the loop's
-precision the AO values on the grid; the ERIs follow, in float64, from the bucket's ERI plan
-(:func:`~pyscf_ipu.integrals.eri.eri_s8`): the loop rounds them, and the finalisation contracts them
-as they are, so that its labels are those of float64 integrals. Nothing of it depends on a
+precision the AO values on the grid; the ERIs follow from the bucket's ERI plan
+(:func:`device_eris`), or a density-fitted bucket's factor (:func:`device_factor`), in the precision
+the integral source asks for: the loop reads them in its own, and the finalisation contracts them as
+computed. Nothing of it depends on a
 molecule's composition but data, so every molecule of the bucket runs these programs, and a batch
 may mix them.
 """
@@ -54,7 +55,7 @@ class BatchIntegrals:
     ao: jax.Array  # (C, 4, Gp, Np)  AO values and x/y/z derivatives, in the loop's precision
     real: jax.Array  # (C, Np) bool  the molecule's own AOs
     occupied: jax.Array  # (C,) int32  doubly occupied orbitals
-    eris: jax.Array  # (C, s8 size of Np)  the ERIs in float64, PySCF's s8 packing; or the density-fitted
+    eris: jax.Array  # (C, s8 size of Np)  the ERIs as computed, PySCF's s8 packing; or the density-fitted
     # factor where the J-K backend fits (a packed.FittedFactor: (C, Qp, npair) in both precisions)
 
 
@@ -194,15 +195,14 @@ ao_values_program = compiled(jax.vmap(ao_kernel), name="ao_values")
 
 
 def assemble_integrals(template: BucketTemplate, elements: np.ndarray, coords: np.ndarray, occupied: np.ndarray,
-                       present: frozenset[str], dtype, grid: bool, factor=None) -> BatchIntegrals:  # fmt: skip
+                       present: frozenset[str], dtype, grid: bool, two_electron) -> BatchIntegrals:  # fmt: skip
     """The :class:`BatchIntegrals` of C conformers of ``template``'s bucket, from their slots' element
     rows ``elements`` (C, natm), positions ``coords`` (C, natm, 3) Bohr (absent slots anywhere) and
     doubly occupied orbital counts ``occupied`` (C,); ``present``: elements whose table rows are
     needed (a superset of the batch's), ``grid``: whether the functional needs one. The AO values
-    in ``dtype``, the ERIs in float64 (the finalisation contracts them so); a density-fitted
-    bucket's factor from ``factor(template, coords, ERI shell values, the assembly program's
-    outputs)`` (a :class:`~pyscf_ipu.packed.FittedFactor`).
-    Dispatched, not waited for."""
+    in ``dtype``; the two-electron part from ``two_electron(template, coords, ERI shell values, the
+    assembly program's outputs)``: the s8 ERIs (:func:`device_eris`) or a density-fitted bucket's
+    factor (a :class:`~pyscf_ipu.packed.FittedFactor`). Dispatched, not waited for."""
     dtype = np.dtype(dtype).name
     with jax.enable_x64(True):
         out = assemble_program(template_layout(template), device_tables(template, present),
@@ -212,15 +212,18 @@ def assemble_integrals(template: BucketTemplate, elements: np.ndarray, coords: n
     else:  # Hartree-Fock: no grid at all
         ao = on_device(np.zeros((len(coords), 4, 0, template.bucket.nao), dtype))
     values = ShellValues(out["shell_exponents"], out["shell_coefficients"], out["one_centre"], out["present"])
-    if template.bucket.occupied:  # density fitted: the factor, not the s8 ERIs
-        eris = factor(template, coords, values, out) if factor is not None else None
-    else:
-        with jax.enable_x64(True):  # the finalisation's; the loop rounds them
-            eris = eri_s8(template.plan, coords, "float64", values=values)
+    eris = two_electron(template, coords, values, out)
     return BatchIntegrals(overlap=out["overlap"], hcore=out["hcore"], guess=out["guess"],
                           nuclear_repulsion=out["nuclear_repulsion"], weights=out["weights"], ao=ao,
                           real=out["real"], occupied=on_device(np.asarray(occupied, np.int32)), eris=eris)  # fmt: skip
 
+
+def device_eris(template: BucketTemplate, coords: np.ndarray, values: ShellValues, assembled: dict, dtype) -> jax.Array:
+    """The s8 ERIs (C, size) of a batch of ``template``'s bucket in ``dtype``, computed on the device
+    under the bucket's ERI plan from the conformers' positions and the shells the assembly program
+    gathered (``assembled`` is not read)."""
+    with jax.enable_x64(True):  # the shells and one-centre values arrive in float64
+        return eri_s8(template.plan, coords, dtype, values=values)
 
 
 def device_factor(template: BucketTemplate, coords: np.ndarray, values: ShellValues, assembled: dict, dtype,

@@ -12,13 +12,16 @@ The work is split where its data lives. On the device, queued right behind the l
 host need not wait for it (:func:`dispatch_finalisation`, one program for a whole batch): the
 purification and the float64 pass over the grid, which reads the loop's own AO values (in the
 loop's precision, promoted to float64 block by block, so no float64 copy of the largest array is
-made). J and K of the purified density come from one of three :class:`FinalContraction` strategies,
+made). J and K of the purified density come from one of four :class:`FinalContraction` strategies,
 each doing its share on the device and the rest on the host (:func:`final_contraction` picks one).
 Where both are formed on the device, so are the Fock matrix, the energy terms and the eigensolve,
 and the host only reads the labels out (:func:`finalise`); else the host does those three:
 
-- :class:`DeviceERIs`: the float64 ERIs that the JAX integrals compute on the device, contracted
-  there row by row (:func:`~pyscf_ipu.jk.s8_coulomb_exchange`);
+- :class:`DeviceERIs`: the float64 ERIs that the JAX integrals compute on the device, which a
+  float32 loop holds only rounded, contracted there row by row
+  (:func:`~pyscf_ipu.jk.s8_coulomb_exchange`);
+- :class:`LoopBackend`: where the loop holds the JAX integrals' ERIs as computed (float32 on a CPU),
+  its own J-K backend over its own arrays, summed in float64;
 - :class:`LibcintERIs`: PySCF contracts the host's float64 libcint ERIs, which a float32 loop holds
   only rounded;
 - :class:`FittedExchange`: a density-fitted run's K from the float32 factor in float32 products with
@@ -36,7 +39,7 @@ import numpy as np
 import scipy.linalg
 from pyscf import scf as pyscf_scf
 
-from .jk import FittedArrays, density_factor, exchange_factor, fitted_coulomb, s8_coulomb_exchange
+from .jk import FittedArrays, JKBackend, density_factor, exchange_factor, fitted_coulomb, s8_coulomb_exchange
 from .method import Method
 from .assembly import BatchMember
 from .numint import weighted_points, xc_energy_and_potential
@@ -118,6 +121,25 @@ class DeviceERIs:
 
 
 @dataclass(frozen=True)
+class LoopBackend:
+    """J and K by the loop's own ``backend`` over its arrays, summed in float64, on the device: where
+    the loop holds the ERIs as the JAX integrals computed them (one pass of the loop's contraction,
+    where :class:`DeviceERIs` unpacks the s8 array row by row)."""
+
+    backend: JKBackend
+
+    def device_arrays(self, jk, final):
+        return jk
+
+    def on_device(self, data, dm):
+        vj, vk = self.backend.contract(data, dm)
+        return vj, vk, jnp.sum(dm * vk)
+
+    def on_host(self, prepared, dm, final):
+        raise AssertionError("the loop's backend forms J and K on the device")
+
+
+@dataclass(frozen=True)
 class LibcintERIs:
     """J and K by PySCF from the host's float64 libcint ERIs, which a float32 loop holds only
     rounded; nothing on the device."""
@@ -159,12 +181,15 @@ class FittedExchange:
 
 
 def final_contraction(method: Method) -> FinalContraction:
-    """The run's :class:`FinalContraction`: the fitted one where the loop density-fits, the device's
-    float64 ERIs where its integral source computes them there, else libcint's ERIs on the host."""
+    """The run's :class:`FinalContraction`: the fitted one where the loop density-fits; where its
+    integral source computes the ERIs on the device, those ERIs (:class:`DeviceERIs`) if the loop
+    holds them rounded, else the loop's backend; else libcint's ERIs on the host."""
     if method.config.density_fitted:
         return FittedExchange()
     if final_contracts_eris(method):
         return DeviceERIs()
+    if method.integrals.eris_on_device:
+        return LoopBackend(method.backend)
     return LibcintERIs()
 
 

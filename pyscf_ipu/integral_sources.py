@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 import jax
 import numpy as np
 
-from .assembly import BatchIntegrals, BatchMember, assemble_integrals, device_factor, template_layout
+from .assembly import BatchIntegrals, BatchMember, assemble_integrals, device_eris, device_factor, template_layout
 from .buckets import SizeBucket
 from .molecule import Molecule
 from .packed import FittedFactor, batch_eris, s8_size, tril_unpack
@@ -49,9 +49,9 @@ class IntegralSource(Protocol):
         """Build, ahead of a run, what the source keeps per size bucket in ``buckets`` and per element
         in ``symbols`` (so that a run's first batches do not pay for it)."""
 
-    exact_on_device: bool
-    """Whether the loop's integrals are as exact as any the host holds, so that the float64
-    finalisation contracts them on the device; else it contracts the host's float64 ERIs."""
+    eris_on_device: bool
+    """Whether the source computes the ERIs on the device, where the float64 finalisation then
+    contracts them as computed; else it contracts the host's float64 ERIs."""
 
     def eri_plan(self, basis: str, elements: tuple[str, ...]):
         """The ERI plan that spreads the integrals over tiles (for the IPU profile), or None."""
@@ -135,7 +135,7 @@ class LibcintIntegrals:
     def prepare_buckets(self, buckets, symbols):
         return None  # nothing is kept: every conformer is prepared from scratch
 
-    exact_on_device: bool = False
+    eris_on_device: bool = False
 
     def eri_plan(self, basis, elements):
         return None
@@ -222,14 +222,20 @@ def template_pairs(aos: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class JaxIntegrals:
     """The JAX kernels of :mod:`pyscf_ipu.integrals`, assembled on the device for a whole batch
-    (:mod:`pyscf_ipu.assembly`): the one-electron integrals, the grid, the guess and the ERIs in
-    float64, the AO values in the SCF's precision. The host sends the conformers' positions and
-    element rows only. The loop reads the ERIs rounded, and the finalisation contracts them on the
-    device as they are. A density-fitted run's factor comes from ``factor`` (:class:`DeviceFactor`,
-    or :class:`LibcintFactor` where the device is this CPU)."""
+    (:mod:`pyscf_ipu.assembly`): the one-electron integrals, the grid and the guess in float64, the
+    AO values in the SCF's precision, the ERIs in ``eri_precision`` (or the SCF's, if higher). The
+    host sends the conformers' positions and element rows only. The loop reads the ERIs in its own
+    precision, and the finalisation contracts them on the device as computed. A density-fitted run's
+    factor comes from ``factor`` (:class:`DeviceFactor`, or :class:`LibcintFactor` where the device
+    is this CPU).
+
+    float64 ERIs put the labels within 0.03 meV of PySCF's; float32 ones, whose kernels are about
+    three times as fast on a CPU, leave a bias of up to about 0.2 meV from the basis's constants
+    rounded to float32 (``docs/decisions/float64-finalisation.md``)."""
 
     name: str = "jax"
     factor: DeviceFactor | LibcintFactor = DeviceFactor()
+    eri_precision: str = "float64"
 
     def integrals(self, molecules, bucket, method, shapes=None):
         if shapes is not None and tuple(shapes) != bucket.shapes:
@@ -243,9 +249,12 @@ class JaxIntegrals:
                            zip(molecules, placed)])  # fmt: skip
         occupied = np.array([m.nelectron // 2 for m in molecules])
         present = frozenset(s for m in molecules for s in m.symbols)
-        factor = self.factor.factor(molecules, placed, bucket, method)
+        if bucket.occupied:  # density fitted: the factor, not the s8 ERIs
+            two_electron = self.factor.factor(molecules, placed, bucket, method)
+        else:
+            two_electron = partial(device_eris, dtype=self.eri_dtype(method).name)
         integrals = assemble_integrals(bucket_template(bucket), elements, coords, occupied, present, method.dtype, grid,
-                                       factor)  # fmt: skip
+                                       two_electron)  # fmt: skip
         members = [BatchMember(m, m.nelectron // 2, aos, points) for m, (_, _, aos, points) in zip(molecules, placed)]
         return integrals, members, {"assemble": (time.perf_counter() - start) / len(molecules)}
 
@@ -256,21 +265,30 @@ class JaxIntegrals:
                 element_data(bucket.basis, symbol)
                 element_grid(symbol, bucket.grid_level)
 
-    exact_on_device: bool = True
+    eris_on_device: bool = True
 
     def eri_plan(self, basis, elements):
         return eri_plan(basis, tuple(elements))
 
+    def eri_dtype(self, method: Method) -> np.dtype:
+        """The precision the ERIs are computed in: ``eri_precision``, or the loop's where that is higher."""
+        return np.promote_types(self.eri_precision, method.dtype)
+
     def held_bytes(self, nao, grid_points, value_bytes):
-        # the bucket's s8 array in float64 (the finalisation's) and in the loop's precision; the AO
-        # values never leave the device
-        return {"eris": (8 + value_bytes) * s8_size(nao), "ao_values": 0}
+        # the bucket's s8 array as computed (the finalisation's), and rounded for the loop where that
+        # is less precise; the AO values never leave the device
+        computed = max(np.dtype(self.eri_precision).itemsize, value_bytes)
+        return {"eris": (computed + (value_bytes if value_bytes < computed else 0)) * s8_size(nao), "ao_values": 0}
 
 
 INTEGRAL_SOURCES: dict[str, IntegralSource] = {source.name: source for source in (LibcintIntegrals(), JaxIntegrals())}
 
 
 def auto_integrals(platform: str) -> IntegralSource:
-    """The ``auto`` integral source on a JAX ``platform``: the JAX integrals, with libcint's
-    density-fitting factor where the device is the CPU (:class:`LibcintFactor`)."""
-    return JaxIntegrals(factor=LibcintFactor() if platform == "cpu" else DeviceFactor())
+    """The ``auto`` integral source on a JAX ``platform``: the JAX integrals. Where the device is the
+    CPU, with libcint's density-fitting factor (:class:`LibcintFactor`) and float32 ERIs, whose
+    kernels there take a third of the float64 ones' time; elsewhere all on the device, the ERIs in
+    float64 (``docs/decisions/float64-finalisation.md``)."""
+    if platform == "cpu":
+        return JaxIntegrals(factor=LibcintFactor(), eri_precision="float32")
+    return JaxIntegrals(factor=DeviceFactor())

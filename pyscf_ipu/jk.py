@@ -88,7 +88,7 @@ class DenseJK:
 
 
 def s8_coulomb_exchange(s8: jax.Array, dm: jax.Array) -> tuple[jax.Array, jax.Array]:
-    r"""J and K of the density ``dm`` (N, N) from PySCF's s8-packed ERIs ``s8``, in their precision,
+    r"""J and K of the density ``dm`` (N, N) from PySCF's s8-packed ERIs ``s8``, in ``dm``'s precision,
     one AO row at a time: with the block :math:`E^{(i)}_{jkl} = (ij|kl)` unpacked from the 4-fold
     matrix, :math:`J_{ij} = \sum_{kl} E^{(i)}_{jkl} D_{kl}` and :math:`K_{il} = \sum_{jk} E^{(i)}_{jkl} D_{jk}`.
     No N^4 array is formed (each step holds N^3), which suits a single pass such as the finalisation."""
@@ -97,7 +97,7 @@ def s8_coulomb_exchange(s8: jax.Array, dm: jax.Array) -> tuple[jax.Array, jax.Ar
     pairs = jnp.asarray(pair_index(n))  # (N, N)
 
     def row(index):  # (N,) the pairs (i, j) of one i
-        block = s4[index][:, pairs.reshape(-1)].reshape(n, n, n)  # [j, k, l] = (ij|kl)
+        block = s4[index][:, pairs.reshape(-1)].reshape(n, n, n).astype(dm.dtype)  # [j, k, l] = (ij|kl)
         return jnp.einsum("jkl,kl->j", block, dm), jnp.einsum("jkl,jk->l", block, dm)
 
     return jax.lax.map(row, pairs)

@@ -72,7 +72,7 @@ class FinalInputs:
     weights: jax.Array  # (Gp,)
     nuclear_repulsion: jax.Array  # ()
     occupied: jax.Array  # () int32  doubly occupied orbitals
-    eris: jax.Array  # (s8 size of Np,)  the float64 ERIs where the finalisation contracts them on the device, else (0,)
+    eris: jax.Array  # (s8 size of Np,)  the loop's own ERIs where the finalisation contracts them on the device, else (0,)
 
 
 def orthogonaliser(overlap) -> tuple[jax.Array, jax.Array]:
@@ -107,9 +107,13 @@ problem_program = compiled(
 
 
 def final_contracts_eris(method: Method) -> bool:
-    """Whether the finalisation contracts the run's float64 ERIs on the device: where its integral
-    source computes them there (the JAX integrals), and the loop does not density-fit."""
-    return method.integrals.exact_on_device and not method.config.density_fitted
+    """Whether the finalisation contracts the ERIs as computed on the device, beside the loop's
+    rounded copy: where the run's integral source computes them there in a higher precision than
+    the loop's (the JAX integrals' float64 ERIs under a float32 loop), and the loop does not
+    density-fit. Where the loop holds them as computed, the finalisation contracts its J-K arrays."""
+    integrals = method.integrals
+    return (integrals.eris_on_device and not method.config.density_fitted
+            and integrals.eri_dtype(method) != np.dtype(method.dtype))  # fmt: skip
 
 
 cast_program = compiled(lambda a, dtype: a.astype(dtype), static_argnums=1, name="cast")
@@ -117,8 +121,8 @@ cast_program = compiled(lambda a, dtype: a.astype(dtype), static_argnums=1, name
 
 def build_problem(integrals: BatchIntegrals, method: Method) -> tuple[SCFProblem, FinalInputs]:
     """The batch's :class:`SCFProblem` in ``method``'s precision, its J-K arrays laid out by its
-    backend from its ERIs rounded to that precision, and its :class:`FinalInputs` in float64, which
-    hold the float64 ERIs where the finalisation contracts them (:func:`final_contracts_eris`);
+    backend from its ERIs in that precision, and its :class:`FinalInputs` in float64, which hold the
+    ERIs as computed where the finalisation contracts them (:func:`final_contracts_eris`);
     dispatched, not waited for."""
     dtype, backend = np.dtype(method.dtype), method.backend
     eris = integrals.eris
@@ -126,7 +130,8 @@ def build_problem(integrals: BatchIntegrals, method: Method) -> tuple[SCFProblem
         problem, final = problem_program(replace(integrals, eris=None), dtype.name)
         if final_contracts_eris(method):
             final = replace(final, eris=eris)
-            eris = cast_program(eris, dtype.name)
+            if eris.dtype != dtype:  # the loop reads more precise ERIs rounded
+                eris = cast_program(eris, dtype.name)
     jk = backend.prepare(eris, integrals.overlap.shape[-1], dtype)
     devices = {device for leaf in jax.tree.leaves(jk) for device in leaf.sharding.device_set}
     if len(devices) > 1:  # the backend spread its arrays over devices (simulated IPUs): the rest goes beside, whole

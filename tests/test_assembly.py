@@ -50,7 +50,8 @@ def test_assembled_integrals_equal_libcints_at_each_geometry(basis):
     """Two conformers of water (STO-3G's hydrogen capacity of 4 leaves two slots absent; 6-31G* has d
     shells, through the spherical transform) and, at STO-3G, ammonia and methane in one batch: each
     conformer's overlap, core Hamiltonian and nuclear repulsion within 1e-10 of libcint's, its guess
-    PySCF's atom guess, its float64 ERIs within 1e-12 (measured 1e-14), its grid's points and weights
+    PySCF's atom guess, its float64 ERIs within 1e-12 (measured 1e-14) and float32 ones within 1e-6
+    (tests/test_integrals.py), its grid's points and weights
     PySCF's, its AO values PySCF's ``eval_ao``; the padded AOs' rows, columns and ERIs are zero."""
     water = from_name("water")
     rng = np.random.default_rng(3)
@@ -58,6 +59,7 @@ def test_assembled_integrals_equal_libcints_at_each_geometry(basis):
     groups = [conformers] + ([[from_atom_string(AMMONIA), from_atom_string(METHANE)]] if basis == "sto-3g" else [])
     for molecules in groups:
         ints, members, bucket = assembled(molecules, RKSConfig(basis=basis))
+        float32_eris = assembled(molecules, RKSConfig(basis=basis), JaxIntegrals(eri_precision="float32"))[0].eris
         npad = bucket.nao
         for c, (molecule, member) in enumerate(zip(molecules, members)):
             mol = build_mole(molecule, basis)
@@ -72,6 +74,8 @@ def test_assembled_integrals_equal_libcints_at_each_geometry(basis):
             eri = ao2mo.restore(1, np.asarray(ints.eris[c], np.float64), npad)
             np.testing.assert_allclose(eri[np.ix_(*[member.aos] * 4)], mol.intor("int2e"), rtol=0, atol=1e-12)
             assert not eri[padded].any()
+            rounded = ao2mo.restore(1, np.asarray(float32_eris[c], np.float64), npad)[np.ix_(*[member.aos] * 4)]
+            np.testing.assert_allclose(rounded, mol.intor("int2e"), rtol=0, atol=1e-6)
             # the grid: PySCF's points and weights, in another order
             points, real = template_points(bucket, molecule)
             grids = dft.gen_grid.Grids(mol)
@@ -127,28 +131,29 @@ def test_the_factor_in_the_templates_pairs_equals_libcints(factor):
                                rtol=1e-6, atol=1e-7)  # the loop's: the same, rounded to float32  # fmt: skip
 
 
-def test_the_finalisation_contracts_the_loops_integrals_on_the_device():
-    """With the JAX integrals the finalisation contracts J and K of the loop's float32 ERIs on the
-    device in float64, and forms the labels there. Its energy terms equal PySCF's float64 contraction
-    of the same float32 integrals at the same density: Coulomb within 1e-9 Hartree (the same numbers
-    summed in another order), exact exchange within 1e-8 (K's row matrix holds (ij|kl) + (ik|jl)
-    added in float32: one more rounding, 6e-8 relative per element)."""
+@pytest.mark.parametrize("integrals", ["jax", "auto"])
+def test_the_finalisation_contracts_the_device_integrals_there(integrals):
+    """With the JAX integrals (float64 ERIs; ``auto`` on this CPU: float32) the finalisation contracts
+    J and K of the ERIs as computed on the device, in float64, and forms the labels there. Its energy
+    terms equal PySCF's float64 contraction of the same integrals at the same density, within 1e-9
+    Hartree (the same numbers summed in another order)."""
     from pyscf_ipu.padding import fill_batch
     from pyscf_ipu.problem import prepare_batch
     from pyscf_ipu.rks import submit_batch
 
     water = from_name("water")
-    config = RKSConfig(integrals="jax")
+    config = RKSConfig(integrals=integrals)
     distorted = water.with_positions(water.positions + 0.1 * np.random.default_rng(5).normal(size=(3, 3)))
     method = resolve(config)
     results = submit_batch(prepare_batch(fill_batch([water, distorted], 4), method), method).results()[:2]
-    ints, members, bucket = assembled([water, distorted], config)
+    ints, members, bucket = assembled([water, distorted], config, method.integrals)
+    assert ints.eris.dtype == (np.float64 if integrals == "jax" else np.float32)
     for c, (member, result) in enumerate(zip(members, results)):
         own = np.ix_(*[member.aos] * 4)
         eri = ao2mo.restore(1, np.asarray(ints.eris[c], np.float64), bucket.nao)[own]
         vj, vk = scf.hf.dot_eri_dm(eri, result.density, hermi=1)
         assert result.energy_terms["coulomb"] == pytest.approx(0.5 * np.sum(result.density * vj), abs=1e-9)
         exchange = -0.25 * method.functional.hf_exchange * np.sum(result.density * vk)
-        assert result.energy_terms["exact_exchange"] == pytest.approx(exchange, abs=1e-8)
+        assert result.energy_terms["exact_exchange"] == pytest.approx(exchange, abs=1e-9)
         assert result.nao == 7 and result.mo_coeff.shape == (7, 7) and len(result.mo_energy) == 7
     assert abs(results[0].energy - results[1].energy) > 1e-4  # each conformer its own

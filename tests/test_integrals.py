@@ -49,6 +49,39 @@ def test_boys_function_over_its_whole_range():
         boys(17, 1.0)
 
 
+def test_float32_boys_values_carry_no_bias():
+    """Over 10^6 arguments T in [0, 30), the compiled float32 family's mean relative error against the
+    float64 one is below 6e-9 for every m <= 8 (measured at most 3.5e-9, on the upward branch).
+    Summed largest term first, with reciprocal constants rounded once, the float32 series and
+    recursions ran 0.7-2e-8 low on average, and a bias that size in every ERI moves E_J by about
+    0.1 meV. Compiled, as the kernels run it: the constants' split products need fused
+    multiply-adds."""
+    t = np.random.default_rng(0).uniform(0.0, 30.0, 1_000_000).astype(np.float32)
+    top = 8
+    family = jax.jit(lambda a: boys_family(top, a))
+    family32 = family(jnp.asarray(t))
+    with jax.enable_x64(True):
+        family64 = family(jnp.asarray(t, jnp.float64))
+    for m in range(top + 1):
+        exact = np.asarray(family64[m])
+        bias = np.mean((np.asarray(family32[m], np.float64) - exact) / exact)
+        assert abs(bias) < 6e-9, (m, bias)
+
+
+def test_a_constant_split_scales_without_bias():
+    """Compiled, ``scaled`` multiplies by a float64 constant in float32 with no common error: over 10^6
+    values its mean relative error is below 1e-10 (measured 1e-11), where the constant rounded to
+    float32 (the plain product) scales every value by the same -3.4e-8 (2 pi^(5/2))."""
+    from pyscf_ipu.integrals.boys import scaled
+
+    x = np.random.default_rng(1).uniform(0.5, 1.5, 1_000_000).astype(np.float32)
+    exact = x.astype(np.float64) * (2.0 * np.pi**2.5)
+    split = np.asarray(jax.jit(lambda a: scaled(a, 2.0 * np.pi**2.5))(x), np.float64)
+    plain = np.asarray(jax.jit(lambda a: a * (2.0 * np.pi**2.5))(x), np.float64)
+    assert abs(np.mean((split - exact) / exact)) < 1e-10
+    assert np.mean((plain - exact) / exact) < -3e-8  # what the split removes
+
+
 def test_boys_gradient_is_finite_and_right():
     with jax.enable_x64(True):
         t = jnp.asarray([0.0, 0.3, 0.5, 0.7, 10.0, 59.9, 80.0])

@@ -106,8 +106,8 @@ def test_eri_primitive_screening_is_below_float32_resolution():
 
 def test_integral_sources_are_the_config_choices():
     """Each choice of ``RKSConfig.integrals`` names one registered source, or ``auto``, which picks by the
-    platform (here a CPU: the JAX integrals with libcint's density-fitting factor; on an accelerator
-    with the device's own factor); the old spellings (host, device) resolve to the sources they
+    platform (here a CPU: the JAX integrals with libcint's density-fitting factor and float32 ERIs; on
+    an accelerator with the device's own factor and float64 ERIs); the old spellings (host, device) resolve to the sources they
     always meant, and an unknown name never reaches a source."""
     from pyscf_ipu.config import INTEGRALS
     from pyscf_ipu.integral_sources import (INTEGRAL_SOURCES, DeviceFactor, JaxIntegrals, LibcintFactor,
@@ -117,8 +117,10 @@ def test_integral_sources_are_the_config_choices():
     assert all(resolve(RKSConfig(integrals=name)).integrals.name == name for name in INTEGRAL_SOURCES)
     auto = resolve(RKSConfig(integrals="auto")).integrals
     assert isinstance(auto, JaxIntegrals) and isinstance(auto.factor, LibcintFactor)
+    assert auto.eri_precision == "float32" and JaxIntegrals().eri_precision == "float64"
     on_a_gpu = auto_integrals("gpu")
     assert isinstance(on_a_gpu, JaxIntegrals) and isinstance(on_a_gpu.factor, DeviceFactor)
+    assert on_a_gpu.eri_precision == "float64"
     assert isinstance(resolve(RKSConfig(integrals="host")).integrals, LibcintIntegrals)
     assert isinstance(resolve(RKSConfig(integrals="device")).integrals, JaxIntegrals)
     assert RKSConfig(integrals="device") == RKSConfig(integrals="jax")  # one config, whichever spelling

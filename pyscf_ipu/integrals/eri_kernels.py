@@ -34,6 +34,7 @@ import numpy as np
 
 from ..programs import MappingBudget, compiled
 from .basis import cartesian_powers
+from .boys import scaled
 from .eri_plan import CHUNK, cartesian_functions, cartesian_to_spherical
 from .hermite import PairFactors, hermite_coefficients, hermite_coulomb, hermite_indices, stack_hermite
 
@@ -137,7 +138,8 @@ def _chunk(bra_order, ket_order, bra, ket, signed):
     left = jnp.stack([p_k.reshape(-1), jnp.ones(j * kk, p_k.dtype)], -1)  # (J K2k, 2)
     total = (left @ jnp.stack([jnp.ones(i * kb, p_b.dtype), p_b.reshape(-1)])).reshape(-1)
     product = (p_k.reshape(-1, 1) @ p_b.reshape(1, -1)).reshape(-1)
-    alpha, weight = product / total, 2.0 * math.pi**2.5 / jnp.sqrt(total)
+    # 1/sqrt would become rsqrt, whose float32 values run 1e-8 low on average: sqrt and a division do not
+    alpha, weight = product / total, scaled(jnp.sqrt(total) / total, 2.0 * math.pi**2.5)
     r = hermite_coulomb(bra_order + ket_order, alpha, pq)
     indices = hermite_indices(bra_order + ket_order)
     r = [jnp.broadcast_to(r[h] * weight, alpha.shape).reshape(j, kk, 1, -1) for h in indices]
