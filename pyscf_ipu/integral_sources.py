@@ -229,9 +229,8 @@ class JaxIntegrals:
     factor comes from ``factor`` (:class:`DeviceFactor`, or :class:`LibcintFactor` where the device
     is this CPU).
 
-    float64 ERIs put the labels within 0.03 meV of PySCF's; float32 ones, whose kernels are about
-    three times as fast on a CPU, leave a bias of up to about 0.2 meV from the basis's constants
-    rounded to float32 (``docs/decisions/float64-finalisation.md``)."""
+    float64 ERIs give the labels of float64 integrals; float32 ones, much faster on a CPU, keep a
+    small bias from the basis's data rounded to float32 (``docs/decisions/float64-finalisation.md``)."""
 
     name: str = "jax"
     factor: DeviceFactor | LibcintFactor = DeviceFactor()
@@ -287,8 +286,8 @@ INTEGRAL_SOURCES: dict[str, IntegralSource] = {source.name: source for source in
 def auto_integrals(platform: str) -> IntegralSource:
     """The ``auto`` integral source on a JAX ``platform``: the JAX integrals. Where the device is the
     CPU, with libcint's density-fitting factor (:class:`LibcintFactor`) and float32 ERIs, whose
-    kernels there take a third of the float64 ones' time; elsewhere all on the device, the ERIs in
-    float64 (``docs/decisions/float64-finalisation.md``)."""
+    kernels are much faster there; elsewhere all on the device, the ERIs in float64
+    (``docs/decisions/float64-finalisation.md``)."""
     if platform == "cpu":
         return JaxIntegrals(factor=LibcintFactor(), eri_precision="float32")
     return JaxIntegrals(factor=DeviceFactor())

@@ -46,8 +46,8 @@ def scaled(x, constant: float):
     A constant rounded to float32 once scales every element by the same relative error (2 pi^(5/2):
     -3.4e-8), which summed over N^4 integrals biases E_J by a third of a meV; the split product
     leaves only each element's own rounding, which averages out. That needs x high + (x low) fused
-    into one multiply-add, as XLA compiles it on CPUs and GPUs: computed op by op (eagerly), the
-    sum rounds the remainder away.
+    into one multiply-add, as XLA's compiled CPU code does (tests/test_integrals.py checks it):
+    computed op by op (eagerly), the sum rounds the remainder away.
     """
     high = float(np.asarray(constant, x.dtype))
     low = constant - high
