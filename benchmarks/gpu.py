@@ -55,10 +55,13 @@ PHASES = ("sto3g", "pyscf", "labels", "def2svp", "jk")
 # def2-SVP: a molecule of 20 to 30 atoms, aspirin (21 atoms, 13 heavy); each more costs a compile
 DEF2SVP_SMILES = ["CC(=O)Oc1ccccc1C(=O)O"]
 OTHER_JK = ("dense",)  # the J-K backends besides the default that suit STO-3G (s8 gathers, df fits)
-# the phases each size runs, molecules and conformers of the STO-3G phase, its PySCF sample, and the
-# def2-SVP conformers per molecule
-SIZES = {"full": {"phases": PHASES, "molecules": 64, "conformers": 64, "sample": 128, "def2svp": 32},
-         "tiny": {"phases": ("sto3g", "pyscf", "labels"), "molecules": 2, "conformers": 2, "sample": 4, "def2svp": 0}}  # fmt: skip
+# the phases each size runs, molecules and conformers of the STO-3G phase, its PySCF sample, the
+# def2-SVP conformers per molecule and their PySCF sample (one process per conformer, so a sample no
+# larger than the host's cores costs one conformer's time)
+SIZES = {"full": {"phases": PHASES, "molecules": 64, "conformers": 64, "sample": 128, "def2svp": 32,
+                  "def2svp_sample": 8},
+         "tiny": {"phases": ("sto3g", "pyscf", "labels"), "molecules": 2, "conformers": 2, "sample": 4, "def2svp": 0,
+                  "def2svp_sample": 0}}  # fmt: skip
 
 
 class Budget:
@@ -334,7 +337,7 @@ def run_phases(phases: set[str], size: dict, work: Path, budget: Budget, results
         extra = ["--conformers", str(size["def2svp"]), "--basis", "def2-svp", "--jk", "df", "--integrals", "jax"]
         cold_then_restarted(Phase("def2svp", "def2-SVP", 60, 40), smiles, extra, work, budget, results)
         if "labels" in phases and results.get("def2svp_restarted", {}).get("summary") and budget.left > 60:
-            records = spread(conformers_of(work / "def2svp-restarted"), len(DEF2SVP_SMILES))
+            records = spread(conformers_of(work / "def2svp-restarted"), size["def2svp_sample"])
             done = pyscf_on_every_core(records, "def2-svp", True, budget.left - 10)
             if done is not None:
                 results["labels_def2svp_mev"] = compare(records, done[0], "def2-SVP labels, ours - PySCF's density "
