@@ -72,7 +72,7 @@ class FinalInputs:
     weights: jax.Array  # (Gp,)
     nuclear_repulsion: jax.Array  # ()
     occupied: jax.Array  # () int32  doubly occupied orbitals
-    eris: jax.Array  # (s8 size of Np,)  the loop's own ERIs where the finalisation contracts them on the device, else (0,)
+    eris: jax.Array  # (s8 size of Np,)  the ERIs as computed where the finalisation contracts them (the loop's are rounded), else (0,)
 
 
 def orthogonaliser(overlap) -> tuple[jax.Array, jax.Array]:
@@ -128,10 +128,9 @@ def build_problem(integrals: BatchIntegrals, method: Method) -> tuple[SCFProblem
     eris = integrals.eris
     with jax.enable_x64(True):  # the float64 inputs stay float64
         problem, final = problem_program(replace(integrals, eris=None), dtype.name)
-        if final_contracts_eris(method):
+        if final_contracts_eris(method):  # computed more precisely than the loop reads them
             final = replace(final, eris=eris)
-            if eris.dtype != dtype:  # the loop reads more precise ERIs rounded
-                eris = cast_program(eris, dtype.name)
+            eris = cast_program(eris, dtype.name)
     jk = backend.prepare(eris, integrals.overlap.shape[-1], dtype)
     devices = {device for leaf in jax.tree.leaves(jk) for device in leaf.sharding.device_set}
     if len(devices) > 1:  # the backend spread its arrays over devices (simulated IPUs): the rest goes beside, whole
