@@ -188,10 +188,10 @@ def _member(layout: TemplateLayout, tables: ElementTables, elements, coords, dty
 assemble_program = compiled(
     lambda layout, tables, elements, coords, dtype, grid: jax.vmap(
         lambda e, c: _member(layout, tables, e, c, dtype, grid))(elements, coords),
-    static_argnums=(4, 5), name="assemble")
+    static_argnums=(4, 5), name="assemble", quick_compile=True)
 # the AO values on their own, outside 64-bit mode: XLA's CPU code for the kernel's integer and
 # float32 arithmetic is faster there (it is all float32)
-ao_values_program = compiled(jax.vmap(ao_kernel), name="ao_values")
+ao_values_program = compiled(jax.vmap(ao_kernel), name="ao_values", quick_compile=True)
 
 
 def assemble_integrals(template: BucketTemplate, elements: np.ndarray, coords: np.ndarray, occupied: np.ndarray,

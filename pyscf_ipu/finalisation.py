@@ -241,7 +241,7 @@ def final_density(functional: Functional, contraction: FinalContraction, ao, den
 final_density_program = compiled(
     lambda functional, contraction, *arrays: jax.lax.map(lambda member: final_density(functional, contraction, *member),
                                                          arrays),
-    static_argnums=(0, 1), name="final_density")
+    static_argnums=(0, 1), name="final_density", quick_compile=True)
 
 
 def dispatch_finalisation(method: Method, batch: PreparedBatch, trace: SCFTrace) -> FinalDensity:

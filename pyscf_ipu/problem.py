@@ -103,7 +103,7 @@ def _problem(integrals: BatchIntegrals, dtype: str) -> tuple[SCFProblem, FinalIn
 
 problem_program = compiled(
     lambda integrals, dtype: jax.vmap(lambda member: _problem(member, dtype))(integrals), static_argnums=1,
-    name="problem")
+    name="problem", quick_compile=True)
 
 
 def final_contracts_eris(method: Method) -> bool:

@@ -38,6 +38,10 @@ import numpy as np
 
 PROGRAM_DIRECTORY_SUFFIX = "-programs"
 MATMUL_PRECISION = "highest"  # jax.default_matmul_precision of every program: full float32 products
+# XLA's CPU options for a program that runs once per batch and briefly (CompiledFunction's
+# quick_compile): the older elemental emitters compile such programs in about two thirds of the time
+# and run them as fast (docs/decisions/quick-compile.md)
+QUICK_COMPILE_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
 def precision_scope(precision: str):
@@ -144,12 +148,15 @@ def memory_mappings() -> tuple[int, int] | None:
 class CompiledFunction:
     """A function traced once per signature, its exported programs shared by every process (see
     module doc). With a ``budget``, it drops its in-memory programs when the process runs short of
-    memory mappings; without, it keeps them for the process's life."""
+    memory mappings; without, it keeps them for the process's life. With ``quick_compile`` (a
+    program that runs once per batch and briefly), XLA's CPU backend compiles it with
+    :data:`QUICK_COMPILE_CPU_OPTIONS`: a new process's first batch waits less for it."""
 
     def __init__(self, fun, static_argnums: int | tuple[int, ...] = (), name: str | None = None,
-                 budget: MappingBudget | None = None):  # fmt: skip
+                 budget: MappingBudget | None = None, quick_compile: bool = False):  # fmt: skip
         self.fun = full_precision(fun)
         self.budget = budget
+        self.quick_compile = quick_compile
         self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         self.name = name or f"{fun.__module__}.{fun.__qualname__}"
         self._jitted = jax.jit(self.fun, static_argnums=self.static_argnums)
@@ -218,7 +225,7 @@ class CompiledFunction:
                 blob, out_tree = pickle.loads(path.read_bytes())
                 exported = export.deserialize(bytearray(blob))
                 self.loaded += 1
-                return jax.jit(exported.call), out_tree
+                return self._jit(exported), out_tree
             except Exception:  # truncated, or written by an incompatible jax: export anew, below
                 pass
         out_trees = []
@@ -235,7 +242,12 @@ class CompiledFunction:
         self.traced += 1
         if path is not None:
             _save_program(path, pickle.dumps((exported.serialize(), out_trees[0])))
-        return jax.jit(exported.call), out_trees[0]
+        return self._jit(exported), out_trees[0]
+
+    def _jit(self, exported):
+        """``exported`` as a jitted function, compiled with the options its backend takes for it."""
+        quick = self.quick_compile and jax.default_backend() == "cpu"
+        return jax.jit(exported.call, compiler_options=QUICK_COMPILE_CPU_OPTIONS if quick else None)
 
 
 # Each thread's CPU seconds inside compiled programs' calls ("running") and in loading, tracing and
@@ -320,8 +332,8 @@ def _save_program(path: Path, data: bytes) -> None:
 
 
 def compiled(fun=None, *, static_argnums: int | tuple[int, ...] = (), name: str | None = None,
-             budget: MappingBudget | None = None):  # fmt: skip
+             budget: MappingBudget | None = None, quick_compile: bool = False):  # fmt: skip
     """Decorator: ``fun`` as a :class:`CompiledFunction` (``@compiled`` or ``@compiled(static_argnums=...)``)."""
     if fun is None:
-        return lambda f: CompiledFunction(f, static_argnums, name, budget)
-    return CompiledFunction(fun, static_argnums, name, budget)
+        return lambda f: CompiledFunction(f, static_argnums, name, budget, quick_compile)
+    return CompiledFunction(fun, static_argnums, name, budget, quick_compile)

@@ -115,7 +115,7 @@ def _padded_shells(plan: EriPlan, values):
     return xp.concatenate([values, xp.ones((values.shape[0], extra) + values.shape[2:], values.dtype)], axis=1)
 
 
-@partial(compiled, static_argnums=1, name="eri_combine")
+@partial(compiled, static_argnums=1, name="eri_combine", quick_compile=True)
 def _combine(shares: tuple, size: int) -> jax.Array:
     """The shares' s8 arrays added (each wrote zeros outside its own quartets) and cut to ``size``, in
     one pass (a Python ``sum`` and a slice would copy the batch's array three times)."""

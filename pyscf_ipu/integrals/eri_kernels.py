@@ -202,8 +202,10 @@ def quartet_stage(static, quartet_arrays, one_centre, data, shifts):
             return jax.lax.cond(work, lambda: _chunk(*orders, bra_chunk, ket_chunk, signed),
                                 lambda: jnp.zeros(shape, shifts.dtype))  # fmt: skip
 
-        # checkpointed: a gradient recomputes each chunk instead of keeping every chunk's Boys values
-        values = jax.lax.map(jax.checkpoint(chunk), (work, bra, ket), batch_size=batch)
+        # checkpointed: a gradient recomputes each chunk instead of keeping every chunk's Boys values.
+        # One chunk at a time (a CPU) is a plain map: with batch_size, even 1, the kernel is vmapped,
+        # and a vmapped cond computes both branches, so idle chunks would cost as much as busy ones.
+        values = jax.lax.map(jax.checkpoint(chunk), (work, bra, ket), batch_size=batch if batch > 1 else None)
         out = out.at[destination].set(values.reshape(-1), mode="drop", unique_indices=True)
     return out
 
@@ -234,7 +236,7 @@ def _quartet_program(static, quartet_arrays, one_centre, data, shifts):
                        (values, data, shifts))
 
 
-pair_program = compiled(_pair_program, static_argnums=(0, 5), name="eri_pairs")
+pair_program = compiled(_pair_program, static_argnums=(0, 5), name="eri_pairs", quick_compile=True)
 quartet_program = compiled(
     _quartet_program, static_argnums=0, name="eri_quartets",
     # a 6-31G* program holds thousands of memory mappings: drop old ones before the process nears its limit
