@@ -12,8 +12,9 @@ Every program is traced with full float32 precision in its products (:func:`full
 left to itself, JAX lets an NVIDIA GPU compute float32 matrix products in TF32, with a 10-bit
 mantissa, which no SCF loop survives. An exported module is valid only for the code that made it,
 so its key includes a fingerprint of this package's source, the matmul precision, the versions of
-jax and jaxlib, the backend, the device count and the x64 mode. A file that cannot be read back
-(truncated, or from an incompatible jax) is exported anew and replaced. Inside a transformation
+jax and jaxlib, the backend, the device count and the x64 mode. A file holds data only, never
+pickled objects (:mod:`pyscf_ipu.program_files`): one that cannot be read back (truncated, from an
+incompatible jax, or not a program file at all) is exported anew and replaced. Inside a transformation
 (``jax.grad`` of the forces) the function is traced as usual.
 """
 
@@ -23,7 +24,6 @@ import contextlib
 import functools
 import hashlib
 import os
-import pickle
 import platform
 import re
 import tempfile
@@ -36,11 +36,13 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from .program_files import ProgramFileError, program_bytes, read_program
+
 PROGRAM_DIRECTORY_SUFFIX = "-programs"
 MATMUL_PRECISION = "highest"  # jax.default_matmul_precision of every program: full float32 products
 # XLA's CPU options for a program that runs once per batch and briefly (CompiledFunction's
-# quick_compile): the older elemental emitters compile such programs in about two thirds of the time
-# and run them as fast (docs/decisions/quick-compile.md)
+# quick_compile): the older elemental emitters compile such programs faster and run them as fast
+# (docs/decisions/quick-compile.md)
 QUICK_COMPILE_CPU_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
@@ -150,7 +152,8 @@ class CompiledFunction:
     module doc). With a ``budget``, it drops its in-memory programs when the process runs short of
     memory mappings; without, it keeps them for the process's life. With ``quick_compile`` (a
     program that runs once per batch and briefly), XLA's CPU backend compiles it with
-    :data:`QUICK_COMPILE_CPU_OPTIONS`: a new process's first batch waits less for it."""
+    :data:`QUICK_COMPILE_CPU_OPTIONS`, loaded or exported alike: a new process's first batch waits less for
+    it. Inside a transformation it is traced into the caller's program, with the caller's options."""
 
     def __init__(self, fun, static_argnums: int | tuple[int, ...] = (), name: str | None = None,
                  budget: MappingBudget | None = None, quick_compile: bool = False):  # fmt: skip
@@ -222,11 +225,10 @@ class CompiledFunction:
         path = self._file(key)
         if path is not None and path.exists():
             try:
-                blob, out_tree = pickle.loads(path.read_bytes())
-                exported = export.deserialize(bytearray(blob))
+                exported, out_tree = read_program(path.read_bytes())
                 self.loaded += 1
                 return self._jit(exported), out_tree
-            except Exception:  # truncated, or written by an incompatible jax: export anew, below
+            except (OSError, ProgramFileError):  # truncated, from an incompatible jax, or not ours: export anew
                 pass
         out_trees = []
 
@@ -241,7 +243,7 @@ class CompiledFunction:
         exported = export.export(jax.jit(flat))(*leaves)
         self.traced += 1
         if path is not None:
-            _save_program(path, pickle.dumps((exported.serialize(), out_trees[0])))
+            _save_program(path, program_bytes(exported.serialize(), out_trees[0]))
         return self._jit(exported), out_trees[0]
 
     def _jit(self, exported):

@@ -1,14 +1,8 @@
 """Size buckets: molecules of one bucket share every program, may share a batch, and get the labels
-they get alone; stored programs load in a new process without tracing."""
+they get alone (stored programs: tests/test_programs.py)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-
-import numpy as np
 import pytest
 
 from pyscf_ipu.buckets import SizeBucket
@@ -102,31 +96,3 @@ def test_a_batch_refuses_molecules_of_two_buckets():
     config = RKSConfig(integrals="jax")
     with pytest.raises(ValueError, match="one size bucket"):
         prepare_batch([from_atom_string(METHANE), from_atom_string(ETHANE)], resolve(config))
-
-
-def test_a_new_process_loads_stored_programs_without_tracing(tmp_path):
-    """The second process finds every program on disk: it traces none (``traced`` stays 0), and its
-    labels equal the first's exactly (the same compiled code)."""
-    script = textwrap.dedent(f"""
-        import json
-        from pyscf_ipu.config import RKSConfig
-        from pyscf_ipu.method import resolve
-        from pyscf_ipu.runtime import enable_compilation_cache
-        from pyscf_ipu.problem import prepare_batch
-        from pyscf_ipu.molecule import from_atom_string
-        from pyscf_ipu.rks import submit_batch
-        from pyscf_ipu.scf import scf_program
-        from pyscf_ipu.integrals.eri_kernels import quartet_program
-        enable_compilation_cache({str(tmp_path / "jax")!r})
-        config = RKSConfig(integrals="jax")
-        m = from_atom_string({METHANE!r})
-        method = resolve(config)
-        r = submit_batch(prepare_batch([m, m], method), method).results()[0]
-        print(json.dumps([r.energy, scf_program.traced + quartet_program.traced,
-                          scf_program.loaded + quartet_program.loaded]))
-    """)
-    runs = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True) for _ in range(2)]
-    (energy, traced, loaded), (energy2, traced2, loaded2) = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
-    assert (traced, loaded) == (2, 0) and (traced2, loaded2) == (0, 2)
-    assert energy2 == energy and np.isfinite(energy)
-    assert len(list((tmp_path / "jax-programs").glob("*.program"))) >= 2

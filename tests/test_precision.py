@@ -10,7 +10,6 @@ which is what a GPU (or any backend) compiles.
 from __future__ import annotations
 
 import os
-import pickle
 import re
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pyscf_ipu.program_files import read_program
 from pyscf_ipu.programs import PROGRAM_DIRECTORY_SUFFIX, compiled
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,12 +44,10 @@ def float32_products(mlir: str) -> list[tuple[str, str]]:
 
 def stored_products(directory: Path, pattern: str = "*.program") -> dict[str, list[tuple[str, str]]]:
     """Every stored program of ``directory`` -> its float32 products (see :func:`float32_products`)."""
-    from jax import export
-
     out = {}
     for path in sorted(directory.glob(pattern)):
-        blob, _ = pickle.loads(path.read_bytes())
-        out[path.name] = float32_products(export.deserialize(bytearray(blob)).mlir_module())
+        exported, _ = read_program(path.read_bytes())
+        out[path.name] = float32_products(exported.mlir_module())
     return out
 
 

@@ -1,0 +1,142 @@
+"""The stored program's file: an exported module and a plain description of its output, nothing that
+runs code when read.
+
+A program directory may be shared (a cluster's cache on a network disk), so whoever can write a file
+there must not be able to run code in the processes that read it: no pickle. A file holds
+
+    MAGIC, the header's length (8 bytes, little-endian), the header (JSON), the serialized export
+
+where the header describes the output's pytree (:func:`describe_tree`). Reading parses the JSON and
+hands the export's bytes to ``jax.export.deserialize``, which parses them as data. A node type is
+named by its module and qualified name and must belong to this package (or be a tuple, list, dict or
+None); its static data is JSON scalars. Anything else in a file, or a file that is not in this
+format at all, is :class:`ProgramFileError`, and the caller exports the program anew.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import jax
+
+MAGIC = b"pyscf-ipu program\n"
+PACKAGE = __name__.rsplit(".", 1)[0]
+_BUILTIN_NODES = {"tuple": tuple, "list": list, "dict": dict, "None": type(None)}
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+class ProgramFileError(ValueError):
+    """A program file that cannot be read back as data: the program is exported anew."""
+
+
+def describe_tree(treedef) -> object:
+    """A JSON description of ``treedef``: "*" for a leaf, else {"type", "aux", "children"}. Raises
+    :class:`TypeError` for a node type outside this package or static data that is not JSON scalars
+    (nested in tuples): such a program is not stored."""
+    data = treedef.node_data()
+    if data is None:
+        return "*"
+    kind, aux = data
+    return {"type": _type_name(kind), "aux": _plain(aux), "children": [describe_tree(c) for c in treedef.children()]}
+
+
+def tree_of(description) -> jax.tree_util.PyTreeDef:
+    """The pytree structure :func:`describe_tree` described; :class:`ProgramFileError` for anything it
+    would not have written."""
+    if description == "*":
+        return jax.tree.structure(0)
+    if not isinstance(description, dict) or set(description) != {"type", "aux", "children"}:
+        raise ProgramFileError(f"not a tree node: {description!r:.80}")
+    kind = _node_type(description["type"])
+    aux = description["aux"]
+    if not isinstance(description["children"], list):
+        raise ProgramFileError("a tree node's children are not a list")
+    children = [tree_of(child) for child in description["children"]]
+    aux = _tuples(aux)
+    if kind is dict:  # its keys, as a list
+        if not isinstance(aux, tuple):
+            raise ProgramFileError("a dict node's keys are not a list")
+        aux = list(aux)
+    try:
+        return jax.tree_util.PyTreeDef.from_node_data_and_children(jax.tree_util.default_registry, (kind, aux),
+                                                                   children)  # fmt: skip
+    except Exception as err:  # noqa: BLE001 - whatever the registry makes of a node it cannot rebuild
+        raise ProgramFileError(f"a tree node of {description['type']} does not rebuild: {err}") from None
+
+
+def program_bytes(serialized: bytes, out_tree) -> bytes:
+    """A program file's contents: the export ``serialized`` and its output's tree ``out_tree``."""
+    header = json.dumps({"out_tree": describe_tree(out_tree)}, separators=(",", ":")).encode()
+    return MAGIC + len(header).to_bytes(8, "little") + header + serialized
+
+
+def read_program(data: bytes):
+    """(the ``jax.export.Exported``, its output's tree) of a program file's contents ``data``;
+    :class:`ProgramFileError` where they are not a program file's."""
+    from jax import export
+
+    start = len(MAGIC) + 8
+    if not data.startswith(MAGIC) or len(data) < start:
+        raise ProgramFileError("not a program file")
+    end = start + int.from_bytes(data[len(MAGIC) : start], "little")
+    try:
+        header = json.loads(data[start:end])
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ProgramFileError(f"a program file's header is not JSON: {err}") from None
+    if not isinstance(header, dict) or "out_tree" not in header:
+        raise ProgramFileError("a program file's header lacks its output's tree")
+    out_tree = tree_of(header["out_tree"])
+    try:
+        exported = export.deserialize(bytearray(data[end:]))
+    except Exception as err:  # noqa: BLE001 - truncated, or from an incompatible jax
+        raise ProgramFileError(f"a program file's module does not deserialize: {err}") from None
+    return exported, out_tree
+
+
+def _type_name(kind: type) -> str:
+    for name, builtin in _BUILTIN_NODES.items():
+        if kind is builtin:
+            return name
+    if kind.__module__ != PACKAGE and not kind.__module__.startswith(PACKAGE + "."):
+        raise TypeError(f"a stored program's output holds a {kind.__module__}.{kind.__qualname__}, not this package's")
+    return f"{kind.__module__}:{kind.__qualname__}"
+
+
+def _node_type(name) -> type:
+    """The node type a description names: a builtin, or a class of this package (its module imported
+    if need be: only this package's modules are ever imported)."""
+    if not isinstance(name, str):
+        raise ProgramFileError("a tree node's type is not a name")
+    if name in _BUILTIN_NODES:
+        return _BUILTIN_NODES[name]
+    module, _, qualname = name.partition(":")
+    if not qualname or (module != PACKAGE and not module.startswith(PACKAGE + ".")):
+        raise ProgramFileError(f"a tree node's type {name!r:.80} is not this package's")
+    try:
+        kind = importlib.import_module(module)
+        for part in qualname.split("."):
+            kind = getattr(kind, part)
+    except (ImportError, AttributeError):
+        raise ProgramFileError(f"no type {name!r:.80} in this package") from None
+    if not isinstance(kind, type):
+        raise ProgramFileError(f"{name!r:.80} is not a type")
+    return kind
+
+
+def _plain(aux):
+    """A node's static data as JSON: scalars, in (nested) tuples or lists, written as lists."""
+    if isinstance(aux, (tuple, list)):
+        return [_plain(a) for a in aux]
+    if isinstance(aux, _JSON_SCALARS):
+        return aux
+    raise TypeError(f"a stored program's output tree holds static data of type {type(aux).__name__}")
+
+
+def _tuples(aux):
+    """JSON lists back to the tuples :func:`_plain` wrote; anything but scalars is refused."""
+    if isinstance(aux, list):
+        return tuple(_tuples(a) for a in aux)
+    if isinstance(aux, _JSON_SCALARS):
+        return aux
+    raise ProgramFileError("a tree node's static data is not plain")
