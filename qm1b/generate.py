@@ -235,25 +235,38 @@ class ConvergenceWatch:
     A sound setup converges nearly every conformer; a run where most of the last ``window`` (or more:
     whole batches) did not points at its setup (float32 products below full precision, a bad basis,
     too few ``--max-iterations``), and labelling on would fill the dataset with unconverged rows.
-    The occasional hard conformer never trips it. ``minimum`` 0 switches it off.
+    The occasional hard conformer never trips it. A run shorter than the window is judged as a
+    whole when it ends (:meth:`finish`). ``minimum`` 0 switches it off.
     """
 
     minimum: float
     window: int
     hint: str  # the settings worth checking, for the message
     batches: deque = field(default_factory=deque)  # (conformers labelled, converged) of recent batches
+    labelled: int = 0  # over the whole run
+    converged: int = 0
 
     def add(self, labelled: int, converged: int) -> None:
         """Count a finished batch; :class:`NotConvergingError` if the recent share is below ``minimum``."""
+        self.labelled, self.converged = self.labelled + labelled, self.converged + converged
         self.batches.append((labelled, converged))
         while sum(n for n, _ in self.batches) - self.batches[0][0] >= self.window:
             self.batches.popleft()  # the window stays full without its oldest batch
         total, good = (sum(column) for column in zip(*self.batches))
         if total >= self.window and good < self.minimum * total:
-            raise NotConvergingError(
-                f"only {good} of the last {total} conformers converged (below --min-converged {self.minimum:g}): "
-                f"that points at the setup, not the molecules; check {self.hint}; what was committed is kept "
-                "(--min-converged 0 labels on regardless)")  # fmt: skip
+            raise self._error(good, f"the last {total}")
+
+    def finish(self) -> None:
+        """At the run's end: :class:`NotConvergingError` if its converged share is below ``minimum``,
+        however few conformers it labelled."""
+        if self.labelled and self.converged < self.minimum * self.labelled:
+            raise self._error(self.converged, f"the {self.labelled}")
+
+    def _error(self, good: int, which: str) -> NotConvergingError:
+        return NotConvergingError(
+            f"only {good} of {which} conformers converged (below --min-converged {self.minimum:g}): that points "
+            f"at the setup, not the molecules; check {self.hint}; what was committed is kept "
+            "(--min-converged 0 labels on regardless)")  # fmt: skip
 
 
 def batch_sizes(gen: GenerateConfig, method: Method, inputs: list[Input], buckets: dict) -> dict[SizeBucket, int]:
@@ -553,6 +566,7 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], bu
     summary.host.update(clock.seconds)
     if stop is not None:
         raise stop
+    watch.finish()
     return summary
 
 

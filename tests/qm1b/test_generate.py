@@ -126,6 +126,28 @@ def test_the_convergence_watch_trips_on_a_broken_setup_not_on_hard_molecules():
     off = ConvergenceWatch(0.0, 32, "")
     for _ in range(8):
         off.add(8, 0)
+    off.finish()
+    short = ConvergenceWatch(0.5, 32, "the settings")
+    short.add(8, 3)
+    with pytest.raises(NotConvergingError, match=r"only 3 of the 8 conformers converged .*check the settings"):
+        short.finish()  # shorter than the window: judged as a whole at its end
+    ConvergenceWatch(0.5, 32, "").finish()  # nothing labelled: nothing to judge
+    fine = ConvergenceWatch(0.5, 32, "")
+    fine.add(8, 4)
+    fine.finish()
+
+
+def test_a_short_run_that_does_not_converge_exits_non_zero(tmp_path):
+    """Two conformers with --max-iterations 2, far fewer than the watch's window: the run ends with one
+    line and exit code 4, and keeps its rows."""
+    smiles = write_smiles(tmp_path / "in.smi", GOOD[:1])
+    out = tmp_path / "out"
+    ended = run_cli("generate", "--smiles", str(smiles), "--conformers", "2", "--max-iterations", "2",
+                    "--no-progress", "--out", str(out))  # fmt: skip
+    assert ended.returncode == 4, ended.stderr
+    (line,) = ended.stderr.strip().splitlines()
+    assert line.startswith("qm1b generate: stopped: only 0 of the 2 conformers converged"), line
+    assert len(sorted_rows(out)) == 2
 
 
 def test_a_run_that_does_not_converge_stops_early_and_can_be_let_run(tmp_path):
@@ -172,6 +194,28 @@ def test_export_validate_info_plot(small_run, tmp_path, capsys):
     assert main(["validate", gen.out, "--sample", "2"]) == 0
     assert main(["plot", gen.out, "--png", str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").stat().st_size > 5000
+
+
+def test_validate_exits_non_zero_on_labels_shifted_past_its_tolerance(small_run, tmp_path, capsys):
+    """A copy of the dataset with every energy shifted by 10 meV: ``validate`` exits 6 with one line
+    naming the energy; the original exits 0 (its labels are within 0.3 meV, test_labels_match_pyscf)."""
+    import shutil
+
+    import h5py
+
+    gen, _ = small_run
+    shifted = tmp_path / "shifted"
+    shutil.copytree(gen.out, shifted)
+    (shard,) = shifted.glob("shard-*.h5")
+    with h5py.File(shard, "r+") as f:
+        f["records/energy"][...] = f["records/energy"][...] + 0.010  # eV
+    capsys.readouterr()
+    assert main(["validate", str(shifted), "--sample", "2"]) == 6
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    found = re.search(r"2 of the 2 converged records sampled are more than 2 meV .*largest: energy ([+-][\d.]+)", line)
+    assert found and abs(float(found[1]) - 10.0) < 0.5, line
+    assert main(["validate", gen.out, "--sample", "2", "--tolerance", "1"]) == 0
+    assert main(["validate", str(shifted), "--sample", "2", "--tolerance", "11"]) == 0
 
 
 def test_kill_and_resume_equals_uninterrupted(tmp_path):
