@@ -26,6 +26,7 @@ import hashlib
 import os
 import platform
 import re
+import stat
 import tempfile
 import threading
 import time
@@ -225,7 +226,10 @@ class CompiledFunction:
         path = self._file(key)
         if path is not None and path.exists():
             try:
-                exported, out_tree = read_program(path.read_bytes())
+                exported, out_tree = read_program(_read_regular_file(path))
+                if [(a.shape, a.dtype) for a in exported.in_avals] != [(np.shape(x), x.dtype) for x in leaves] or (
+                        len(exported.out_avals) != out_tree.num_leaves):  # fmt: skip
+                    raise ProgramFileError("a program file for other arguments or another output")
                 self.loaded += 1
                 return self._jit(exported), out_tree
             except (OSError, ProgramFileError):  # truncated, from an incompatible jax, or not ours: export anew
@@ -243,7 +247,12 @@ class CompiledFunction:
         exported = export.export(jax.jit(flat))(*leaves)
         self.traced += 1
         if path is not None:
-            _save_program(path, program_bytes(exported.serialize(), out_trees[0]))
+            try:
+                data = program_bytes(exported.serialize(), out_trees[0])
+            except TypeError:  # an output this package's file format cannot describe: kept in memory only
+                data = None
+            if data is not None:
+                _save_program(path, data)
         return self._jit(exported), out_trees[0]
 
     def _jit(self, exported):
@@ -316,6 +325,16 @@ def on_device(tree, may_alias: bool | None = None):
     copies = [o for o, leaf in zip(jax.tree.leaves(out), jax.tree.leaves(tree)) if isinstance(leaf, np.ndarray)]
     jax.block_until_ready(copies)
     return out
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """``path``'s bytes, where it is a regular file and not a link (a FIFO or a device planted under a
+    program's name would block or never end); :class:`OSError` otherwise."""
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return file.read()
 
 
 def _save_program(path: Path, data: bytes) -> None:

@@ -139,6 +139,7 @@ class Summary:
     molecules: int = 0
     conformers: int = 0  # written
     converged: int = 0
+    labelled: int = 0  # converged or not: written, or dropped as failures (NaN, --drop-unconverged)
     failures: int = 0
     skipped: int = 0  # already done (resume)
     seconds: float = 0.0
@@ -235,20 +236,17 @@ class ConvergenceWatch:
     A sound setup converges nearly every conformer; a run where most of the last ``window`` (or more:
     whole batches) did not points at its setup (float32 products below full precision, a bad basis,
     too few ``--max-iterations``), and labelling on would fill the dataset with unconverged rows.
-    The occasional hard conformer never trips it. A run shorter than the window is judged as a
-    whole when it ends (:meth:`finish`). ``minimum`` 0 switches it off.
+    The occasional hard conformer never trips it. A whole run, however short, is judged when it ends
+    (:meth:`finish`, by :func:`generate` over every shard or Ray task). ``minimum`` 0 switches it off.
     """
 
     minimum: float
     window: int
     hint: str  # the settings worth checking, for the message
     batches: deque = field(default_factory=deque)  # (conformers labelled, converged) of recent batches
-    labelled: int = 0  # over the whole run
-    converged: int = 0
 
     def add(self, labelled: int, converged: int) -> None:
         """Count a finished batch; :class:`NotConvergingError` if the recent share is below ``minimum``."""
-        self.labelled, self.converged = self.labelled + labelled, self.converged + converged
         self.batches.append((labelled, converged))
         while sum(n for n, _ in self.batches) - self.batches[0][0] >= self.window:
             self.batches.popleft()  # the window stays full without its oldest batch
@@ -256,11 +254,11 @@ class ConvergenceWatch:
         if total >= self.window and good < self.minimum * total:
             raise self._error(good, f"the last {total}")
 
-    def finish(self) -> None:
-        """At the run's end: :class:`NotConvergingError` if its converged share is below ``minimum``,
-        however few conformers it labelled."""
-        if self.labelled and self.converged < self.minimum * self.labelled:
-            raise self._error(self.converged, f"the {self.labelled}")
+    def finish(self, labelled: int, converged: int) -> None:
+        """At a run's end, its totals: :class:`NotConvergingError` if its converged share is below
+        ``minimum``, however few conformers it labelled."""
+        if labelled and converged < self.minimum * labelled:
+            raise self._error(converged, f"the {labelled}")
 
     def _error(self, good: int, which: str) -> NotConvergingError:
         return NotConvergingError(
@@ -445,6 +443,7 @@ class _Ledger:
         self.last_commit = now
         self.summary.conformers += len(rows)
         self.summary.converged += sum(bool(r.converged) for *_, r in rows)
+        self.summary.labelled += len(results)
         self.summary.failures += len(failures)
         self.bar.update(len(batch.members))
         self.watch.add(len(results), sum(r.converged and np.isfinite(r.energy) for r in results))
@@ -512,9 +511,7 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], bu
     inputs = sorted(inputs, key=lambda m: (_bucket_order(buckets[m.molecule_id]), m.molecule_id))
     summary = Summary(out=gen.out, shard=f"{shard}/{num_shards}", molecules=len(inputs))
     versions = provenance()
-    watch = ConvergenceWatch(gen.min_converged, max(CONVERGENCE_WINDOW, max(sizes.values(), default=1)),
-                             f"--max-iterations ({dft.max_iterations}), --basis ({dft.basis}), --precision "
-                             f"({dft.precision}) and the device ({versions['device']})")  # fmt: skip
+    watch = convergence_watch(gen, dft, max(sizes.values(), default=1), versions["device"])
     stop = None
     with ShardWriter(gen.out, shard, num_shards, settings=label_settings(gen, dft), versions=versions,
                      resume=resume, ignored_settings=IPUConfig.PLACEMENT) as writer:  # fmt: skip
@@ -566,7 +563,6 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], bu
     summary.host.update(clock.seconds)
     if stop is not None:
         raise stop
-    watch.finish()
     return summary
 
 
@@ -640,7 +636,7 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
             bar.update(pending.pop(ready))
     total = Summary(out=gen.out, shard=gen.shard, seconds=time.perf_counter() - start, tasks=len(summaries))
     for s in summaries:
-        for name in ("molecules", "conformers", "converged", "failures", "skipped", "steady_conformers",
+        for name in ("molecules", "conformers", "converged", "labelled", "failures", "skipped", "steady_conformers",
                      "steady_seconds"):  # the steady rate so summed is a task's, not the cluster's  # fmt: skip
             setattr(total, name, getattr(total, name) + getattr(s, name))
         total.timings.update(s.timings)
@@ -649,12 +645,22 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
 
 
 def generate(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
-    """Run the generator with the configured executor."""
+    """Run the generator with the configured executor; :class:`NotConvergingError` once it has
+    ended (what it labelled is kept) if its converged share is below ``--min-converged``."""
     if gen.forces and dft.density_fitted:
         raise ValueError(FITTED_WITHOUT_FORCES)
-    if gen.executor == "ray":
-        return run_ray(gen, dft)
-    return [run_shard(gen, dft)]
+    summaries = run_ray(gen, dft) if gen.executor == "ray" else [run_shard(gen, dft)]
+    labelled, converged = (sum(getattr(s, name) for s in summaries) for name in ("labelled", "converged"))
+    if labelled and converged < gen.min_converged * labelled:  # the device named only where it is needed
+        convergence_watch(gen, dft, 1, provenance()["device"]).finish(labelled, converged)
+    return summaries
+
+
+def convergence_watch(gen: GenerateConfig, dft: RKSConfig, batch: int, device: str) -> ConvergenceWatch:
+    """The run's :class:`ConvergenceWatch`, for batches of up to ``batch`` conformers on ``device``."""
+    return ConvergenceWatch(gen.min_converged, max(CONVERGENCE_WINDOW, batch),
+                            f"--max-iterations ({dft.max_iterations}), --basis ({dft.basis}), --precision "
+                            f"({dft.precision}) and the device ({device})")  # fmt: skip
 
 
 __all__ = ["ClusterLostError", "GenerateConfig", "NotConvergingError", "Summary", "generate", "label_molecules",

@@ -59,6 +59,7 @@ def validate(directory, sample: int, seed: int = 0, tolerance_mev: float = TOLER
         "sampled": len(rows),
         "converged": len(converged),
         "tolerance_mev": tolerance_mev,
+        "converged_within_tolerance": len(converged) - len(outside),
         "outside": outside,
         "abs_error_mev": stats,
         "records": rows,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -102,15 +103,42 @@ def test_a_program_files_output_tree_round_trips_as_plain_json():
     {"out_tree": {"type": "os:system", "aux": None, "children": []}},  # a type outside this package
     {"out_tree": {"type": "pyscf_ipu.packed:FittedFactor", "aux": [{"x": 1}], "children": ["*", "*"]}},
     {"out_tree": {"type": "dict", "aux": None, "children": []}},
+    {"out_tree": {"type": "dict", "aux": ["a", "b"], "children": ["*", "*", "*"]}},  # jaxlib would read past "b"
+    {"out_tree": {"type": "tuple", "aux": [1], "children": ["*"]}},
+    {"out_tree": {"type": "pyscf_ipu.programs:jax.tree_util.Partial", "aux": None, "children": []}},
+    {"out_tree": {"type": "pyscf_ipu.packed:FittedFactor", "aux": [3], "children": ["*"]}},  # one leaf short
     {"out_tree": ["*"]},
     {},
 ])  # fmt: skip
 def test_a_program_file_with_a_header_it_would_not_write_is_refused(header):
-    """A node type outside this package (never imported or called), static data that is not plain,
-    a malformed node, no output tree: refused before the module is read."""
+    """A node type outside this package (never imported or called), or reached through one of its
+    modules' attributes; static data that is not plain; a node that does not rebuild with its
+    children; a malformed node; no output tree: refused before the module is read."""
     body = json.dumps(header).encode()
     with pytest.raises(ProgramFileError):
         read_program(MAGIC + len(body).to_bytes(8, "little") + body)
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000, b"1" * 5000, b"\xff\xfe"])
+def test_a_program_file_whose_header_breaks_the_parser_is_refused(body):
+    """Nesting past the recursion limit, a number past Python's digit limit, bytes that are not UTF-8."""
+    with pytest.raises(ProgramFileError):
+        read_program(MAGIC + len(body).to_bytes(8, "little") + body)
+
+
+def test_a_fifo_planted_under_a_programs_name_is_exported_over(monkeypatch, tmp_path):
+    """A FIFO at a stored program's path would block a reader forever: it is not read, the program is
+    exported anew and runs."""
+    monkeypatch.setattr(programs, "program_directory", lambda: tmp_path)
+    x = np.ones((4, 4), np.float32)
+    first = compiled(kernel, name="fifo_probe")
+    first(x)
+    (stored,) = tmp_path.glob("fifo_probe-*.program")
+    stored.unlink()
+    os.mkfifo(stored)
+    again = compiled(kernel, name="fifo_probe")
+    np.testing.assert_array_equal(np.asarray(again(x)), np.asarray(first(x)))
+    assert (again.loaded, again.traced) == (0, 1)
 
 
 def test_a_program_file_that_is_not_one_is_refused():

@@ -126,15 +126,11 @@ def test_the_convergence_watch_trips_on_a_broken_setup_not_on_hard_molecules():
     off = ConvergenceWatch(0.0, 32, "")
     for _ in range(8):
         off.add(8, 0)
-    off.finish()
-    short = ConvergenceWatch(0.5, 32, "the settings")
-    short.add(8, 3)
+    off.finish(64, 0)
     with pytest.raises(NotConvergingError, match=r"only 3 of the 8 conformers converged .*check the settings"):
-        short.finish()  # shorter than the window: judged as a whole at its end
-    ConvergenceWatch(0.5, 32, "").finish()  # nothing labelled: nothing to judge
-    fine = ConvergenceWatch(0.5, 32, "")
-    fine.add(8, 4)
-    fine.finish()
+        ConvergenceWatch(0.5, 32, "the settings").finish(8, 3)  # a whole run, shorter than the window
+    ConvergenceWatch(0.5, 32, "").finish(0, 0)  # nothing labelled: nothing to judge
+    ConvergenceWatch(0.5, 32, "").finish(8, 4)
 
 
 def test_a_short_run_that_does_not_converge_exits_non_zero(tmp_path):
@@ -148,6 +144,12 @@ def test_a_short_run_that_does_not_converge_exits_non_zero(tmp_path):
     (line,) = ended.stderr.strip().splitlines()
     assert line.startswith("qm1b generate: stopped: only 0 of the 2 conformers converged"), line
     assert len(sorted_rows(out)) == 2
+    checked = run_cli("validate", str(out), "--sample", "2")  # nothing converged: nothing to trust
+    assert checked.returncode == 6, checked.stderr
+    assert checked.stderr.strip() == "qm1b validate: none of the 2 records sampled converged"
+    refused = run_cli("validate", str(out), "--tolerance", "0")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "--tolerance must be a positive number of meV" in refused.stderr
 
 
 def test_a_run_that_does_not_converge_stops_early_and_can_be_let_run(tmp_path):
