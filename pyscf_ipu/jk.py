@@ -170,8 +170,8 @@ class FittedJK:
     loop forms from orbitals have rank at most R, so K costs 4 Q N^2 R operations instead of
     4 Q N^3. Only the initial guess (a superposition of atomic densities) has a higher rank (about
     five per heavy atom); its K keeps the R largest weights. That Fock matrix only starts the loop
-    (DIIS leaves it out), so the converged result does not depend on it. J is exact for any density, from the packed factor.
-    B is held unpacked, Q ~ 6 N values per AO pair instead of the N^2 / 2 of the s8 ERIs. The labels
+    (DIIS leaves it out), so the converged result does not depend on it. J is exact for any density,
+    from the packed factor. B is held unpacked, Q ~ 6 N values per AO pair instead of the N^2 / 2 of the s8 ERIs. The labels
     differ from exact ERIs by the fitting error (Whitten 1973; Vahtras, Almlof and Feyereisen 1993).
     """
 

@@ -72,7 +72,8 @@ class FinalInputs:
     weights: jax.Array  # (Gp,)
     nuclear_repulsion: jax.Array  # ()
     occupied: jax.Array  # () int32  doubly occupied orbitals
-    eris: jax.Array  # (s8 size of Np,)  the ERIs as computed where the finalisation contracts them (the loop's are rounded), else (0,)
+    # (s8 size of Np,) the ERIs as computed where the finalisation contracts them (the loop's are rounded), else (0,)
+    eris: jax.Array
 
 
 def orthogonaliser(overlap) -> tuple[jax.Array, jax.Array]:

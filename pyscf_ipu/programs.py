@@ -153,8 +153,9 @@ class CompiledFunction:
     module doc). With a ``budget``, it drops its in-memory programs when the process runs short of
     memory mappings; without, it keeps them for the process's life. With ``quick_compile`` (a
     program that runs once per batch and briefly), XLA's CPU backend compiles it with
-    :data:`QUICK_COMPILE_CPU_OPTIONS`, loaded or exported alike: a new process's first batch waits less for
-    it. Inside a transformation it is traced into the caller's program, with the caller's options."""
+    :data:`QUICK_COMPILE_CPU_OPTIONS`, loaded or exported alike: a new process's first batch waits
+    less for it. Inside a transformation it is traced into the caller's program, with the caller's
+    options."""
 
     def __init__(self, fun, static_argnums: int | tuple[int, ...] = (), name: str | None = None,
                  budget: MappingBudget | None = None, quick_compile: bool = False):  # fmt: skip

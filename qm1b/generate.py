@@ -651,7 +651,9 @@ def generate(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
         raise ValueError(FITTED_WITHOUT_FORCES)
     summaries = run_ray(gen, dft) if gen.executor == "ray" else [run_shard(gen, dft)]
     labelled, converged = (sum(getattr(s, name) for s in summaries) for name in ("labelled", "converged"))
-    if labelled and converged < gen.min_converged * labelled:  # the device named only where it is needed
+    # the watch (which names the device) built only for a run that fails: asking JAX for the device
+    # would start its backend in a Ray driver, on a GPU node taking that GPU's memory
+    if labelled and converged < gen.min_converged * labelled:
         convergence_watch(gen, dft, 1, provenance()["device"]).finish(labelled, converged)
     return summaries
 
