@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .config import FITTED_WITHOUT_FORCES, ConfigError, RKSConfig, add_config_arguments, config_from_arguments
+from .config import AUTO, COMMAND_LINE_DEFAULTS, ConfigError, RKSConfig, add_config_arguments, config_from_arguments
 from .runtime import disable_numpy_huge_pages, enable_compilation_cache, reuse_freed_memory
 from .ipu.plan import TileMemoryError
 from .geometries import parse_molecule
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--unit", default="angstrom", choices=("angstrom", "bohr"), help="unit of --atoms")
     source.add_argument("--charge", type=int, default=0, help="total charge (default: 0)")
     source.add_argument("--spin", type=int, default=0, help="2S; restricted Kohn-Sham needs 0")
-    add_config_arguments(run.add_argument_group("settings"), RKSConfig)
+    add_config_arguments(run.add_argument_group("settings"), RKSConfig, COMMAND_LINE_DEFAULTS)
     run.add_argument("--memory-budget", type=float, metavar="GB",
                      help="refuse a run whose estimated peak memory is above this (default: 80%% of this machine's "
                           "memory)")
@@ -95,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     output.add_argument("--check", action="store_true", help="also run PySCF in float64 and print the differences")
     output.add_argument("--forces", action="store_true",
-                        help="also compute the nuclear gradient dE/dR (Hartree/Bohr; jax.grad through the device "
-                             "integrals; the grid moves with the atoms: the exact derivative of the energy)")
+                        help="also compute the nuclear gradient dE/dR (Hartree/Bohr) of the energy as computed, exact or "
+                             "density fitted (the grid moves with the atoms: the exact derivative of the energy)")
     output.add_argument("--fixed-grid", action="store_true",
                         help="with --forces: hold the grid fixed in space, as PySCF's default gradient does")  # fmt: skip
     output.add_argument("--profile", metavar="FILE.json",
@@ -105,12 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def summary(molecule: Molecule, result, config: RKSConfig) -> str:
+def summary(molecule: Molecule, result, config: RKSConfig, chosen: bool = False) -> str:
+    """The run's labels and timings as text; ``chosen``: the J-K backend came from ``--jk auto``."""
     name = molecule.name or molecule.formula
     lines = [
         f"{name}: {molecule.natom} atoms, {result.nao} AOs, {result.grid_points} grid points "
         f"(padded to {result.shapes[0]} AOs, {result.shapes[1]} points)",
-        f"{config.xc}/{config.basis}, grid level {config.grid_level}, {config.precision}, J-K backend {config.jk}",
+        f"{config.xc}/{config.basis}, grid level {config.grid_level}, {config.precision}, J-K backend {config.jk}"
+        + (f" (--jk auto, for {config.basis})" if chosen else ""),
         f"energy   {result.energy:18.10f} Hartree",
         f"HOMO     {result.homo:18.10f} Hartree  {result.homo * HARTREE_TO_EV:10.4f} eV",
         f"LUMO     {result.lumo:18.10f} Hartree  {result.lumo * HARTREE_TO_EV:10.4f} eV",
@@ -171,8 +173,6 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         config = config_from_arguments(args, RKSConfig)
         method = resolve(config)
-        if args.forces and config.density_fitted:
-            raise ValueError(FITTED_WITHOUT_FORCES)
         if args.fixed_grid and not args.forces:
             raise ValueError("--fixed-grid describes the forces: add --forces")
         if (args.profile or args.profile_plot) and config.jk != "ipu":
@@ -208,6 +208,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.json:
         out = result.to_dict()
         out["jk_profile"] = result.jk_profile
+        out["jk_chosen"] = args.jk == AUTO  # the backend (config.jk) came from --jk auto
         out["molecule"] = {"name": molecule.name, "atoms": molecule.formula, "natom": molecule.natom}
         if gradient is not None:
             out["gradient_hartree_per_bohr"] = gradient.tolist()
@@ -221,7 +222,7 @@ def run_command(args: argparse.Namespace) -> int:
             out["reference"] = {"energy_hartree": reference.energy, "cycles": reference.cycles}
         print(json.dumps(out, indent=1))
     else:
-        print(summary(molecule, result, config))
+        print(summary(molecule, result, config, chosen=args.jk == AUTO))
         if result.jk_profile is not None:
             print("\n".join(summary_lines(result.jk_profile)))
         if reference is not None:

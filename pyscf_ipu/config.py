@@ -18,10 +18,11 @@ AUTO = "auto"  # an integral source picked by the platform (pyscf_ipu.method.res
 INTEGRALS = ("libcint", "jax", AUTO)
 # Old spellings of renamed option values, still accepted (and read in stored settings) as the new ones.
 RENAMED_VALUES: dict[str, dict[str, str]] = {"integrals": {"host": "libcint", "device": "jax"}}
+COMMAND_LINE_DEFAULTS = {"jk": AUTO}  # both command lines' defaults where they differ from RKSConfig's
 FITTED_JK = ("df",)  # J-K backends that contract density-fitted 3-centre integrals instead of the s8 ERIs
+# Basis-name prefixes (lower case, no dashes) of minimal bases: --jk auto keeps their ERIs exact.
+MINIMAL_BASES = ("sto", "minao")
 OCCUPIED_STEP = 8  # their size buckets round the occupied-orbital count up to a multiple of this
-FITTED_WITHOUT_FORCES = ("--forces differentiates the exact ERIs through the JAX integrals; it does not combine "
-                         "with --jk df (density fitting)")  # fmt: skip
 
 
 class ConfigError(ValueError):
@@ -68,9 +69,9 @@ class RKSConfig:
     xc: str = option("b3lyp", "functional: b3lyp (PySCF's, VWN-RPA), b3lyp5 (VWN5), pbe or hf")
     grid_level: int = option(0, "PySCF Becke grid level, 0 (coarse, QM1B) to 9")
     precision: str = option("float32", "floating-point precision of the SCF loop", choices=PRECISIONS)
-    jk: str = option("ipu", "J-K contraction backend: ipu (simulated IPU tiles), dense (reference), s8, or df "
-                     "(density fitting with PySCF's default fitting basis: no N^4 array; labels differ from exact "
-                     "ERIs by the fitting error)")
+    jk: str = option("ipu", "J-K contraction backend: ipu (simulated IPU tiles), dense (reference), s8, df (density "
+                     "fitting with PySCF's default fitting basis: no N^4 array; labels differ from exact ERIs by the "
+                     "fitting error), or auto: ipu for a minimal basis (STO-nG, MINAO), df for any other")
     max_iterations: int = option(20, "maximum SCF iterations (QM1B: 20)")
     integrals: str = option(
         "libcint",
@@ -100,6 +101,8 @@ class RKSConfig:
     def __post_init__(self) -> None:
         for name, renamed in _renamed_values(RKSConfig).items():  # an old spelling becomes the current one
             object.__setattr__(self, name, renamed.get(getattr(self, name), getattr(self, name)))
+        if self.jk == AUTO:  # resolved here, so that every later stage and the recorded settings see the backend
+            object.__setattr__(self, "jk", auto_jk(self.basis))
         if self.integrals not in INTEGRALS:
             raise ConfigError(f"integrals must be one of {', '.join(INTEGRALS)}, got {self.integrals!r}")
         if self.precision not in PRECISIONS:
@@ -142,6 +145,16 @@ class RKSConfig:
 
     def replace(self, **changes) -> RKSConfig:
         return dataclasses.replace(self, **changes)
+
+
+def auto_jk(basis: str) -> str:
+    """The J-K backend that ``--jk auto`` picks for ``basis``: the exact ERIs (``ipu``) for a minimal
+    basis, whose ERI arrays are small and whose density-fitting error is large, and density fitting
+    (``df``) for any other, where it is the faster and the exact arrays grow as N^4
+    (``docs/decisions/jk-auto.md``). It depends on the basis alone, so that every shard and every
+    molecule of a dataset gets the same method."""
+    name = str(basis).strip().lower().replace("-", "").replace("_", "")
+    return "ipu" if name.startswith(MINIMAL_BASES) else "df"
 
 
 def _renamed_values(cls) -> dict[str, dict[str, str]]:

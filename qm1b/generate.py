@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pyscf_ipu.buckets import SizeBucket
-from pyscf_ipu.config import FITTED_WITHOUT_FORCES, IPUConfig, RKSConfig, option
+from pyscf_ipu.config import COMMAND_LINE_DEFAULTS, IPUConfig, RKSConfig, option
 from pyscf_ipu.runtime import default_cache_dir, disable_numpy_huge_pages, enable_compilation_cache, reuse_freed_memory
 from pyscf_ipu.forces import nuclear_gradient
 from pyscf_ipu.memory import GB, batch_memory, check_budget, default_budget, device_batch, largest_batch
@@ -57,12 +57,16 @@ EXECUTORS = ("local", "ray")
 #   "b3lyp" means the VWN-RPA variant, which single points keep as PySCF's default);
 # - the JAX integrals, assembled on the device batch by batch, which label a stream of conformers faster
 #   than libcint's, cold and restarted (benchmarks/realistic.py), with libcint's density-fitting factor
-#   where the device is this CPU (``auto``); a single point keeps libcint's, the reference.
-GENERATOR_DFT_DEFAULTS: dict = {"integrals": "auto", "xc": "b3lyp5"}
+#   where the device is this CPU (``auto``); a single point keeps libcint's, the reference;
+# - and, as ``pyscf-ipu run``, ``--jk auto`` (:func:`pyscf_ipu.config.auto_jk`).
+GENERATOR_DFT_DEFAULTS: dict = {**COMMAND_LINE_DEFAULTS, "integrals": "auto", "xc": "b3lyp5"}
 # Host stages that a run pays once, not per conformer: compiling or loading its programs, and the
 # size buckets' templates.
 ONCE_PER_RUN = ("programs", "templates")
 AUTO_BATCH_ON_A_CPU = 8  # conformers: a CPU's cores are as busy with 8 as with more
+# ... but density fitting's loop (larger bases) keeps both cores busy with one conformer: a batch
+# would multiply the memory, not the speed (docs/decisions/jk-auto.md)
+AUTO_FITTED_BATCH_ON_A_CPU = 1
 # Conformers the convergence watch judges together (or a batch, if larger): four molecules' worth at
 # the default 8 conformers, so that one molecule whose conformers all fail cannot stop a run.
 CONVERGENCE_WINDOW = 32
@@ -81,9 +85,10 @@ class GenerateConfig:
     out: str = option("data/generated", "output directory (one HDF5 file per shard)", metavar="DIR")
     conformers: int = option(8, "RDKit ETKDG conformers per molecule (SMILES input)")
     seed: int = option(1, "seed; each molecule's conformer seed is derived from it (never 0; SMILES input)")
-    batch_size: int | None = option(None, "conformers per vmapped DFT batch; auto (the default): 8 on a CPU, and "
+    batch_size: int | None = option(None, "conformers per vmapped DFT batch; auto (the default): 8 on a CPU (1 "
+                                    "with --jk df), and "
                                     "on a GPU the most whose arrays fit its memory, up to the size bucket's "
-                                    "conformers", auto=True)  # fmt: skip
+                                    "conformers; either at most what fits --memory-budget", auto=True)  # fmt: skip
     limit: int | None = option(None, "at most this many molecules (of this shard, after filtering)")
     heavy_atoms: str | None = option(None, "keep molecules with this many heavy atoms, e.g. 9-11")
     relax: str | None = option(None, "force-field relaxation of the conformers (QM1B: none)", choices=("mmff",))
@@ -93,8 +98,8 @@ class GenerateConfig:
     min_converged: float = option(0.5, "stop the run (exit code 4) once fewer than this share of the last conformers "
                                   f"converged (at least {CONVERGENCE_WINDOW} of them, or a batch): a broken setup, "
                                   "not hard molecules; 0 never stops (fixed iteration counts)")  # fmt: skip
-    forces: bool = option(False, "add a forces column (eV/Bohr, -dE/dR by jax.grad through the JAX integrals; "
-                                 "seconds per conformer)")  # fmt: skip
+    forces: bool = option(False, "add a forces column (eV/Bohr, -dE/dR of the energy as computed, exact or density "
+                                 "fitted; seconds per conformer)")  # fmt: skip
     executor: str = option("local", "run in this process, or as many small Ray tasks that free workers pull",
                            choices=EXECUTORS)  # fmt: skip
     ray_address: str | None = option(None, "Ray cluster to join (default: start a local Ray with this "
@@ -150,6 +155,7 @@ class Summary:
     # one dispatched beside it is its size bucket's first): their conformers and seconds
     steady_conformers: int = 0
     steady_seconds: float = 0.0
+    method: str = ""  # the basis, J-K backend and batch sizes the run used (:func:`chosen`)
 
     @property
     def where(self) -> str:
@@ -170,8 +176,8 @@ class Summary:
         conformer without what a run pays once (:data:`ONCE_PER_RUN`), ``once_seconds`` those."""
         labelled = self.conformers + self.failures
         steady = sum(v for k, v in self.host.items() if k not in ONCE_PER_RUN)
-        return {**{k: getattr(self, k) for k in ("out", "shard", "molecules", "conformers", "converged", "failures",
-                                                   "skipped", "seconds", "tasks")},
+        return {**{k: getattr(self, k) for k in ("out", "shard", "method", "molecules", "conformers", "converged",
+                                                   "failures", "skipped", "seconds", "tasks")},
                 "conformers_per_hour": self.conformers_per_hour,
                 "steady_conformers_per_hour": self.steady_conformers_per_hour, "timings": dict(self.timings),
                 "host": dict(self.host), "host_ms_per_conformer": 1000 * steady / labelled if labelled else None,
@@ -181,7 +187,8 @@ class Summary:
         rate = self.converged / self.conformers if self.conformers else 0.0
         split = ", ".join(f"{k} {v:.1f}s" for k, v in sorted(self.timings.items(), key=lambda kv: -kv[1]))
         lines = [
-            f"{self.out} ({self.where}): {self.conformers} conformers of {self.molecules} molecules written, "
+            f"{self.out} ({self.where}; {self.method}): {self.conformers} conformers of {self.molecules} molecules "
+            "written, "
             f"{rate:.1%} converged; {self.failures} failures; {self.skipped} already done",
             f"{self.seconds:.1f}s, {self.conformers_per_hour:,.0f} conformers per hour"
             + (f" ({self.steady_conformers_per_hour:,.0f} in batches that load no programs)" if self.steady_seconds
@@ -269,9 +276,10 @@ class ConvergenceWatch:
 
 def batch_sizes(gen: GenerateConfig, method: Method, inputs: list[Input], buckets: dict) -> dict[SizeBucket, int]:
     """The batch size of each size bucket of ``buckets`` (by molecule id): ``--batch-size``, or auto:
-    :data:`AUTO_BATCH_ON_A_CPU` on a CPU; on an accelerator the largest power of two, up to the
-    bucket's conformers rounded up to one, whose arrays (with the next batch's beside them) fit
-    :data:`~pyscf_ipu.memory.DEVICE_SHARE` of its memory."""
+    :data:`AUTO_BATCH_ON_A_CPU` on a CPU (:data:`AUTO_FITTED_BATCH_ON_A_CPU` density fitted); on an
+    accelerator the largest power of two, up to the bucket's conformers rounded up to one, whose
+    arrays (with the next batch's beside them) fit :data:`~pyscf_ipu.memory.DEVICE_SHARE` of its memory. Auto never goes above the largest batch
+    that fits the memory budget (nor below one: :func:`check_memory` then says what would fit)."""
     conformers = Counter()
     for entry in inputs:
         if buckets[entry.molecule_id] is not None:
@@ -280,8 +288,12 @@ def batch_sizes(gen: GenerateConfig, method: Method, inputs: list[Input], bucket
         return {bucket: gen.batch_size for bucket in conformers}
     memory = device_memory_bytes()
     if memory is None:
-        return {bucket: AUTO_BATCH_ON_A_CPU for bucket in conformers}
-    return {bucket: device_batch(bucket, method, count, memory) for bucket, count in conformers.items()}
+        cpu = AUTO_FITTED_BATCH_ON_A_CPU if method.config.density_fitted else AUTO_BATCH_ON_A_CPU
+        sizes = {bucket: cpu for bucket in conformers}
+    else:
+        sizes = {bucket: device_batch(bucket, method, count, memory) for bucket, count in conformers.items()}
+    budget = gen.memory_budget or default_budget()
+    return {bucket: max(1, largest_batch(bucket, method, size, budget)) for bucket, size in sizes.items()}
 
 
 def check_memory(gen: GenerateConfig, method: Method, sizes: dict[SizeBucket, int]) -> None:
@@ -304,6 +316,13 @@ def check_memory(gen: GenerateConfig, method: Method, sizes: dict[SizeBucket, in
               "a larger --memory-budget")  # fmt: skip
     check_budget(asked, budget, f"a batch of {size} conformers of the largest molecules "
                  f"({largest.label()}, {largest.nao} AOs, J-K backend {dft.jk}) beside the next one prepared", advice)
+
+
+def chosen(dft: RKSConfig, sizes: dict[SizeBucket, int]) -> str:
+    """What ``--jk auto`` and ``--batch-size auto`` picked, e.g. ``def2-svp, jk df, batch 1``: the
+    progress bar's label and the summary's; the backend is also in the dataset's settings."""
+    batches = sorted(set(sizes.values()))
+    return f"{dft.basis}, jk {dft.jk}, batch {'-'.join(map(str, batches[:: max(1, len(batches) - 1)])) or 0}"
 
 
 def _bucket_order(bucket: SizeBucket | None) -> tuple:
@@ -509,7 +528,7 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], bu
     source = gen.source
     shard, num_shards = shard
     inputs = sorted(inputs, key=lambda m: (_bucket_order(buckets[m.molecule_id]), m.molecule_id))
-    summary = Summary(out=gen.out, shard=f"{shard}/{num_shards}", molecules=len(inputs))
+    summary = Summary(out=gen.out, shard=f"{shard}/{num_shards}", molecules=len(inputs), method=chosen(dft, sizes))
     versions = provenance()
     watch = convergence_watch(gen, dft, max(sizes.values(), default=1), versions["device"])
     stop = None
@@ -519,7 +538,7 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], bu
             print(f"qm1b: {path} could not be read; set aside as {aside.name}, its rows are computed again",
                   file=sys.stderr)
         bar = tqdm(total=sum(source.expected(m) for m in inputs), unit="conf", disable=not gen.progress,
-                   smoothing=0.1)  # fmt: skip
+                   smoothing=0.1, desc=summary.method)  # fmt: skip
         commits = CommitThread(_committer(writer), clock)
         inflight: tuple[_Batch, BatchRun, bool] | None = None  # and whether it was its bucket's first
         started: set = set()  # the size buckets whose programs are loaded
@@ -612,7 +631,8 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
         raise FileExistsError(f"{gen.out} already holds a dataset: pass --resume to continue it, or choose another --out")
     buckets = input_buckets(gen, dft, inputs)
     method = resolve(dft)
-    check_memory(gen, method, batch_sizes(gen, method, inputs, buckets))  # each task's batches
+    sizes = batch_sizes(gen, method, inputs, buckets)
+    check_memory(gen, method, sizes)  # each task's batches
     n = ray_tasks(gen, len(inputs))
     chunks = [[m for m in inputs if m.molecule_id % n == k] for k in range(n)]
     ray.init(address=gen.ray_address, ignore_reinit_error=True, log_to_driver=False)
@@ -624,7 +644,8 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
     pending = {task.remote(quiet, dft, chunk, {m.molecule_id: buckets[m.molecule_id] for m in chunk}, (k, n)):
                sum(map(source.expected, chunk)) for k, chunk in enumerate(chunks) if chunk}  # fmt: skip
     summaries = []
-    with tqdm(total=sum(pending.values()), unit="conf", disable=not gen.progress, smoothing=0.1) as bar:
+    with tqdm(total=sum(pending.values()), unit="conf", disable=not gen.progress, smoothing=0.1,
+              desc=chosen(dft, sizes)) as bar:
         while pending:
             try:
                 (ready,), _ = ray.wait(list(pending), num_returns=1)
@@ -634,7 +655,8 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
             except ray.exceptions.RayError as err:  # Ray itself lost a process the run needs
                 raise ClusterLostError(_what_died(err)) from None
             bar.update(pending.pop(ready))
-    total = Summary(out=gen.out, shard=gen.shard, seconds=time.perf_counter() - start, tasks=len(summaries))
+    total = Summary(out=gen.out, shard=gen.shard, seconds=time.perf_counter() - start, tasks=len(summaries),
+                    method=chosen(dft, sizes))  # fmt: skip
     for s in summaries:
         for name in ("molecules", "conformers", "converged", "labelled", "failures", "skipped", "steady_conformers",
                      "steady_seconds"):  # the steady rate so summed is a task's, not the cluster's  # fmt: skip
@@ -647,8 +669,6 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
 def generate(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
     """Run the generator with the configured executor; :class:`NotConvergingError` once it has
     ended (what it labelled is kept) if its converged share is below ``--min-converged``."""
-    if gen.forces and dft.density_fitted:
-        raise ValueError(FITTED_WITHOUT_FORCES)
     summaries = run_ray(gen, dft) if gen.executor == "ray" else [run_shard(gen, dft)]
     labelled, converged = (sum(getattr(s, name) for s in summaries) for name in ("labelled", "converged"))
     # the watch (which names the device) built only for a run that fails: asking JAX for the device

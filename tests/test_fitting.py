@@ -10,7 +10,6 @@ import scipy.linalg
 from pyscf import df
 
 from pyscf_ipu.buckets import auxiliary_basis
-from pyscf_ipu.cli import main
 from pyscf_ipu.config import ConfigError, RKSConfig
 from pyscf_ipu.method import resolve
 from pyscf_ipu.molecule import from_name
@@ -20,7 +19,6 @@ from pyscf_ipu.integral_sources import host_integrals
 from pyscf_ipu.programs import full_precision
 from pyscf_ipu.rks import run_rks
 from pyscf_ipu.units import HARTREE_TO_MEV
-from qm1b.generate import GenerateConfig, generate
 
 
 def fitted_member(host, npad: int, precision: str = "float32"):
@@ -129,10 +127,6 @@ def test_density_fitted_labels_within_2_mev_of_pyscf_density_fitting(reference, 
     assert result.converged and max(mev.values()) < 2.0, mev
 
 
-def test_settings_that_need_exact_eris_are_refused(capsys):
+def test_screening_the_exact_eris_is_refused_with_density_fitting():
     with pytest.raises(ConfigError, match="--eri-threshold screens the s8 ERIs"):
         RKSConfig(jk="df", eri_threshold=1e-10)
-    assert main(["run", "--mol", "water", "--jk", "df", "--forces"]) == 2
-    assert "does not combine with --jk df" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="does not combine with --jk df"):
-        generate(GenerateConfig(forces=True, progress=False), RKSConfig(jk="df"))

@@ -32,13 +32,13 @@ def test_the_estimate_bounds_the_measured_peak_from_above_and_closely():
     exceed it by more than 30% (it would refuse runs that fit)."""
     config = RKSConfig(basis="6-31g", xc="b3lyp5")
     estimate = batch_memory(SizeBucket.of(from_name("paracetamol"), config.basis, config.grid_level), resolve(config), 1).total
-    measured = peak_of(["run", "--mol", "paracetamol", "--basis", "6-31g", "--xc", "b3lyp5"])
+    measured = peak_of(["run", "--mol", "paracetamol", "--basis", "6-31g", "--xc", "b3lyp5", "--jk", "ipu"])
     assert measured <= estimate <= 1.3 * measured, (measured / GB, estimate / GB)
 
 
 def test_a_single_point_that_cannot_fit_is_refused_with_the_numbers_at_once():
     proc = subprocess.run([sys.executable, "-m", "pyscf_ipu.cli", "run", "--mol", "paracetamol", "--basis", "def2-svp",
-                           "--memory-budget", "8"], capture_output=True, text=True, env=ENV, timeout=120)  # fmt: skip
+                           "--jk", "ipu", "--memory-budget", "8"], capture_output=True, text=True, env=ENV, timeout=120)  # fmt: skip
     assert proc.returncode == 2 and proc.stdout == ""
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("pyscf-ipu: error: paracetamol at def2-svp (199 AOs")
@@ -50,7 +50,7 @@ def test_the_generator_refuses_a_batch_that_cannot_fit_before_writing_anything(t
     smiles.write_text("CC(=O)Nc1ccc(O)cc1 paracetamol\nCCO ethanol\n")
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "qm1b.cli", "generate", "--smiles", str(smiles), "--basis", "6-31g",
-                           "--out", str(out), "--memory-budget", "5", "--no-progress"],
+                           "--jk", "ipu", "--batch-size", "8", "--out", str(out), "--memory-budget", "5", "--no-progress"],
                           capture_output=True, text=True, env=ENV, timeout=120)  # fmt: skip
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
@@ -64,3 +64,19 @@ def test_a_budget_must_be_positive(tmp_path, budget):
     proc = subprocess.run([sys.executable, "-m", "qm1b.cli", "generate", "--out", str(tmp_path / "o"),
                            "--memory-budget", budget], capture_output=True, text=True, env=ENV, timeout=120)  # fmt: skip
     assert proc.returncode == 2 and "--memory-budget is in GB and must be positive" in proc.stderr
+
+
+def test_the_automatic_batch_is_the_largest_that_fits_the_budget(tmp_path):
+    """Where ``--batch-size 8`` is refused above (5 GB), ``auto`` takes the 2 that fit; density fitting
+    takes one conformer at a time on a CPU."""
+    from qm1b.generate import GenerateConfig, batch_sizes, input_buckets, load_inputs
+
+    smiles = tmp_path / "in.smi"
+    smiles.write_text("CC(=O)Nc1ccc(O)cc1 paracetamol\nCCO ethanol\n")
+    for jk, expected in (("ipu", 2), ("df", 1)):
+        gen = GenerateConfig(smiles=str(smiles), memory_budget=5, progress=False)
+        dft = RKSConfig(basis="6-31g", xc="b3lyp5", jk=jk)
+        inputs = load_inputs(gen)
+        sizes = batch_sizes(gen, resolve(dft), inputs, input_buckets(gen, dft, inputs))
+        largest = max(sizes, key=lambda bucket: bucket.nao)
+        assert sizes[largest] == expected, (jk, sizes)

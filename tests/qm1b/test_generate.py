@@ -475,3 +475,19 @@ def test_forces_column_matches_pyscf_and_survives_resume_and_merge(tmp_path):
     assert "forces" in open_dataset(gen.out).to_pandas().columns
     with pytest.raises(ValueError, match="forces"):
         generate(GenerateConfig(**{**gen.__dict__, "forces": False, "resume": True}), RKSConfig())
+
+
+@pytest.mark.parametrize("converged, stops", [((9, 0), True), ((10, 2), False)], ids=["9 of 20", "12 of 20"])
+def test_ray_tasks_are_judged_together(monkeypatch, converged, stops):
+    """Two Ray tasks, one converging everything and one little: the run is judged on their sum once
+    both have ended, against --min-converged 0.5, not task by task."""
+    import qm1b.generate
+
+    tasks = [qm1b.generate.Summary(out="x", shard=f"{k}/2", labelled=10, converged=c) for k, c in enumerate(converged)]
+    monkeypatch.setattr(qm1b.generate, "run_ray", lambda gen, dft: tasks)
+    gen = GenerateConfig(executor="ray", min_converged=0.5, progress=False)
+    if stops:
+        with pytest.raises(NotConvergingError, match="only 9 of the 20 conformers converged"):
+            generate(gen, RKSConfig())
+    else:
+        assert generate(gen, RKSConfig()) == tasks
