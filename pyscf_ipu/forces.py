@@ -40,8 +40,8 @@ The two-electron part depends on the J-K backend, since each differentiates the 
   (Weigend, Haser, Patzelt and Ahlrichs, Chem. Phys. Lett. 294, 143 (1998)). The brackets are
   computed once from libcint's integrals at the geometry (float64, as the CPU's SCF fits with), and
   contract libcint's derivative integrals (``int3c2e_ip1``, ``int3c2e_ip2``, ``int2c2e_ip1``) a block
-  of fitting functions at a time: ``jax.grad`` through the JAX fitting kernels compiled for minutes
-  per molecule (``docs/decisions/fitted-forces.md``).
+  of fitting functions at a time. (``jax.grad`` through the JAX fitting kernels instead compiled for
+  minutes per molecule: ``docs/decisions/fitted-forces.md``.)
 """
 
 from __future__ import annotations
@@ -146,10 +146,6 @@ def fitted_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange
     del three
     n = mol.nao
     i, j = np.tril_indices(n)
-    ao_atom = np.array([mol.bas_atom(b) for b in range(mol.nbas) for _ in range(mol.bas_len_cart(b) if mol.cart else
-                        (2 * mol.bas_angular(b) + 1) * mol.bas_nctr(b))])  # fmt: skip
-    aux_atom = np.array([auxmol.bas_atom(b) for b in range(auxmol.nbas) for _ in range((2 * auxmol.bas_angular(b) + 1)
-                         * auxmol.bas_nctr(b))])  # fmt: skip
     by_ao = np.zeros((3, n))  # sum over j, P of (nabla i j|P) G_P,ij
     by_aux = np.zeros((3, auxmol.nao))  # sum over ij of (ij|nabla P) G_P,ij
     offsets = auxmol.ao_loc_nr()
@@ -170,9 +166,15 @@ def fitted_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange
     by_aux += 2.0 * np.einsum("xpq,pq->xp", metric_derivative, metric_weights)
     # d/dR_A of a function on A is minus its gradient in the electron's coordinate; i and j alike
     gradient = np.zeros((mol.natm, 3))
-    np.add.at(gradient, ao_atom, -2.0 * by_ao.T)
-    np.add.at(gradient, aux_atom, -by_aux.T)
+    np.add.at(gradient, _function_atoms(mol), -2.0 * by_ao.T)
+    np.add.at(gradient, _function_atoms(auxmol), -by_aux.T)
     return gradient
+
+
+def _function_atoms(mol) -> np.ndarray:
+    """(nao,) the atom of each of ``mol``'s basis functions."""
+    slices = mol.aoslice_by_atom()  # (natm, 4): shells, then functions, [first, last)
+    return np.repeat(np.arange(mol.natm), slices[:, 3] - slices[:, 2])
 
 
 FITTED_BLOCK_FUNCTIONS = 256  # fitting functions whose derivative integrals (3 N^2 each) are held at once
@@ -195,9 +197,9 @@ FITTED_BLOCK = 64  # fitting functions whose (N, N) matrices the weights unpack 
 
 @partial(jax.jit, static_argnums=3)
 def fitted_weights(three, metric, occupied, exchange: float):
-    """The brackets of the module docstring as the fitting kernels lay them out: weights of the packed
-    3-centre integrals (Qp, npair) (a pair i > j stands for ij and ji) and of the metric (Qp, Qp),
-    from the integrals ``three`` and ``metric`` at the geometry and the occupied orbitals (N, nocc).
+    """The brackets of the module docstring as weights of the 3-centre integrals packed over pairs i >= j
+    (Q, npair), as libcint's ``s2ij`` packs them (a pair i > j stands for ij and ji), and of the metric
+    (Q, Q), from the integrals ``three`` and ``metric`` at the geometry and the occupied orbitals (N, nocc).
 
     The exchange term needs X_P = C^T (M^-1 T)_P C = sum_Q (M^-1)_PQ C^T T_Q C: it is formed from the
     small C^T T_Q C, so that M^-1 T, as large as T, is never made."""

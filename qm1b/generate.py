@@ -86,9 +86,9 @@ class GenerateConfig:
     conformers: int = option(8, "RDKit ETKDG conformers per molecule (SMILES input)")
     seed: int = option(1, "seed; each molecule's conformer seed is derived from it (never 0; SMILES input)")
     batch_size: int | None = option(None, "conformers per vmapped DFT batch; auto (the default): 8 on a CPU (1 "
-                                    "with --jk df), and "
-                                    "on a GPU the most whose arrays fit its memory, up to the size bucket's "
-                                    "conformers; either at most what fits --memory-budget", auto=True)  # fmt: skip
+                                    "with --jk df), and on a GPU the most whose arrays fit its memory, up to the "
+                                    "size bucket's conformers; either at most what fits --memory-budget",
+                                    auto=True)  # fmt: skip
     limit: int | None = option(None, "at most this many molecules (of this shard, after filtering)")
     heavy_atoms: str | None = option(None, "keep molecules with this many heavy atoms, e.g. 9-11")
     relax: str | None = option(None, "force-field relaxation of the conformers (QM1B: none)", choices=("mmff",))
@@ -188,8 +188,7 @@ class Summary:
         split = ", ".join(f"{k} {v:.1f}s" for k, v in sorted(self.timings.items(), key=lambda kv: -kv[1]))
         lines = [
             f"{self.out} ({self.where}; {self.method}): {self.conformers} conformers of {self.molecules} molecules "
-            "written, "
-            f"{rate:.1%} converged; {self.failures} failures; {self.skipped} already done",
+            f"written, {rate:.1%} converged; {self.failures} failures; {self.skipped} already done",
             f"{self.seconds:.1f}s, {self.conformers_per_hour:,.0f} conformers per hour"
             + (f" ({self.steady_conformers_per_hour:,.0f} in batches that load no programs)" if self.steady_seconds
                else "")
@@ -278,8 +277,9 @@ def batch_sizes(gen: GenerateConfig, method: Method, inputs: list[Input], bucket
     """The batch size of each size bucket of ``buckets`` (by molecule id): ``--batch-size``, or auto:
     :data:`AUTO_BATCH_ON_A_CPU` on a CPU (:data:`AUTO_FITTED_BATCH_ON_A_CPU` density fitted); on an
     accelerator the largest power of two, up to the bucket's conformers rounded up to one, whose
-    arrays (with the next batch's beside them) fit :data:`~pyscf_ipu.memory.DEVICE_SHARE` of its memory. Auto never goes above the largest batch
-    that fits the memory budget (nor below one: :func:`check_memory` then says what would fit)."""
+    arrays (with the next batch's beside them) fit :data:`~pyscf_ipu.memory.DEVICE_SHARE` of its
+    memory. Auto never goes above the largest batch that fits the memory budget (nor below one:
+    :func:`check_memory` then says what would fit)."""
     conformers = Counter()
     for entry in inputs:
         if buckets[entry.molecule_id] is not None:
@@ -321,8 +321,8 @@ def check_memory(gen: GenerateConfig, method: Method, sizes: dict[SizeBucket, in
 def chosen(dft: RKSConfig, sizes: dict[SizeBucket, int]) -> str:
     """What ``--jk auto`` and ``--batch-size auto`` picked, e.g. ``def2-svp, jk df, batch 1``: the
     progress bar's label and the summary's; the backend is also in the dataset's settings."""
-    batches = sorted(set(sizes.values()))
-    return f"{dft.basis}, jk {dft.jk}, batch {'-'.join(map(str, batches[:: max(1, len(batches) - 1)])) or 0}"
+    low, high = min(sizes.values(), default=0), max(sizes.values(), default=0)
+    return f"{dft.basis}, jk {dft.jk}, batch {low}" + (f"-{high}" if high != low else "")
 
 
 def _bucket_order(bucket: SizeBucket | None) -> tuple:
@@ -633,6 +633,7 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
     method = resolve(dft)
     sizes = batch_sizes(gen, method, inputs, buckets)
     check_memory(gen, method, sizes)  # each task's batches
+    picked = chosen(dft, sizes)
     n = ray_tasks(gen, len(inputs))
     chunks = [[m for m in inputs if m.molecule_id % n == k] for k in range(n)]
     ray.init(address=gen.ray_address, ignore_reinit_error=True, log_to_driver=False)
@@ -645,7 +646,7 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
                sum(map(source.expected, chunk)) for k, chunk in enumerate(chunks) if chunk}  # fmt: skip
     summaries = []
     with tqdm(total=sum(pending.values()), unit="conf", disable=not gen.progress, smoothing=0.1,
-              desc=chosen(dft, sizes)) as bar:
+              desc=picked) as bar:
         while pending:
             try:
                 (ready,), _ = ray.wait(list(pending), num_returns=1)
@@ -656,7 +657,7 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
                 raise ClusterLostError(_what_died(err)) from None
             bar.update(pending.pop(ready))
     total = Summary(out=gen.out, shard=gen.shard, seconds=time.perf_counter() - start, tasks=len(summaries),
-                    method=chosen(dft, sizes))  # fmt: skip
+                    method=picked)  # fmt: skip
     for s in summaries:
         for name in ("molecules", "conformers", "converged", "labelled", "failures", "skipped", "steady_conformers",
                      "steady_seconds"):  # the steady rate so summed is a task's, not the cluster's  # fmt: skip

@@ -105,3 +105,19 @@ def test_renamed_integral_sources_keep_their_old_spelling(given, meant):
     assert "{libcint,jax,auto}" in parser.format_help()
     with pytest.raises(SystemExit):
         parser.parse_args(["--integrals", "gpu"])
+
+
+def test_jk_auto_is_both_command_lines_default_and_resolves_by_the_basis():
+    """Exact ERIs for minimal bases, density fitting for the rest; the settings hold the backend."""
+    from pyscf_ipu.cli import build_parser
+    from pyscf_ipu.config import config_from_arguments
+    from qm1b.cli import build_parser as qm1b_parser
+
+    for basis, expected in [("sto-3g", "ipu"), ("STO-6G", "ipu"), ("sto3g", "ipu"), ("minao", "ipu"),
+                            ("6-31g*", "df"), ("def2-svp", "df"), ("cc-pvdz", "df")]:  # fmt: skip
+        assert RKSConfig(jk="auto", basis=basis).jk == expected, basis
+        for parser, argv in [(build_parser(), ["run", "--mol", "water"]), (qm1b_parser(), ["generate"])]:
+            config = config_from_arguments(parser.parse_args([*argv, "--basis", basis]), RKSConfig)
+            assert config.jk == expected, (argv, basis)
+    assert RKSConfig(basis="def2-svp").jk == "ipu"  # the library's default stays the exact ERIs
+    assert RKSConfig(jk="s8", basis="def2-svp").jk == "s8"  # a named backend is kept
