@@ -100,23 +100,23 @@ def nuclear_gradient(molecule: Molecule, result: SCFResult, functional: Function
     fixed = None if grid_response or not on_grid else _grid(mol, result.config.grid_level)
     coords = mol.atom_coords()
     with jax.enable_x64(True):
-        dm_, weighted_, charges_ = jnp.asarray(dm), jnp.asarray(weighted), jnp.asarray(charges)
+        charges_ = jnp.asarray(charges)
         pairs = np.triu_indices(mol.natm, 1)
 
-        def energy(coords):  # everything but the two-electron energy
+        def energy(coords, dm, weighted, fixed):  # everything but the two-electron energy
             ints = one_electron_at(basis, coords)
-            total = jnp.sum(dm_ * (ints["kinetic"] + ints["nuclear"])) - jnp.sum(weighted_ * ints["overlap"])
+            total = jnp.sum(dm * (ints["kinetic"] + ints["nuclear"])) - jnp.sum(weighted * ints["overlap"])
             if on_grid:
-                if moving is None:
-                    points, weights = fixed[0], jnp.asarray(fixed[1])
-                else:
-                    points, weights = grid_coords_and_weights(moving, coords)
-                total += xc_energy(functional, ao_values_at(basis, points, coords), weights, dm_)
+                points, weights = fixed if moving is None else grid_coords_and_weights(moving, coords)
+                total += xc_energy(functional, ao_values_at(basis, points, coords), weights, dm)
             distance = jnp.linalg.norm(coords[pairs[0]] - coords[pairs[1]], axis=-1)
             return total + jnp.sum(charges_[pairs[0]] * charges_[pairs[1]] / distance)
 
+        # one program: op by op, the gradient of the AO values on the grid took twice as long as
+        # compiling it and running it (RESULTS.md); what changes with the geometry is an argument, so
+        # that a molecule's other conformers find the program in the compilation cache
+        gradient = jax.jit(jax.grad(energy))(*(jnp.asarray(a) for a in (coords, dm, weighted)), fixed)
         two_electron = fitted_two_electron_gradient if result.config.density_fitted else exact_two_electron_gradient
-        gradient = jax.grad(energy)(jnp.asarray(coords))
         return np.asarray(gradient) + two_electron(mol, result.config.basis, occupied, functional.hf_exchange)
 
 
