@@ -112,7 +112,7 @@ def nuclear_gradient(molecule: Molecule, result: SCFResult, functional: Function
             distance = jnp.linalg.norm(coords[pairs[0]] - coords[pairs[1]], axis=-1)
             return total + jnp.sum(charges_[pairs[0]] * charges_[pairs[1]] / distance)
 
-        # one program: op by op, the gradient of the AO values on the grid took twice as long as
+        # one program: op by op, the gradient of the AO values on the grid is slower than
         # compiling it and running it (RESULTS.md); what changes with the geometry is an argument, so
         # that a molecule's other conformers find the program in the compilation cache
         gradient = jax.jit(jax.grad(energy))(*(jnp.asarray(a) for a in (coords, dm, weighted)), fixed)
