@@ -96,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--check", action="store_true", help="also run PySCF in float64 and print the differences")
     output.add_argument("--forces", action="store_true",
                         help="also compute the nuclear gradient dE/dR (Hartree/Bohr) of the energy as computed, exact or "
-                             "density fitted (the grid moves with the atoms: the exact derivative of the energy)")
+                             "density fitted (the grid moves with the atoms: the exact derivative of the energy); "
+                             "a float32 SCF leaves them about 2e-5 Hartree/Bohr from self-consistent at 20 heavy atoms, "
+                             "--precision float64 about 3e-6")
     output.add_argument("--fixed-grid", action="store_true",
                         help="with --forces: hold the grid fixed in space, as PySCF's default gradient does")  # fmt: skip
     output.add_argument("--profile", metavar="FILE.json",
@@ -189,12 +191,15 @@ def run_command(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore", UserWarning)
         batch = prepare_batch([molecule], method)
         (result,) = submit_batch(batch, method, profile=bool(args.profile or args.profile_plot)).results()
+        del batch  # the integrals and grid: the forces make their own
     result = dataclasses.replace(result, seconds=time.perf_counter() - start)  # the host preparation included
     gradient = None
     if args.forces:
         from .forces import nuclear_gradient
 
+        start = time.perf_counter()
         gradient = nuclear_gradient(molecule, result, method.functional, grid_response=not args.fixed_grid)
+        forces_seconds = time.perf_counter() - start
     if result.jk_profile is not None:
         if args.profile:
             Path(args.profile).write_text(json.dumps(result.jk_profile, indent=1))
@@ -212,6 +217,7 @@ def run_command(args: argparse.Namespace) -> int:
         out["molecule"] = {"name": molecule.name, "atoms": molecule.formula, "natom": molecule.natom}
         if gradient is not None:
             out["gradient_hartree_per_bohr"] = gradient.tolist()
+            out["forces_seconds"] = forces_seconds
         if reference is not None:
             out["check_mev"] = {
                 "energy": (result.energy - reference.energy) * HARTREE_TO_MEV,
@@ -228,7 +234,7 @@ def run_command(args: argparse.Namespace) -> int:
         if reference is not None:
             print("\n".join(check_lines(result, reference)))
         if gradient is not None:
-            print("gradient dE/dR (Hartree/Bohr):")
+            print(f"gradient dE/dR (Hartree/Bohr), {forces_seconds:.2f}s:")
             for symbol, row in zip(molecule.symbols, gradient):
                 print(f"  {symbol:2s} {row[0]:+12.6f} {row[1]:+12.6f} {row[2]:+12.6f}")
     return 0

@@ -1,4 +1,4 @@
-r"""Nuclear gradients dE/dR of a converged RKS (or HF) energy, by ``jax.grad`` through the JAX integrals.
+r"""Nuclear gradients dE/dR of a converged RKS (or HF) energy: analytic, from the converged orbitals.
 
 At self-consistency the energy is stationary in the orbitals under the orthonormality constraint,
 so its total derivative with respect to a nuclear coordinate is the partial derivative of the
@@ -12,9 +12,13 @@ Symp. 13, 225 (1979); Helgaker, Jorgensen and Olsen, 13.6):
         - \tfrac{a_x}{4} \sum D_{\mu\lambda} D_{\nu\sigma} (\mu\nu|\lambda\sigma)(R)
         + E_{xc}[\rho_R] + V_{NN}(R) - \operatorname{tr} W S(R)\Big],
 
-with D = 2 C_occ C_occ^T and W = 2 C_occ diag(eps_occ) C_occ^T from the converged orbitals. The
-function in brackets is written in JAX on the JAX integrals (:mod:`pyscf_ipu.integrals`, float64)
-and differentiated by ``jax.grad``; nothing is differentiated through the SCF iterations.
+with D = 2 C_occ C_occ^T and W = 2 C_occ diag(eps_occ) C_occ^T from the converged orbitals; nothing
+is differentiated through the SCF iterations. All in float64:
+
+- the one-electron terms from libcint's derivative integrals (:func:`one_electron_gradient`);
+- E_xc and V_NN by ``jax.grad`` through the JAX AO values (:mod:`pyscf_ipu.integrals`) and grid, one
+  compiled program per molecule composition (:class:`Composition`);
+- the two-electron terms as below.
 
 By default the quadrature grid is held fixed in space (points and weights), as PySCF's default RKS
 gradient does (``grid_response=False``): the result is comparable with
@@ -39,14 +43,14 @@ The two-electron part depends on the J-K backend, since each differentiates the 
 
   (Weigend, Haser, Patzelt and Ahlrichs, Chem. Phys. Lett. 294, 143 (1998)). The brackets are
   computed once from libcint's integrals at the geometry (float64, as the CPU's SCF fits with), and
-  contract libcint's derivative integrals (``int3c2e_ip1``, ``int3c2e_ip2``, ``int2c2e_ip1``) a block
-  of fitting functions at a time. (``jax.grad`` through the JAX fitting kernels instead compiled for
+  contract libcint's derivative integrals (``int3c2e_ip1``, ``int2c2e_ip1``) a block of fitting
+  functions at a time; the derivative on the fitting function follows from translation invariance. (``jax.grad`` through the JAX fitting kernels instead compiled for
   minutes per molecule: ``docs/decisions/fitted-forces.md``.)
 """
 
 from __future__ import annotations
 
-from functools import partial
+from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
@@ -54,14 +58,15 @@ import numpy as np
 
 from .buckets import auxiliary_basis
 from .packed import degeneracy_weights, tril_unpack
-from .grid import atom_grids, grid_coords_and_weights
+from .prepare import screened
+from .programs import MappingBudget, compiled, usable_cores
+from .grid import AtomGrids, atom_grids, grid_coords_and_weights
 from .integral_sources import eri_plan
 from .molecule import Molecule
 from .pyscf_mole import build_mole
 from .integrals.ao_values import ao_values_at
-from .integrals.basis import primitive_basis
+from .integrals.basis import PrimitiveBasis, primitive_basis
 from .integrals.eri import eri_s8
-from .integrals.one_electron import one_electron_at
 from .numint import xc_energy
 from .results import SCFResult
 from .xc.functionals import Functional
@@ -93,31 +98,110 @@ def nuclear_gradient(molecule: Molecule, result: SCFResult, functional: Function
     occupied = result.mo_coeff[:, :nocc]  # (N, nocc)
     dm = 2.0 * occupied @ occupied.T
     weighted = 2.0 * (occupied * result.mo_energy[:nocc]) @ occupied.T
-    basis = primitive_basis(mol)
-    charges = mol.atom_charges().astype(np.float64)
-    on_grid = bool(result.grid_points) and bool(functional.pieces)
-    moving = atom_grids(mol, result.config.grid_level) if grid_response and on_grid else None
-    fixed = None if grid_response or not on_grid else _grid(mol, result.config.grid_level)
-    coords = mol.atom_coords()
+    config, exchange = result.config, functional.hf_exchange
+    composition = Composition.of(mol, config.basis, config.grid_level, bool(result.grid_points) and bool(
+        functional.pieces), grid_response)  # fmt: skip
+    fixed = _grid(mol, config.grid_level) if composition.on_grid and not grid_response else ()
     with jax.enable_x64(True):
-        charges_ = jnp.asarray(charges)
-        pairs = np.triu_indices(mol.natm, 1)
+        # dispatched first: on an accelerator it runs while the host computes the integrals' part
+        gradient = grid_and_nuclei_gradient(composition, functional, mol.atom_coords(), dm, fixed)
+        one_electron = one_electron_gradient(mol, dm, weighted)
+        if config.density_fitted:
+            two_electron = fitted_two_electron_gradient(mol, config.basis, occupied, exchange, config.eri_expcutoff)
+        else:
+            two_electron = exact_two_electron_gradient(mol, config.basis, occupied, exchange)
+        return np.asarray(gradient) + one_electron + two_electron
 
-        def energy(coords, dm, weighted, fixed):  # everything but the two-electron energy
-            ints = one_electron_at(basis, coords)
-            total = jnp.sum(dm * (ints["kinetic"] + ints["nuclear"])) - jnp.sum(weighted * ints["overlap"])
-            if on_grid:
-                points, weights = fixed if moving is None else grid_coords_and_weights(moving, coords)
-                total += xc_energy(functional, ao_values_at(basis, points, coords), weights, dm)
-            distance = jnp.linalg.norm(coords[pairs[0]] - coords[pairs[1]], axis=-1)
-            return total + jnp.sum(charges_[pairs[0]] * charges_[pairs[1]] / distance)
 
-        # one program: op by op, the gradient of the AO values on the grid is slower than
-        # compiling it and running it (RESULTS.md); what changes with the geometry is an argument, so
-        # that a molecule's other conformers find the program in the compilation cache
-        gradient = jax.jit(jax.grad(energy))(*(jnp.asarray(a) for a in (coords, dm, weighted)), fixed)
-        two_electron = fitted_two_electron_gradient if result.config.density_fitted else exact_two_electron_gradient
-        return np.asarray(gradient) + two_electron(mol, result.config.basis, occupied, functional.hf_exchange)
+def one_electron_gradient(mol, dm: np.ndarray, weighted: np.ndarray) -> np.ndarray:
+    """(natm, 3) the derivative of tr D (T + V) - tr W S at fixed D and W (N, N), from libcint's
+    derivative integrals in float64.
+
+    libcint's ``int1e_ip*`` give (nabla mu|O|nu), the derivative in the bra function's electron
+    coordinate, which is minus the derivative in its centre; with D and W symmetric, the functions on
+    atom A contribute -2 sum_(mu on A) [(nabla mu|T + V|nu) D - (nabla mu|nu) W]. The attraction to
+    nucleus A moves with A as well: integrating by parts, d/dR_A (mu|-Z_A/r_A|nu) =
+    -Z_A [(nabla mu|1/r_A|nu) + (mu|1/r_A|nabla nu)] (``int1e_iprinv`` about A)."""
+    operators = mol.intor("int1e_ipkin", comp=3) + mol.intor("int1e_ipnuc", comp=3)  # (3, N, N)
+    by_function = np.einsum("xij,ij->ix", operators, dm) - np.einsum("xij,ij->ix", mol.intor("int1e_ipovlp", comp=3),
+                                                                       weighted)  # (N, 3)  # fmt: skip
+    gradient = np.zeros((mol.natm, 3))
+    np.add.at(gradient, _function_atoms(mol), -2.0 * by_function)
+    for atom, charge in enumerate(mol.atom_charges()):
+        with mol.with_rinv_at_nucleus(atom):
+            gradient[atom] -= 2.0 * charge * np.einsum("xij,ij->x", mol.intor("int1e_iprinv", comp=3), dm)
+    return gradient
+
+
+@dataclass(frozen=True)
+class Composition:
+    """What the XC and nuclear-repulsion gradient's program is built from beyond its arguments: the
+    basis's primitive arrays and the atomic grids, which follow from the molecule's
+    composition alone. It is named and compared by that composition (``name``), so that one program
+    serves every conformer of a molecule, in this process and, from the program directory, in later
+    ones (:func:`~pyscf_ipu.programs.compiled`)."""
+
+    name: tuple  # (basis, elements, grid level, on a grid, grid moving, PySCF's version)
+    basis: PrimitiveBasis = field(compare=False, repr=False)
+    atoms: AtomGrids = field(compare=False, repr=False)
+
+    @property
+    def on_grid(self) -> bool:
+        return self.name[3]
+
+    @property
+    def grid_response(self) -> bool:
+        return self.name[4]
+
+    @classmethod
+    def of(cls, mol, basis: str, grid_level: int, on_grid: bool, grid_response: bool) -> Composition:
+        import pyscf
+
+        name = (basis, tuple(mol.elements), grid_level, on_grid, on_grid and grid_response, pyscf.__version__)
+        return cls(name, primitive_basis(mol), atom_grids(mol, grid_level))
+
+
+def _grid_and_nuclei_energy(composition: Composition, functional: Functional, coords, dm, fixed):
+    """E_xc plus the nuclear repulsion at the atom positions ``coords`` (natm, 3), with the density
+    ``dm`` (N, N) held fixed, and the grid ``fixed`` ((G, 3) points, (G,) weights) or moving with the
+    atoms (``composition.grid_response``)."""
+    basis = composition.basis
+    total = jnp.zeros((), coords.dtype)
+    if composition.on_grid:
+        points, weights = grid_coords_and_weights(composition.atoms, coords) if composition.grid_response else fixed
+        total += _xc_energy_in_blocks(functional, basis, jnp.asarray(points), jnp.asarray(weights), coords, dm)
+    first, second = np.triu_indices(len(basis.charges), 1)
+    charges = jnp.asarray(basis.charges)
+    distance = jnp.linalg.norm(coords[first] - coords[second], axis=-1)
+    return total + jnp.sum(charges[first] * charges[second] / distance)
+
+
+FORCES_GRID_BLOCK = 2048  # grid points whose AO values (and their derivatives) the gradient holds at once
+
+
+def _xc_energy_in_blocks(functional: Functional, basis: PrimitiveBasis, points, weights, coords, dm):
+    """E_xc as a sum over blocks of :data:`FORCES_GRID_BLOCK` points (G, 3), (G,), each block's AO
+    values recomputed in the gradient's backward pass (``jax.checkpoint``) rather than stored: the
+    gradient then holds one block's AO values and their derivatives, not the whole grid's. The last
+    block is filled with copies of the last point at zero weight."""
+    count = -(-len(weights) // FORCES_GRID_BLOCK)
+    pad = count * FORCES_GRID_BLOCK - len(weights)
+    points = jnp.concatenate([points, jnp.broadcast_to(points[-1], (pad, 3))]).reshape(count, -1, 3)
+    weights = jnp.pad(weights, (0, pad)).reshape(count, -1)
+
+    @jax.checkpoint
+    def block(total, chunk):
+        where, weight = chunk
+        return total + xc_energy(functional, ao_values_at(basis, where, coords), weight, dm), None
+
+    return jax.lax.scan(block, jnp.zeros((), coords.dtype), (points, weights))[0]
+
+
+@compiled(static_argnums=(0, 1), budget=MappingBudget())
+def grid_and_nuclei_gradient(composition: Composition, functional: Functional, coords, dm, fixed):
+    """(natm, 3) the gradient of :func:`_grid_and_nuclei_energy` in ``coords``, as one program: op by
+    op, the gradient of the AO values on the grid is slower than compiling it and running it."""
+    return jax.grad(_grid_and_nuclei_energy, argnums=2)(composition, functional, coords, dm, fixed)
 
 
 def exact_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange: float) -> np.ndarray:
@@ -130,45 +214,96 @@ def exact_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange:
         return np.asarray(gradient(jnp.asarray(mol.atom_coords())))
 
 
-def fitted_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange: float) -> np.ndarray:
+def fitted_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange: float, expcutoff: float = 0.0
+                                 ) -> np.ndarray:  # fmt: skip
     """(natm, 3) the density-fitted two-electron energy's derivative at the density of ``occupied``
-    (N, nocc), with PySCF's default fitting basis (what ``--jk df`` fits with): libcint's 3-centre
-    integrals and metric at the geometry give the weights (:func:`fitted_weights`), which then
-    contract libcint's derivative integrals, a block of fitting shells at a time (module docstring)."""
+    (N, nocc), with PySCF's default fitting basis (what ``--jk df`` fits with), from libcint's integrals
+    with the SCF's primitive screening ``expcutoff`` (:func:`~pyscf_ipu.prepare.screened`).
+
+    The fitted density and the exchange intermediates (:func:`fitted_intermediates`) give each fitting
+    function P its weight matrix G_P = c_P D - 2 a_x C X_P C^T; G contracts the derivative integrals
+    (nabla i j|P) a block of fitting shells at a time. The derivative on the fitting function comes from
+    the same integrals: translation of all three centres together leaves (ij|P) unchanged, so
+    (ij|nabla P) = -(nabla i j|P) - (i nabla j|P), and with G_P symmetric its sum is -2 sum_ij
+    (nabla i j|P) G_P,ij. BLAS runs on every core this process may use, as in the SCF's fitting.
+    """
     from pyscf import df
+    from threadpoolctl import threadpool_limits
 
     auxmol = df.addons.make_auxmol(mol, {s: auxiliary_basis(basis, s) for s in set(mol.elements)})
-    three = df.incore.aux_e2(mol, auxmol, intor="int3c2e", aosym="s2ij")  # (npair, Q)
-    metric = auxmol.intor("int2c2e")
-    with jax.enable_x64(True):
-        three_weights, metric_weights = fitted_weights(three.T, metric, occupied, exchange)
-        three_weights, metric_weights = np.asarray(three_weights), np.asarray(metric_weights)
-    del three
-    n = mol.nao
-    i, j = np.tril_indices(n)
+    orbitals = screened(mol, expcutoff)
+    n, nocc = occupied.shape
+    dm = 2.0 * occupied @ occupied.T  # (N, N)
     by_ao = np.zeros((3, n))  # sum over j, P of (nabla i j|P) G_P,ij
     by_aux = np.zeros((3, auxmol.nao))  # sum over ij of (ij|nabla P) G_P,ij
     offsets = auxmol.ao_loc_nr()
-    for first, last in _shell_blocks(offsets, FITTED_BLOCK_FUNCTIONS):
-        p0, p1 = offsets[first], offsets[last]
-        weights = np.zeros((p1 - p0, n, n))  # the full G_P for the block's functions
-        half = three_weights[p0:p1] / np.where(i == j, 1.0, 2.0)  # a packed pair's weight covers ij and ji
-        weights[:, i, j] = half
-        weights[:, j, i] = half
-        slices = (0, mol.nbas, 0, mol.nbas, first, last)
-        bra = df.incore.aux_e2(mol, auxmol, intor="int3c2e_ip1", aosym="s1", comp=3, shls_slice=slices)  # (3, N, N, b)
-        by_ao += np.einsum("xijp,pij->xi", bra, weights, optimize=True)
-        del bra
-        ket = df.incore.aux_e2(mol, auxmol, intor="int3c2e_ip2", aosym="s1", comp=3, shls_slice=slices)
-        by_aux[:, p0:p1] = np.einsum("xijp,pij->xp", ket, weights, optimize=True)
-        del ket
-    metric_derivative = auxmol.intor("int2c2e_ip1", comp=3)  # (3, Q, Q): (nabla P|Q)
-    by_aux += 2.0 * np.einsum("xpq,pq->xp", metric_derivative, metric_weights)
+    with threadpool_limits(usable_cores(), user_api="blas"):
+        three = df.incore.aux_e2(orbitals, auxmol, intor="int3c2e", aosym="s2ij")  # (npair, Q), Fortran order
+        fitted, x = fitted_intermediates(three, auxmol.intor("int2c2e"), occupied, exchange)
+        del three
+        for first, last in _shell_blocks(offsets, FITTED_BLOCK_FUNCTIONS):
+            p0, p1 = offsets[first], offsets[last]
+            weights = _weights(fitted[p0:p1], x[p0:p1], occupied, dm, exchange)  # (b, N, N) G_P, symmetric
+            slices = (0, mol.nbas, 0, mol.nbas, first, last)
+            bra = df.incore.aux_e2(orbitals, auxmol, intor="int3c2e_ip1", aosym="s1", comp=3, shls_slice=slices)
+            bra = bra.transpose(0, 3, 2, 1)  # (3, b, N, N): (nabla i j|P) at [x, P, j, i], contiguous
+            by_ao += np.einsum("xpji,pji->xi", bra, weights)
+            by_aux[:, p0:p1] = -2.0 * np.einsum("xpji,pji->xp", bra, weights)
+            del bra, weights
+        metric_weights = -0.5 * np.outer(fitted, fitted)  # (Q, Q)
+        if exchange:
+            flat = x.reshape(len(x), -1)
+            metric_weights += exchange * flat @ flat.T  # tr X_P X_Q (X symmetric)
+        metric_derivative = auxmol.intor("int2c2e_ip1", comp=3)  # (3, Q, Q): (nabla P|Q)
+        by_aux += 2.0 * np.einsum("xpq,pq->xp", metric_derivative, metric_weights)
     # d/dR_A of a function on A is minus its gradient in the electron's coordinate; i and j alike
     gradient = np.zeros((mol.natm, 3))
     np.add.at(gradient, _function_atoms(mol), -2.0 * by_ao.T)
     np.add.at(gradient, _function_atoms(auxmol), -by_aux.T)
     return gradient
+
+
+def _weights(fitted: np.ndarray, x: np.ndarray, occupied: np.ndarray, dm: np.ndarray, exchange: float
+             ) -> np.ndarray:  # fmt: skip
+    """(b, N, N) G_P = c_P D - 2 a_x C X_P C^T for a block of fitting functions: ``fitted`` (b,),
+    ``x`` (b, nocc, nocc), as two matrix products over the whole block."""
+    weights = fitted[:, None, None] * dm
+    if exchange:
+        (b, nocc, _), n = x.shape, len(dm)
+        cx = occupied @ x.transpose(1, 0, 2).reshape(nocc, b * nocc)  # (N, b nocc): C X_P side by side
+        cx = cx.reshape(n, b, nocc).transpose(1, 0, 2).reshape(b * n, nocc)
+        weights -= 2.0 * exchange * (cx @ occupied.T).reshape(b, n, n)
+    return weights
+
+
+def fitted_intermediates(three: np.ndarray, metric: np.ndarray, occupied: np.ndarray, exchange: float
+                         ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The fitted density c = M^-1 T D (Q,) and, for exact exchange, X_P = C^T (M^-1 T)_P C
+    (Q, nocc, nocc) (empty without), from the 3-centre integrals ``three`` (npair, Q) packed as
+    libcint's ``s2ij`` packs them (pairs i >= j), the metric M (Q, Q) and the occupied orbitals C
+    (N, nocc).
+
+    X_P = sum_Q (M^-1)_PQ C^T T_Q C is formed from the small C^T T_Q C, so that M^-1 T, as large as
+    T, is never made; T_Q is unpacked a block of fitting functions at a time."""
+    import scipy.linalg
+    from pyscf import lib
+
+    n, nocc = occupied.shape
+    i, j = np.tril_indices(n)
+    dm = 2.0 * occupied @ occupied.T
+    factor = scipy.linalg.cho_factor(metric, lower=True)
+    fitted = scipy.linalg.cho_solve(factor, three.T @ (dm[i, j] * np.where(i == j, 1.0, 2.0)))  # (Q,)
+    if not exchange:
+        return fitted, np.zeros((len(fitted), 0, 0))
+    projected = np.empty((len(fitted), nocc, nocc))  # C^T T_Q C
+    for q0 in range(0, len(fitted), FITTED_BLOCK):
+        rows = lib.unpack_tril(np.ascontiguousarray(three[:, q0 : q0 + FITTED_BLOCK].T))  # (b, N, N)
+        b = len(rows)
+        half = (rows.reshape(b * n, n) @ occupied).reshape(b, n, nocc).transpose(1, 0, 2)  # (N, b, nocc) T_Q C
+        both = occupied.T @ half.reshape(n, b * nocc)  # (nocc, b nocc): one product for the block
+        projected[q0 : q0 + b] = both.reshape(nocc, b, nocc).transpose(1, 0, 2)
+    x = scipy.linalg.cho_solve(factor, projected.reshape(len(fitted), -1))
+    return fitted, x.reshape(len(fitted), nocc, nocc)
 
 
 def _function_atoms(mol) -> np.ndarray:
@@ -192,47 +327,7 @@ def _shell_blocks(offsets: np.ndarray, most: int) -> list[tuple[int, int]]:
     return blocks
 
 
-FITTED_BLOCK = 64  # fitting functions whose (N, N) matrices the weights unpack at once
-
-
-@partial(jax.jit, static_argnums=3)
-def fitted_weights(three, metric, occupied, exchange: float):
-    """The brackets of the module docstring as weights of the 3-centre integrals packed over pairs i >= j
-    (Q, npair), as libcint's ``s2ij`` packs them (a pair i > j stands for ij and ji), and of the metric
-    (Q, Q), from the integrals ``three`` and ``metric`` at the geometry and the occupied orbitals (N, nocc).
-
-    The exchange term needs X_P = C^T (M^-1 T)_P C = sum_Q (M^-1)_PQ C^T T_Q C: it is formed from the
-    small C^T T_Q C, so that M^-1 T, as large as T, is never made."""
-    n, nocc = occupied.shape
-    i, j = np.tril_indices(n)
-    scale = jnp.asarray(np.where(i == j, 1.0, 2.0))  # (npair,)
-    dm = 2.0 * occupied @ occupied.T
-    lower = jnp.linalg.cholesky(metric)
-    density = dm[i, j] * scale
-    fitted = jax.scipy.linalg.cho_solve((lower, True), three @ density)  # (Qp,)  c = M^-1 T D
-    three_weights = fitted[:, None] * density[None, :]
-    metric_weights = -0.5 * jnp.outer(fitted, fitted)
-    if not exchange:
-        return three_weights, metric_weights
-    naux = three.shape[0]
-    blocks = -(-naux // FITTED_BLOCK)
-    padded = jnp.pad(three, [(0, blocks * FITTED_BLOCK - naux), (0, 0)]).reshape(blocks, FITTED_BLOCK, -1)
-
-    def unpack(rows):  # (b, npair) -> (b, N, N)
-        return jnp.zeros((rows.shape[0], n, n), rows.dtype).at[:, i, j].set(rows).at[:, j, i].set(rows)
-
-    def project(rows):  # C^T T_Q C per fitting function Q of the block: (b, nocc, nocc)
-        return jnp.einsum("ia,qij,jb->qab", occupied, unpack(rows), occupied)
-
-    projected = jax.lax.map(project, padded).reshape(-1, nocc * nocc)[:naux]
-    x = jax.scipy.linalg.cho_solve((lower, True), projected)  # (Qp, nocc^2)  X_P = sum_Q (M^-1)_PQ C^T T_Q C
-    xb = jnp.pad(x, [(0, blocks * FITTED_BLOCK - naux), (0, 0)]).reshape(blocks, FITTED_BLOCK, nocc, nocc)
-
-    def back(block):  # C X_P C^T, packed: (b, npair)
-        return jnp.einsum("ia,qab,jb->qij", occupied, block, occupied)[:, i, j]
-
-    exchange_weights = jax.lax.map(back, xb).reshape(-1, len(i))[:naux]
-    return three_weights - 2.0 * exchange * exchange_weights * scale, metric_weights + exchange * x @ x.T
+FITTED_BLOCK = 128  # fitting functions whose (N, N) matrices are unpacked at once
 
 
 def _grid(mol, level: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,154 @@
+"""Forces at a larger basis as a user runs them: ``pyscf-ipu run --forces`` against PySCF's gradient.
+
+    python benchmarks/forces.py [--smiles S ...] [--conformers 2] [--basis def2-svp] [--precisions float32 float64]
+
+Every conformer (RDKit ETKDG, each molecule's own) runs in fresh processes, the sides alternating:
+
+- ours: ``pyscf-ipu run --xyz F --basis B --forces --json [--precision P]``, every other option at
+  its default (``--jk auto`` picks density fitting at a non-minimal basis; the grid moves with the
+  atoms). The run shares one new compilation cache, so a molecule's first conformer compiles and its
+  later ones find their programs. "scf" is the run's own seconds (host preparation included),
+  "forces" the gradient's;
+- PySCF: ``dft.RKS(mol, xc).density_fit()`` with the same functional and grid level, conv_tol 1e-10,
+  then ``nuc_grad_method()`` with ``grid_response = True`` (what ours differentiates).
+
+Reported per conformer and side: seconds, the process's peak resident memory, and the largest
+|ours - PySCF| component of the gradient. Threads: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=2 for both
+(PySCF's best here), XLA's default.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+DIAZEPAM, KETOPROFEN = "CN1C(=O)CN=C(c2ccccc2)c2cc(Cl)ccc21", "CC(C(=O)O)c1cccc(c1)C(=O)c1ccccc1"
+
+
+def peak_gb() -> float:
+    """This process's peak resident memory in GB (Linux reports kB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+
+
+def ours(xyz: str, basis: str, precision: str) -> dict:
+    """A child process: our command line's JSON, with the process's peak memory."""
+    import contextlib
+    import io
+
+    from pyscf_ipu.cli import main
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        code = main(["run", "--xyz", xyz, "--basis", basis, "--forces", "--json", "--precision", precision])
+    if code:
+        raise SystemExit(code)
+    out = json.loads(text.getvalue())
+    return {"scf": out["seconds"], "forces": out["forces_seconds"], "peak_gb": peak_gb(), "jk": out["config"]["jk"],
+            "iterations": out["iterations"], "energy": out["energy_hartree"],
+            "gradient": out["gradient_hartree_per_bohr"]}  # fmt: skip
+
+
+def pyscf_side(xyz: str, basis: str, xc: str, grid_level: int) -> dict:
+    """A child process: PySCF's density-fitted SCF and its gradient with the grid's response."""
+    from pyscf import dft, gto
+
+    mol = gto.M(atom=xyz, basis=basis, verbose=0)
+    mf = dft.RKS(mol, xc=xc).density_fit()
+    mf.grids.level = grid_level
+    mf.conv_tol = 1e-10
+    start = time.perf_counter()
+    mf.kernel()
+    scf = time.perf_counter() - start
+    gradients = mf.nuc_grad_method()
+    gradients.grid_response = True
+    start = time.perf_counter()
+    gradient = gradients.kernel()
+    return {"scf": scf, "forces": time.perf_counter() - start, "peak_gb": peak_gb(), "converged": bool(mf.converged),
+            "energy": float(mf.e_tot), "gradient": gradient.tolist()}  # fmt: skip
+
+
+def child(argv: list[str], env: dict) -> dict:
+    """Run this file as a child process on ``argv``; its last stdout line is its JSON."""
+    proc = subprocess.run([sys.executable, __file__, "--child", *argv], capture_output=True, text=True, env=env)
+    if proc.returncode:
+        raise SystemExit(f"child {argv} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def conformers(smiles: str, count: int, directory: Path, tag: str) -> list[Path]:
+    """``count`` ETKDG conformers of ``smiles`` (hydrogens added, seed 7) as XYZ files."""
+    from rdkit import Chem
+    from rdkit.Chem import AllChem
+
+    mol = Chem.AddHs(Chem.MolFromSmiles(smiles))
+    ids = AllChem.EmbedMultipleConfs(mol, numConfs=count, randomSeed=7)
+    paths = []
+    for k, conf_id in enumerate(ids):
+        path = directory / f"{tag}-{k}.xyz"
+        path.write_text(Chem.MolToXYZBlock(mol, confId=conf_id))
+        paths.append(path)
+    return paths
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        kind, *rest = sys.argv[2:]
+        if kind == "ours":
+            out = ours(rest[0], rest[1], rest[2])
+        else:
+            out = pyscf_side(rest[0], rest[1], rest[2], int(rest[3]))
+        print(json.dumps(out))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smiles", nargs="+", default=[DIAZEPAM, KETOPROFEN])
+    parser.add_argument("--conformers", type=int, default=2)
+    parser.add_argument("--basis", default="def2-svp")
+    parser.add_argument("--precisions", nargs="+", default=["float32", "float64"])
+    args = parser.parse_args()
+
+    import jax
+    import pyscf
+
+    from pyscf_ipu.config import RKSConfig
+    from pyscf_ipu.memory import default_budget
+
+    defaults = RKSConfig()
+    work = Path(tempfile.mkdtemp(prefix="forces-bench-"))
+    env = {**os.environ, "PYSCF_IPU_CACHE": str(work / "cache"), "PYTHONWARNINGS": "ignore"}
+    print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; jax {jax.__version__}, pyscf {pyscf.__version__}; "
+          f"{defaults.xc}/{args.basis}, grid level {defaults.grid_level}; memory budget {default_budget():.1f} GB; "
+          f"OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']} OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
+    print("| conformer | side | SCF s | forces s | forces / SCF | peak GB | max abs(ours - PySCF) Ha/Bohr |")
+    print("|---|---|---|---|---|---|---|")
+    for m, smiles in enumerate(args.smiles):
+        for k, path in enumerate(conformers(smiles, args.conformers, work, f"m{m}")):
+            name = f"{m}.{k} ({'cold' if k == 0 else 'warm'})"
+            runs = {}
+            for side in [*args.precisions[:1], "pyscf", *args.precisions[1:]]:
+                if side == "pyscf":
+                    runs[side] = child(["pyscf", str(path), args.basis, defaults.xc, str(defaults.grid_level)], env)
+                else:
+                    runs[side] = child(["ours", str(path), args.basis, side], env)
+            reference = np.array(runs["pyscf"]["gradient"])
+            for side, run in runs.items():
+                error = "" if side == "pyscf" else f"{np.abs(np.array(run['gradient']) - reference).max():.1e}"
+                label = "PySCF DF" if side == "pyscf" else f"ours {side} ({run['jk']}, {run['iterations']} it.)"
+                print(f"| {name} | {label} | {run['scf']:.1f} | {run['forces']:.1f} | {run['forces'] / run['scf']:.2f} "
+                      f"| {run['peak_gb']:.2f} | {error} |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
