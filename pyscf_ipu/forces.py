@@ -44,8 +44,9 @@ The two-electron part depends on the J-K backend, since each differentiates the 
   (Weigend, Haser, Patzelt and Ahlrichs, Chem. Phys. Lett. 294, 143 (1998)). The brackets are
   computed once from libcint's integrals at the geometry (float64, as the CPU's SCF fits with), and
   contract libcint's derivative integrals (``int3c2e_ip1``, ``int2c2e_ip1``) a block of fitting
-  functions at a time; the derivative on the fitting function follows from translation invariance. (``jax.grad`` through the JAX fitting kernels instead compiled for
-  minutes per molecule: ``docs/decisions/fitted-forces.md``.)
+  functions at a time; the derivative on the fitting function follows from translation invariance.
+  (``jax.grad`` through the JAX fitting kernels instead compiled for minutes per molecule:
+  ``docs/decisions/fitted-forces.md``.)
 """
 
 from __future__ import annotations
@@ -232,14 +233,14 @@ def fitted_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange
 
     auxmol = df.addons.make_auxmol(mol, {s: auxiliary_basis(basis, s) for s in set(mol.elements)})
     orbitals = screened(mol, expcutoff)
-    n, nocc = occupied.shape
+    n = len(occupied)
     dm = 2.0 * occupied @ occupied.T  # (N, N)
     by_ao = np.zeros((3, n))  # sum over j, P of (nabla i j|P) G_P,ij
     by_aux = np.zeros((3, auxmol.nao))  # sum over ij of (ij|nabla P) G_P,ij
     offsets = auxmol.ao_loc_nr()
     with threadpool_limits(usable_cores(), user_api="blas"):
         three = df.incore.aux_e2(orbitals, auxmol, intor="int3c2e", aosym="s2ij")  # (npair, Q), Fortran order
-        fitted, x = fitted_intermediates(three, auxmol.intor("int2c2e"), occupied, exchange)
+        fitted, x = fitted_intermediates(three, auxmol.intor("int2c2e"), occupied, dm, exchange)
         del three
         for first, last in _shell_blocks(offsets, FITTED_BLOCK_FUNCTIONS):
             p0, p1 = offsets[first], offsets[last]
@@ -276,12 +277,12 @@ def _weights(fitted: np.ndarray, x: np.ndarray, occupied: np.ndarray, dm: np.nda
     return weights
 
 
-def fitted_intermediates(three: np.ndarray, metric: np.ndarray, occupied: np.ndarray, exchange: float
-                         ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def fitted_intermediates(three: np.ndarray, metric: np.ndarray, occupied: np.ndarray, dm: np.ndarray,
+                         exchange: float) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """The fitted density c = M^-1 T D (Q,) and, for exact exchange, X_P = C^T (M^-1 T)_P C
     (Q, nocc, nocc) (empty without), from the 3-centre integrals ``three`` (npair, Q) packed as
-    libcint's ``s2ij`` packs them (pairs i >= j), the metric M (Q, Q) and the occupied orbitals C
-    (N, nocc).
+    libcint's ``s2ij`` packs them (pairs i >= j), the metric M (Q, Q), the occupied orbitals C
+    (N, nocc) and their density D = 2 C C^T (N, N).
 
     X_P = sum_Q (M^-1)_PQ C^T T_Q C is formed from the small C^T T_Q C, so that M^-1 T, as large as
     T, is never made; T_Q is unpacked a block of fitting functions at a time."""
@@ -290,7 +291,6 @@ def fitted_intermediates(three: np.ndarray, metric: np.ndarray, occupied: np.nda
 
     n, nocc = occupied.shape
     i, j = np.tril_indices(n)
-    dm = 2.0 * occupied @ occupied.T
     factor = scipy.linalg.cho_factor(metric, lower=True)
     fitted = scipy.linalg.cho_solve(factor, three.T @ (dm[i, j] * np.where(i == j, 1.0, 2.0)))  # (Q,)
     if not exchange:

@@ -78,12 +78,13 @@ def test_summary_names_the_numbers(capsys):
 
 def test_forces_in_json_with_their_time(capsys):
     """``--forces --json`` adds the gradient and the seconds it took; H2's two atoms pull equally and
-    oppositely along the bond (an STO-3G HF bond at 0.74 Angstrom is longer than its minimum)."""
+    oppositely along the bond: an STO-3G HF bond at 0.74 Angstrom is longer than its minimum
+    (0.71), so the atom at z = 0 is pulled towards +z, dE/dz < 0."""
     assert main(["run", "--mol", "h2", "--xc", "hf", "--precision", "float64", "--forces", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     gradient = out["gradient_hartree_per_bohr"]
     assert len(gradient) == 2 and gradient[0] == pytest.approx([-g for g in gradient[1]], abs=1e-9)
-    assert abs(gradient[0][2]) > 1e-3 and abs(gradient[0][0]) < 1e-9 and abs(gradient[0][1]) < 1e-9
+    assert gradient[0][2] < -1e-3 and abs(gradient[0][0]) < 1e-9 and abs(gradient[0][1]) < 1e-9
     assert out["forces_seconds"] > 0
 
 
