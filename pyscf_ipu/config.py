@@ -18,10 +18,13 @@ AUTO = "auto"  # picked for the run: an integral source by the platform (method.
 INTEGRALS = ("libcint", "jax", AUTO)
 # Old spellings of renamed option values, still accepted (and read in stored settings) as the new ones.
 RENAMED_VALUES: dict[str, dict[str, str]] = {"integrals": {"host": "libcint", "device": "jax"}}
+# Settings added after datasets were first written, with the value that older datasets were made with.
+ADDED_SETTINGS: dict[str, object] = {"refine_commutator": None}
 COMMAND_LINE_DEFAULTS = {"jk": AUTO}  # both command lines' defaults where they differ from RKSConfig's
 FITTED_JK = ("df",)  # J-K backends that contract density-fitted 3-centre integrals instead of the s8 ERIs
 # Basis-name prefixes (lower case, no dashes) of minimal bases: --jk auto keeps their ERIs exact.
 MINIMAL_BASES = ("sto", "minao")
+FORCES_REFINE_COMMUTATOR = 5e-7  # --refine-commutator auto with --forces (RKSConfig.for_forces)
 OCCUPIED_STEP = 8  # their size buckets round the occupied-orbital count up to a multiple of this
 
 
@@ -96,6 +99,12 @@ class RKSConfig:
         None,
         "stop early once max|FDS-SDF| is below this; default 1e-5 (float32) or 1e-7 (float64); 0 never stops early",
     )
+    refine_commutator: float | None = option(
+        None,
+        "continue the SCF in float64 after the loop until max|FDS-SDF| is below this (at most 12 DIIS iterations): "
+        "forces need it, labels do not; auto: 5e-7 with --forces, else none (0)",
+        auto=True,
+    )
     ipu: IPUConfig = field(default=IPUConfig(), metadata={"nested": True})
 
     def __post_init__(self) -> None:
@@ -120,6 +129,8 @@ class RKSConfig:
                 f"--eri-threshold screens the s8 ERIs, which --jk {self.jk} (density fitting) never makes")
         if self.eri_expcutoff < 0:
             raise ConfigError(f"the ERI exponent cutoff must be >= 0, got {self.eri_expcutoff}")
+        if self.refine_commutator is not None and not 0 <= self.refine_commutator < 1:
+            raise ConfigError(f"--refine-commutator must be in [0, 1), got {self.refine_commutator}")
 
     @property
     def stop_threshold(self) -> float:
@@ -131,6 +142,17 @@ class RKSConfig:
         if self.stop_commutator is not None:
             return self.stop_commutator
         return 1e-5 if self.precision == "float32" else 1e-7
+
+    @property
+    def refine_threshold(self) -> float:
+        """The float64 refinement's threshold on max|FDS-SDF| (0: none); auto (None) is none."""
+        return self.refine_commutator or 0.0
+
+    def for_forces(self) -> RKSConfig:
+        """These settings with auto's refinement made explicit for nuclear gradients: those are first
+        order in the orbitals' error where the labels are second order, and a float32 loop stops near
+        its own rounding floor (``docs/decisions/fitted-forces.md``)."""
+        return self if self.refine_commutator is not None else self.replace(refine_commutator=FORCES_REFINE_COMMUTATOR)
 
     @property
     def density_fitted(self) -> bool:

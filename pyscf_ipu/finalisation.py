@@ -26,12 +26,17 @@ and the host only reads the labels out (:func:`finalise`); else the host does th
   only rounded;
 - :class:`FittedExchange`: a density-fitted run's K from the float32 factor in float32 products with
   its energy summed in float64, and its J from the float64 factor, both on the device.
+
+A :class:`Refinement` can continue the SCF in float64 on the device before the labels: DIIS
+iterations until max|FDS - SDF| is below its threshold. The labels do not need it (they are
+second order in the density's error), but nuclear gradients are first order in it, and a float32
+loop stops where its own Fock matrices' rounding does (``docs/decisions/fitted-forces.md``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -47,7 +52,7 @@ from .prepare import PreparedProblem
 from .problem import FINAL_SHIFT, FinalInputs, PreparedBatch, final_contracts_eris
 from .programs import compiled
 from .results import SCFResult
-from .scf import SCFTrace, energy_terms, fock_matrix
+from .scf import SCFTrace, diis_extrapolate, energy_terms, fock_matrix
 from .xc.functionals import Functional
 
 
@@ -74,6 +79,8 @@ class FinalDensity:
     exc: jax.Array  # ()  E_xc at it
     vxc: jax.Array  # (Np, Np)  V_xc at it
     electrons: jax.Array  # ()  the electron count on the grid (NaN without a grid)
+    refined: jax.Array  # () int  float64 iterations of the :class:`Refinement` (0 without one)
+    refined_commutator: jax.Array  # ()  max|FDS - SDF| at ``density`` after them (NaN without one)
     coulomb: jax.Array | None = None  # (Np, Np)  J at it, where the contraction forms it on the device
     exchange: jax.Array | None = None  # (Np, Np)  K at it, likewise
     exchange_trace: jax.Array | None = None  # ()  tr(D K), likewise
@@ -86,6 +93,8 @@ class FinalDensity:
 class FinalContraction(Protocol):
     """How the finalisation gets J, K and tr(D K) of the purified density (N, N): a share on the
     device, queued behind the loop, and the rest on the host."""
+
+    forms_jk_on_device: ClassVar[bool]  # whether :meth:`on_device` forms both J and K
 
     def device_arrays(self, jk, final: FinalInputs):
         """What :meth:`on_device` reads of the loop's J-K arrays ``jk`` and the batch's final inputs
@@ -109,6 +118,8 @@ class DeviceERIs:
     """J and K in float64 on the device from the float64 ERIs that the batch's final inputs hold (the
     JAX integrals compute them there; the loop holds them only rounded)."""
 
+    forms_jk_on_device: ClassVar[bool] = True
+
     def device_arrays(self, jk, final):
         return final.eris
 
@@ -127,6 +138,7 @@ class LoopBackend:
     where :class:`DeviceERIs` unpacks the s8 array row by row)."""
 
     backend: JKBackend
+    forms_jk_on_device: ClassVar[bool] = True
 
     def device_arrays(self, jk, final):
         return jk
@@ -143,6 +155,8 @@ class LoopBackend:
 class LibcintERIs:
     """J and K by PySCF from the host's float64 libcint ERIs, which a float32 loop holds only
     rounded; nothing on the device."""
+
+    forms_jk_on_device: ClassVar[bool] = False
 
     def device_arrays(self, jk, final):
         return {}
@@ -166,6 +180,8 @@ class FittedExchange:
     (R Q, N) x (N, R) whose squares are summed in float64: tr(D K) over the float32 K itself would
     carry K's rounding, about 1e-7 of the exchange energy, into the label.
     """
+
+    forms_jk_on_device: ClassVar[bool] = True
 
     def device_arrays(self, jk, final):
         return jk
@@ -193,6 +209,7 @@ def final_contraction(method: Method) -> FinalContraction:
     return LibcintERIs()
 
 
+@jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class Contracted:
     """A purified density's potentials: J, K, tr(D K), E_xc and V_xc (numpy or JAX arrays alike)."""
@@ -216,41 +233,117 @@ def labels(dm, hcore, potentials: Contracted, orthogonaliser, shift, hf_exchange
     return terms, mo_energy, orthogonaliser @ vectors
 
 
-def final_density(functional: Functional, contraction: FinalContraction, ao, density, final: FinalInputs, jk
-                  ) -> FinalDensity:  # fmt: skip
+REFINE_ITERATIONS = 12  # a refinement's most float64 iterations
+REFINE_DIIS = 8  # Fock matrices its DIIS keeps
+
+
+@dataclass(frozen=True)
+class Refinement:
+    """Float64 SCF iterations from the loop's purified density, before the labels: each builds the
+    Fock matrix with ``contraction`` (J and K on the device) and V_xc in float64, extrapolates by
+    DIIS (:func:`~pyscf_ipu.scf.diis_extrapolate`) and diagonalises, until max|FDS - SDF| is below
+    ``commutator`` or after :data:`REFINE_ITERATIONS`. ``commutator`` 0: none (one float64 pass)."""
+
+    commutator: float
+    contraction: FinalContraction
+
+    def device_arrays(self, jk, final: FinalInputs):
+        return self.contraction.device_arrays(jk, final) if self.commutator > 0 else {}
+
+
+def refinement(method: Method) -> Refinement:
+    """``method``'s :class:`Refinement`: its J and K by the finalisation's contraction where that forms
+    them on the device, else by the loop's own backend over its arrays, summed in float64."""
+    contraction = final_contraction(method)
+    if not contraction.forms_jk_on_device:
+        contraction = LoopBackend(method.backend)
+    return Refinement(method.config.refine_threshold, contraction)
+
+
+def _potentials(functional: Functional, contraction: FinalContraction, ao, final: FinalInputs, jk, dm
+                ) -> tuple[Contracted, jax.Array]:  # fmt: skip
+    """J, K, tr(D K) (None where the host forms them), E_xc and V_xc of ``dm``, and the electrons on the
+    grid; no grid work for Hartree-Fock, and none past the last weighted point."""
+    vj, vk, trace = contraction.on_device(jk, dm)
+    exc, vxc, electrons = xc_energy_and_potential(functional, ao, final.weights, dm, weighted_points(final.weights))
+    return Contracted(vj, vk, trace, exc, vxc), electrons
+
+
+def refine(functional: Functional, refinement: Refinement, ao, final: FinalInputs, jk, dm):
+    """(density, its :func:`_potentials`, iterations, max|FDS - SDF| at it): ``refinement``'s float64
+    iterations from the idempotent ``dm`` (Np, Np); traced."""
+    s, x, ax = final.overlap, final.orthogonaliser, functional.hf_exchange
+    n = dm.shape[0]
+    shift = jnp.diag(jnp.where(final.kept, 0.0, FINAL_SHIFT))
+    occupation = jnp.where(jnp.arange(n) < final.occupied, 2.0, 0.0).astype(dm.dtype)
+
+    def fock_and_error(dm, potentials):
+        fock = fock_matrix(final.hcore, potentials.coulomb, potentials.exchange, potentials.vxc, ax)
+        sdf = s @ dm @ fock
+        return fock, sdf.T - sdf  # F D S - S D F
+
+    def step(state):
+        it, _, _, _, fock, error, focks, errors = state
+        slot = it % REFINE_DIIS
+        focks, errors = focks.at[slot].set(fock), errors.at[slot].set(error)
+        _, vectors = jnp.linalg.eigh(x.T @ diis_extrapolate(focks, errors, jnp.minimum(it + 1, REFINE_DIIS)) @ x + shift)
+        coefficients = x @ vectors
+        dm = (coefficients * occupation) @ coefficients.T
+        potentials, electrons = _potentials(functional, refinement.contraction, ao, final, jk, dm)
+        return (it + 1, dm, potentials, electrons, *fock_and_error(dm, potentials), focks, errors)
+
+    def keep_going(state):
+        return (state[0] < REFINE_ITERATIONS) & (jnp.max(jnp.abs(state[5])) >= refinement.commutator)
+
+    potentials, electrons = _potentials(functional, refinement.contraction, ao, final, jk, dm)
+    ring = jnp.zeros((REFINE_DIIS, n, n), dm.dtype)
+    start = (jnp.zeros((), jnp.int32), dm, potentials, electrons, *fock_and_error(dm, potentials), ring, ring)
+    it, dm, potentials, electrons, _, error, _, _ = jax.lax.while_loop(keep_going, step, start)
+    return dm, potentials, electrons, it, jnp.max(jnp.abs(error))
+
+
+def final_density(functional: Functional, contraction: FinalContraction, refinement: Refinement, ao, density,
+                  final: FinalInputs, jk, refine_jk) -> FinalDensity:  # fmt: skip
     """The device's float64 finalisation of one conformer (the kernel of :data:`final_density_program`).
 
     ``ao`` (4, Gp, Np) is the loop's own array, ``density`` (Np, Np) its last density, ``final`` the
-    batch's float64 :class:`~pyscf_ipu.problem.FinalInputs` and ``jk`` what ``contraction`` reads of
-    the loop's J-K arrays. Where ``contraction`` forms both J and K here, the labels follow here too.
+    batch's float64 :class:`~pyscf_ipu.problem.FinalInputs`, and ``jk`` and ``refine_jk`` what
+    ``contraction`` and ``refinement`` read of the loop's J-K arrays. The density is purified, then
+    refined (where ``refinement`` asks); where ``contraction`` forms both J and K here, the labels
+    follow here too.
     """
     dm = purify(density.astype(final.overlap.dtype), final.overlap)
-    vj, vk, trace = contraction.on_device(jk, dm)
-    # no grid work for Hartree-Fock, and none past the last weighted point
-    exc, vxc, electrons = xc_energy_and_potential(functional, ao, final.weights, dm, weighted_points(final.weights))
-    out = FinalDensity(dm, exc, vxc, electrons, vj, vk, trace)
-    if vj is None or vk is None:
+    refined, commutator = jnp.zeros((), jnp.int32), jnp.full((), jnp.nan, dm.dtype)
+    if refinement.commutator > 0:
+        dm, potentials, electrons, refined, commutator = refine(functional, refinement, ao, final, refine_jk, dm)
+    if refinement.commutator <= 0 or refinement.contraction != contraction:
+        potentials, electrons = _potentials(functional, contraction, ao, final, jk, dm)
+    p = potentials
+    out = FinalDensity(dm, p.exc, p.vxc, electrons, refined, commutator, p.coulomb, p.exchange, p.exchange_trace)
+    if p.coulomb is None or p.exchange is None:
         return out
     shift = jnp.diag(jnp.where(final.kept, 0.0, FINAL_SHIFT))
-    terms, mo_energy, mo_coeff = labels(dm, final.hcore, Contracted(vj, vk, trace, exc, vxc), final.orthogonaliser, shift,
-                                        functional.hf_exchange, final.nuclear_repulsion, jnp.linalg.eigh)  # fmt: skip
+    terms, mo_energy, mo_coeff = labels(dm, final.hcore, p, final.orthogonaliser, shift, functional.hf_exchange,
+                                        final.nuclear_repulsion, jnp.linalg.eigh)  # fmt: skip
     return replace(out, energy_terms=terms, mo_energy=mo_energy, mo_coeff=mo_coeff, orbitals=jnp.sum(final.kept))
 
 
 # Conformers one after another (lax.map), not vmapped: each one's grid blocks then stay cache-sized.
 final_density_program = compiled(
-    lambda functional, contraction, *arrays: jax.lax.map(lambda member: final_density(functional, contraction, *member),
-                                                         arrays),
-    static_argnums=(0, 1), name="final_density", quick_compile=True)
+    lambda functional, contraction, refinement, *arrays: jax.lax.map(
+        lambda member: final_density(functional, contraction, refinement, *member), arrays),
+    static_argnums=(0, 1, 2), name="final_density", quick_compile=True)
 
 
 def dispatch_finalisation(method: Method, batch: PreparedBatch, trace: SCFTrace) -> FinalDensity:
     """Dispatch the device's float64 finalisation of ``batch``'s loop ``trace`` (asynchronous: it
     queues behind the loop)."""
-    contraction = final_contraction(method)
+    contraction, refining = final_contraction(method), refinement(method)
     jk = contraction.device_arrays(batch.problem.jk, batch.final)
+    refine_jk = refining.device_arrays(batch.problem.jk, batch.final)
     with jax.enable_x64(True):  # the float64 inputs stay float64
-        return final_density_program(method.functional, contraction, batch.problem.ao, trace.density, batch.final, jk)
+        return final_density_program(method.functional, contraction, refining, batch.problem.ao, trace.density,
+                                     batch.final, jk, refine_jk)  # fmt: skip
 
 
 def finalise(member: BatchMember, trace: SCFTrace, final: FinalDensity, method: Method,
@@ -289,6 +382,8 @@ def finalise(member: BatchMember, trace: SCFTrace, final: FinalDensity, method: 
         mo_energy=mo_energy,
         mo_coeff=mo_coeff,
         density=dm,
+        refined=int(final.refined),
+        refined_commutator=float(final.refined_commutator),
         energy_history=np.asarray(trace.energies, np.float64)[:iterations],
         energy_change_history=np.asarray(trace.energy_changes, np.float64)[:iterations],
         commutator_history=np.asarray(trace.commutators, np.float64)[:iterations],

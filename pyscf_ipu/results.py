@@ -27,10 +27,12 @@ class SCFResult:
     electrons_on_grid: float
     mo_energy: np.ndarray = field(repr=False)  # (M,)
     mo_coeff: np.ndarray = field(repr=False)  # (N, M)
-    density: np.ndarray = field(repr=False)  # (N, N)  float64: the loop's last density, purified
+    density: np.ndarray = field(repr=False)  # (N, N)  float64: the loop's last density, purified (and refined)
     energy_history: np.ndarray = field(repr=False)  # (iterations,)  in-loop energies
     energy_change_history: np.ndarray = field(repr=False)  # (iterations,)  E_k - E_{k-1}, trapezoid rule
     commutator_history: np.ndarray = field(repr=False)  # (iterations,)  max|FDS - SDF|
+    refined: int = 0  # float64 iterations after the loop (RKSConfig.refine_commutator)
+    refined_commutator: float = float("nan")  # max|FDS - SDF| after them (NaN without a refinement)
     shapes: tuple[int, int] = (0, 0)  # padded (N, G) the loop was compiled for
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
@@ -60,6 +62,7 @@ class SCFResult:
             "iterations": self.iterations,
             "energy_std_ev": self.energy_std_ev,
             "final_commutator": float(self.commutator_history[-1]) if len(self.commutator_history) else None,
+            "refined": {"iterations": self.refined, "commutator": self.refined_commutator} if self.refined else None,
             "final_energy_change_hartree": float(self.energy_change_history[-1]) if self.iterations > 1 else None,
             "nao": self.nao,
             "grid_points": self.grid_points,

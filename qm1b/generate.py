@@ -99,7 +99,7 @@ class GenerateConfig:
                                   f"converged (at least {CONVERGENCE_WINDOW} of them, or a batch): a broken setup, "
                                   "not hard molecules; 0 never stops (fixed iteration counts)")  # fmt: skip
     forces: bool = option(False, "add a forces column (eV/Bohr, -dE/dR of the energy as computed, exact or density "
-                                 "fitted; within about 2e-5 Hartree/Bohr at float32, 3e-6 at float64)")  # fmt: skip
+                                 "fitted; the SCF continues in float64 to converged orbitals first, --refine-commutator)")  # fmt: skip
     executor: str = option("local", "run in this process, or as many small Ray tasks that free workers pull",
                            choices=EXECUTORS)  # fmt: skip
     ray_address: str | None = option(None, "Ray cluster to join (default: start a local Ray with this "
@@ -670,6 +670,8 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
 def generate(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
     """Run the generator with the configured executor; :class:`NotConvergingError` once it has
     ended (what it labelled is kept) if its converged share is below ``--min-converged``."""
+    if gen.forces:
+        dft = dft.for_forces()
     summaries = run_ray(gen, dft) if gen.executor == "ray" else [run_shard(gen, dft)]
     labelled, converged = (sum(getattr(s, name) for s in summaries) for name in ("labelled", "converged"))
     # the watch (which names the device) built only for a run that fails: asking JAX for the device

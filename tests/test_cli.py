@@ -86,6 +86,7 @@ def test_forces_in_json_with_their_time(capsys):
     assert len(gradient) == 2 and gradient[0] == pytest.approx([-g for g in gradient[1]], abs=1e-9)
     assert gradient[0][2] < -1e-3 and abs(gradient[0][0]) < 1e-9 and abs(gradient[0][1]) < 1e-9
     assert out["forces_seconds"] > 0
+    assert out["config"]["refine_commutator"] == 5e-7  # --forces asks for converged orbitals
 
 
 def test_the_dft_package_needs_no_generator_or_schnet_extras():

@@ -307,7 +307,7 @@ def test_final_pass_reads_the_float32_loops_ao_values():
     V_xc by far less than the labels' 2 meV (7e-5 Ha): measured 2e-7 Ha and 7e-8 on 9-heavy-atom
     molecules, bounded here at 1e-6 Ha for E_xc (0.03 meV) and V_xc (a 0.03 meV orbital shift)."""
     from pyscf_ipu.padding import pad_to
-    from pyscf_ipu.finalisation import LibcintERIs, final_density_program
+    from pyscf_ipu.finalisation import LibcintERIs, Refinement, final_density_program
 
     molecule = from_name("benzene")
     host = prepare([molecule], resolve(RKSConfig()))[0]
@@ -318,7 +318,7 @@ def test_final_pass_reads_the_float32_loops_ao_values():
     ao64 = pad_to(host.ao, (4, sizes[1], host.nao))
     with jax.enable_x64(True):  # a batch of one, as the generator dispatches it
         exact, rounded = (jax.tree.map(lambda a: a[0], final_density_program(
-            functional, LibcintERIs(), ao[None], dm[None], final, {}))
+            functional, LibcintERIs(), Refinement(0.0, LibcintERIs()), ao[None], dm[None], final, {}, {}))
             for ao in (ao64, ao64.astype(np.float32)))  # fmt: skip
     assert exact.exc.dtype == rounded.exc.dtype == jnp.float64
     assert abs(float(rounded.exc - exact.exc)) < 1e-6

@@ -8,7 +8,7 @@ from typing import Iterable, Iterator
 import h5py
 import numpy as np
 
-from pyscf_ipu.config import RENAMED_VALUES
+from pyscf_ipu.config import ADDED_SETTINGS, RENAMED_VALUES
 
 from ..schema import SCALAR_COLUMNS, FORCES_DTYPE, SCHEMA_VERSION, STRING_DTYPE, Failure, RecordBatch
 
@@ -154,11 +154,12 @@ def _normalize(obj: dict) -> dict:
 
 def _differing_keys(stored: dict, given: dict) -> list[str]:
     """The settings whose values differ, reading a renamed value's old spelling (``RENAMED_VALUES``:
-    an older version wrote it) as the current one."""
+    an older version wrote it) as the current one, and a setting that an older version did not write
+    (``ADDED_SETTINGS``) as the value it had then."""
     missing = object()
 
     def value(settings: dict, key: str):
-        v = settings.get(key, missing)
+        v = settings.get(key, ADDED_SETTINGS.get(key, missing))
         return RENAMED_VALUES.get(key, {}).get(v, v) if isinstance(v, str) else v
 
     keys = sorted(set(stored) | set(given))
