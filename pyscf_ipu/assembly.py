@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .grid import AtomGrids, grid_coords_and_weights
-from .integrals.ao_values import AOConstants, ao_kernel
+from .integrals.ao_values import AOConstants, ao_kernel_in_blocks
 from .integrals.eri import ShellValues, _static, _structure, chunk_batch, eri_s8
 from .integrals.eri_kernels import pair_program
 from .integrals.fitting import (COMPANION_COEFFICIENT, FittingPlan, fitted_factor, fitting_kinds, fitting_structure,
@@ -191,7 +191,7 @@ assemble_program = compiled(
     static_argnums=(4, 5), name="assemble", quick_compile=True)
 # the AO values on their own, outside 64-bit mode: XLA's CPU code for the kernel's integer and
 # float32 arithmetic is faster there (it is all float32)
-ao_values_program = compiled(jax.vmap(ao_kernel), name="ao_values", quick_compile=True)
+ao_values_program = compiled(jax.vmap(ao_kernel_in_blocks), name="ao_values", quick_compile=True)
 
 
 def assemble_integrals(template: BucketTemplate, elements: np.ndarray, coords: np.ndarray, occupied: np.ndarray,

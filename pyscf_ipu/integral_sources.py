@@ -60,6 +60,10 @@ class IntegralSource(Protocol):
         """What one conformer's preparation holds on the host: {"eris": bytes, "ao_values": bytes}
         for ``nao`` AOs and ``grid_points`` points, the loop in ``value_bytes`` floats."""
 
+    fitting_bytes: int
+    """Bytes per value of a density-fitted factor that making it holds beside the factor itself (the
+    float64 3-centre integrals, and the triangular solve's output where it is not in place)."""
+
 
 @lru_cache(maxsize=64)
 def eri_plan(basis: str, elements: tuple[str, ...]):
@@ -136,6 +140,7 @@ class LibcintIntegrals:
         return None  # nothing is kept: every conformer is prepared from scratch
 
     eris_on_device: bool = False
+    fitting_bytes: int = 8  # prepare.fitted_eri solves in place
 
     def eri_plan(self, basis, elements):
         return None
@@ -160,6 +165,7 @@ class DeviceFactor:
     (:func:`~pyscf_ipu.assembly.device_factor`)."""
 
     name: str = "jax"
+    fitting_bytes: int = 16  # the 3-centre integrals and the solve's output, both float64
 
     def factor(self, molecules, placed, bucket, method):
         """The ``factor`` argument of :func:`~pyscf_ipu.assembly.assemble_integrals`."""
@@ -173,6 +179,7 @@ class LibcintFactor:
     this CPU, libcint makes it faster than the device kernels, and with no program to compile."""
 
     name: str = "libcint"
+    fitting_bytes: int = 8  # prepare.fitted_eri solves in place
 
     def factor(self, molecules, placed, bucket, method):
         def made(template, coords, values, assembled) -> FittedFactor:
@@ -272,6 +279,10 @@ class JaxIntegrals:
     def eri_dtype(self, method: Method) -> np.dtype:
         """The precision the ERIs are computed in: ``eri_precision``, or the loop's where that is higher."""
         return np.promote_types(self.eri_precision, method.dtype)
+
+    @property
+    def fitting_bytes(self) -> int:
+        return self.factor.fitting_bytes
 
     def held_bytes(self, nao, grid_points, value_bytes):
         # the bucket's s8 array as computed (the finalisation's), and rounded for the loop where that

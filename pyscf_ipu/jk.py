@@ -19,7 +19,9 @@ A backend is a frozen (hashable) object:
   (its ``PackedERI``) is spread, computed only when asked for.
 - ``layout_bytes(bucket, value_bytes) -> int``: the host and device memory that ``prepare``
   takes for one conformer of ``bucket`` at its peak, its temporaries included (for
-  :mod:`pyscf_ipu.memory`).
+  :mod:`pyscf_ipu.memory`);
+- ``resident_bytes(bucket, value_bytes) -> int``: what its arrays hold once prepared, which a batch
+  prepared ahead holds while another runs.
 
 Backends are registered by name in :data:`JK_BACKENDS` (each entry builds the backend from the run's
 :class:`RKSConfig`; :func:`pyscf_ipu.method.resolve` picks one); nothing inspects array shapes to
@@ -60,6 +62,9 @@ class JKBackend(Protocol):
     def layout_bytes(self, bucket: SizeBucket, value_bytes: int) -> int:
         """Peak bytes of ``prepare`` for one conformer of ``bucket`` (unscreened ERIs)."""
 
+    def resident_bytes(self, bucket: SizeBucket, value_bytes: int) -> int:
+        """Bytes of ``prepare``'s arrays for one conformer of ``bucket``, its temporaries gone."""
+
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,9 @@ class DenseJK:
     def layout_bytes(self, bucket, value_bytes):
         # the s4 unpacking, the (N,)*4 tensor and its two layouts
         return bucket.nao**4 * 4 * value_bytes
+
+    def resident_bytes(self, bucket, value_bytes):
+        return bucket.nao**4 * 2 * value_bytes
 
     def contract(self, data, dm):
         n = dm.shape[0]
@@ -139,6 +147,9 @@ class S8JK:
     def layout_bytes(self, bucket, value_bytes):
         return quartet_bytes(bucket.nao, value_bytes)
 
+    def resident_bytes(self, bucket, value_bytes):
+        return quartet_bytes(bucket.nao, value_bytes)
+
     def contract(self, data, dm):
         return symmetrise(s8_accumulate(data["values"], data["index"], dm))
 
@@ -185,10 +196,12 @@ class FittedJK:
         return None
 
     def layout_bytes(self, bucket, value_bytes):
-        # the packed factors (kept for J), the unpacked ones, and the loop's (Np, Qp, R) products
-        # (B_Q U w^(1/2), the products' temporaries and their batched forms)
-        npair = bucket.nao * (bucket.nao + 1) // 2
-        return bucket.naux * (npair + bucket.nao**2 + 4 * bucket.nao * bucket.occupied_rank) * value_bytes
+        # the unpacked factors and the loop's (Np, Qp, R) products (B_Q U w^(1/2), the products'
+        # temporaries and their batched forms); the packed factors are the integral source's
+        return bucket.naux * (bucket.nao**2 + 4 * bucket.nao * bucket.occupied_rank) * value_bytes
+
+    def resident_bytes(self, bucket, value_bytes):
+        return bucket.naux * bucket.nao**2 * value_bytes
 
     def contract(self, data: FittedArrays, dm):
         y = exchange_factor(data.factor, density_factor(dm, data.rank))  # (R Qp, Np)

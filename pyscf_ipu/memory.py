@@ -46,8 +46,9 @@ class MemoryEstimate:
 def batch_memory(bucket: SizeBucket, method: Method, conformers: int, prepared_ahead: int = 0) -> MemoryEstimate:
     """The peak of a batch of ``conformers`` of ``bucket``'s molecules under ``method``.
 
-    ``prepared_ahead``: conformers of the next batch whose host preparation is held at the same time
-    (the generator prepares batch k+1 while batch k runs).
+    ``prepared_ahead``: conformers of the next batch prepared while this one runs (the generator
+    prepares batch k+1 while batch k runs): their host preparation, their J-K arrays and their AO
+    values on the device are held at the same time.
     """
     value_bytes = method.dtype.itemsize
     nao = bucket.nao
@@ -57,14 +58,14 @@ def batch_memory(bucket: SizeBucket, method: Method, conformers: int, prepared_a
     if method.config.density_fitted:  # the fitted factor in float64 and in the loop's precision, not the s8 ERIs
         values = bucket.naux * nao * (nao + 1) // 2
         held = {**held, "eris": (8 + value_bytes) * values}
-        making = 16 * values  # the float64 3-centre integrals (and the solve's output) beside the factor
+        making = method.integrals.fitting_bytes * values  # beside the factor while it is made
     jk = method.backend.layout_bytes(bucket, value_bytes)
     device_ao = 4 * grid * nao * value_bytes  # (4, Gp, Np) in the loop's precision
     host = conformers + prepared_ahead
     return MemoryEstimate((
         ("ERIs", host * held["eris"] + making),
-        ("J-K arrays", conformers * jk),
-        ("AO values", host * held["ao_values"] + conformers * device_ao),
+        ("J-K arrays", conformers * jk + prepared_ahead * method.backend.resident_bytes(bucket, value_bytes)),
+        ("AO values", host * (held["ao_values"] + device_ao)),
         ("process", PROCESS_BYTES),
     ))  # fmt: skip
 
@@ -80,11 +81,12 @@ def default_budget() -> float:
     return round(DEFAULT_SHARE * total / GB, 1)
 
 
-def largest_batch(bucket: SizeBucket, method: Method, most: int, budget_gb: float) -> int:
-    """The largest batch of at most ``most`` conformers of ``bucket`` whose peak, with the next batch
-    prepared beside it (as the generator runs), fits ``budget_gb``; 0 if not even one does."""
+def largest_batch(bucket: SizeBucket, method: Method, most: int, budget_gb: float, ahead: bool = True) -> int:
+    """The largest batch of at most ``most`` conformers of ``bucket`` whose peak fits ``budget_gb``,
+    with the next batch prepared beside it (as the generator runs) where ``ahead``; 0 if not even one
+    does."""
     fits = (size for size in range(most, 0, -1)
-            if batch_memory(bucket, method, size, prepared_ahead=size).total <= budget_gb * GB)  # fmt: skip
+            if batch_memory(bucket, method, size, prepared_ahead=size if ahead else 0).total <= budget_gb * GB)  # fmt: skip
     return next(fits, 0)
 
 

@@ -86,7 +86,8 @@ def orthogonaliser(overlap) -> tuple[jax.Array, jax.Array]:
 
 
 def _problem(integrals: BatchIntegrals, dtype: str) -> tuple[SCFProblem, FinalInputs]:
-    """One conformer's problem (the kernel of :data:`problem_program`), from its float64 integrals."""
+    """One conformer's problem (the kernel of :data:`problem_program`), from its float64 integrals; the
+    AO values are left out (None), for :func:`build_problem` to add."""
     n = integrals.overlap.shape[0]
     real = integrals.real
     overlap = jnp.where(real[:, None] & real[None, :], integrals.overlap, 0.0)
@@ -96,7 +97,7 @@ def _problem(integrals: BatchIntegrals, dtype: str) -> tuple[SCFProblem, FinalIn
     cast = lambda a: a.astype(dtype)  # noqa: E731
     problem = SCFProblem(cast(integrals.hcore), cast(overlap), cast(x), cast(jnp.where(kept, 0.0, VIRTUAL_SHIFT)),
                          cast(integrals.guess), cast(occupation), cast(integrals.nuclear_repulsion),
-                         integrals.ao.astype(dtype), cast(integrals.weights), {})  # fmt: skip
+                         None, cast(integrals.weights), {})  # fmt: skip
     final = FinalInputs(overlap, integrals.hcore, x, kept, integrals.weights, integrals.nuclear_repulsion,
                         integrals.occupied, jnp.zeros(0, integrals.overlap.dtype))  # fmt: skip
     return problem, final
@@ -126,9 +127,12 @@ def build_problem(integrals: BatchIntegrals, method: Method) -> tuple[SCFProblem
     ERIs as computed where the finalisation contracts them (:func:`final_contracts_eris`);
     dispatched, not waited for."""
     dtype, backend = np.dtype(method.dtype), method.backend
-    eris = integrals.eris
+    eris, ao = integrals.eris, integrals.ao
     with jax.enable_x64(True):  # the float64 inputs stay float64
-        problem, final = problem_program(replace(integrals, eris=None), dtype.name)
+        # the AO values, the largest array at a fine grid, pass through no program that would copy them
+        ao = ao if ao.dtype == dtype else cast_program(ao, dtype.name)
+        problem, final = problem_program(replace(integrals, eris=None, ao=None), dtype.name)
+        problem = replace(problem, ao=ao)
         if final_contracts_eris(method):  # computed more precisely than the loop reads them
             final = replace(final, eris=eris)
             eris = cast_program(eris, dtype.name)

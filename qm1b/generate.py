@@ -293,29 +293,38 @@ def batch_sizes(gen: GenerateConfig, method: Method, inputs: list[Input], bucket
     else:
         sizes = {bucket: device_batch(bucket, method, count, memory) for bucket, count in conformers.items()}
     budget = gen.memory_budget or default_budget()
-    return {bucket: max(1, largest_batch(bucket, method, size, budget)) for bucket, size in sizes.items()}
+    return {bucket: largest_batch(bucket, method, size, budget) or largest_batch(bucket, method, size, budget, ahead=False)
+            or 1 for bucket, size in sizes.items()}  # fmt: skip
+
+
+def prepares_ahead(gen: GenerateConfig, method: Method, sizes: dict[SizeBucket, int]) -> dict[SizeBucket, bool]:
+    """Whether each size bucket's batches (of ``sizes``) are prepared while the one before runs: where a
+    batch and the next one fit the memory budget together; else each waits for the one before."""
+    budget = (gen.memory_budget or default_budget()) * GB
+    return {bucket: batch_memory(bucket, method, size, prepared_ahead=size).total <= budget
+            for bucket, size in sizes.items()}  # fmt: skip
 
 
 def check_memory(gen: GenerateConfig, method: Method, sizes: dict[SizeBucket, int]) -> None:
     """:class:`~pyscf_ipu.memory.MemoryBudgetError` if a batch of the largest of the size buckets
-    ``sizes`` (bucket: batch size), with the next batch prepared beside it, would need more than the
-    memory budget; the message gives the largest batch size that fits."""
+    ``sizes`` (bucket: batch size) would need more than the memory budget, even without the next
+    batch prepared beside it (:func:`prepares_ahead`); the message gives the largest batch size that fits."""
     largest = max(sizes, key=lambda b: b.nao, default=None)
     if largest is None:
         return
     budget = gen.memory_budget or default_budget()
     size = sizes[largest]
     dft = method.config
-    asked = batch_memory(largest, method, size, prepared_ahead=size)
+    asked = batch_memory(largest, method, size)
     if asked.total <= budget * GB:
         return
-    fits = largest_batch(largest, method, size - 1, budget)
+    fits = largest_batch(largest, method, size - 1, budget, ahead=False)
     fitted = "" if dft.density_fitted else "--jk df (density fitting: no N^4 array), "
     advice = (f"--batch-size {fits} fits" if fits else
               f"not even a batch of one fits: try {fitted}a smaller basis or, where the machine has the memory, "
               "a larger --memory-budget")  # fmt: skip
     check_budget(asked, budget, f"a batch of {size} conformers of the largest molecules "
-                 f"({largest.label()}, {largest.nao} AOs, J-K backend {dft.jk}) beside the next one prepared", advice)
+                 f"({largest.label()}, {largest.nao} AOs, J-K backend {dft.jk})", advice)
 
 
 def chosen(dft: RKSConfig, sizes: dict[SizeBucket, int]) -> str:
@@ -524,6 +533,7 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], bu
         method = resolve(dft)
         sizes = batch_sizes(gen, method, inputs, buckets)
         check_memory(gen, method, sizes)
+        ahead = prepares_ahead(gen, method, sizes)
         method.integrals.prepare_buckets(sizes, {s for entry in inputs for s in gen.source.symbols(entry)})
     source = gen.source
     shard, num_shards = shard
@@ -550,9 +560,12 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], bu
                 if isinstance(item, _Settled):
                     ledger.settle(item)
                     continue
+                bucket = buckets[item.members[0][0].molecule_id]
+                if inflight is not None and not ahead.get(bucket, True):  # the two would not fit together
+                    ledger.label(inflight[0], *_results(*inflight[:2], method, gen.forces, clock), steady=not inflight[2])
+                    inflight = prepared = run = None  # its arrays freed before the next batch's are made
                 try:  # a short batch is filled up: every batch of a size bucket then runs the same programs
                     with clock.stage("inputs"):
-                        bucket = buckets[item.members[0][0].molecule_id]
                         molecules = fill_batch(item.molecules, sizes[bucket] if bucket is not None else len(item.members))
                         prepared = prepare_batch(molecules, method)
                 except MoleculeError as err:  # e.g. an element the basis lacks: the whole molecule fails

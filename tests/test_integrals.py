@@ -147,6 +147,31 @@ def test_ao_values_and_gradients_match_pyscf(name, basis_name):
     assert error.max() <= 3e-6, error.max()  # float32 round-off (measured up to 1.5e-6 on whole grids)
 
 
+
+def test_ao_values_in_blocks_equal_the_whole_grids():
+    """``ao_kernel_in_blocks`` (the assembly's) writes each block of points with the kernel itself, so
+    its (4, G, N) equals the kernel's over the whole grid exactly, over several blocks and a last one."""
+    from pyscf import dft
+
+    from pyscf_ipu.integrals.ao_values import AO_BLOCK_POINTS, ao_kernel, ao_kernel_in_blocks, ao_tables, constants
+
+    mol = build_mole(MOLECULES["water"](), "6-31g*")
+    grids = dft.gen_grid.Grids(mol)
+    grids.level = 0
+    grids.build(sort_grids=False)
+    points = 3 * AO_BLOCK_POINTS
+    coords = np.resize(grids.coords, (points, 3))
+    owners = np.resize(np.maximum(grids.atm_idx, 0), points)
+    basis = primitive_basis(mol)
+    tables = ao_tables(basis)
+    args = (constants(tables)._cast(lambda a: jnp.asarray(a, jnp.float32)),
+            jnp.asarray(coords - basis.coords[owners], jnp.float32),
+            jnp.asarray(basis.coords[:, None, :] - basis.coords[tables.atom][None, :, :], jnp.float32), owners,
+            np.arange(points) % 5 != 0)  # every fifth point padding  # fmt: skip
+    whole, blocked = (np.asarray(jax.jit(kernel)(*args)) for kernel in (ao_kernel, ao_kernel_in_blocks))
+    np.testing.assert_array_equal(blocked, whole)
+    assert np.abs(whole).max() > 1.0 and not whole[:, ::5].any()
+
 ERI_CI_CASES = {("water", "sto-3g"), ("water", "6-31g*"), ("qm9-21989", "sto-3g")}
 ERI_CASES = [pytest.param(name, basis, marks=() if (name, basis) in ERI_CI_CASES else pytest.mark.slow)
              for name in MOLECULES for basis in ("sto-3g", "6-31g", "6-31g*")]  # fmt: skip

@@ -125,6 +125,27 @@ def ao_kernel(constants: AOConstants, offsets, shifts, owners, real):
     return out if cart2sph is None else out @ cart2sph
 
 
+AO_BLOCK_POINTS = 4096  # the most grid points whose (G, Nc) temporaries ao_kernel_in_blocks holds at once
+
+
+def ao_kernel_in_blocks(constants: AOConstants, offsets, shifts, owners, real):
+    """:func:`ao_kernel`'s (4, G, N), a block of points at a time written into the one output array:
+    the kernel's (G, Nc) temporaries and its Cartesian (4, G, Nc) stack then exist for a block only,
+    where on a fine grid they would take twice the output's memory. The block is the largest power of
+    two up to :data:`AO_BLOCK_POINTS` that divides G (padded grids are multiples of 256)."""
+    points = offsets.shape[0]
+    size = next((b for b in (AO_BLOCK_POINTS >> k for k in range(8)) if points % b == 0), points)
+    if size >= points:
+        return ao_kernel(constants, offsets, shifts, owners, real)
+    n = constants.exponents.shape[0] if constants.cart2sph is None else constants.cart2sph.shape[1]
+
+    def block(b, out):
+        piece = [jax.lax.dynamic_slice_in_dim(a, b * size, size) for a in (offsets, owners, real)]
+        return jax.lax.dynamic_update_slice_in_dim(out, ao_kernel(constants, piece[0], shifts, *piece[1:]), b * size, 1)
+
+    return jax.lax.fori_loop(0, points // size, block, jnp.zeros((4, points, n), offsets.dtype))
+
+
 def ao_values_at(basis: PrimitiveBasis, points, coords: jax.Array) -> jax.Array:
     """(4, G, N) at ``points`` (G, 3) for atom positions ``coords`` (natm, 3), a JAX array to
     differentiate; ``points`` a host array (the grid fixed in space) or JAX (moving with the atoms)."""

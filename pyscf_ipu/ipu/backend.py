@@ -71,6 +71,14 @@ class IPUJK:
             return 7 * npair * npair * value_bytes
         return quartet_bytes(nao, value_bytes)
 
+    def resident_bytes(self, bucket, value_bytes: int) -> int:
+        """Bytes of :meth:`prepare`'s arrays for one conformer of ``bucket``: the row matrix
+        (2 npair^2 values) or the unique-quartet records."""
+        nao = bucket.nao
+        if self.shape_plan(nao, s8_size(nao), value_bytes).strategy.name == "rows":
+            return 2 * (nao * (nao + 1) // 2) ** 2 * value_bytes
+        return quartet_bytes(nao, value_bytes)
+
     def contract(self, data, dm):
         return contract(data, dm)
 

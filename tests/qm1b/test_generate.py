@@ -491,3 +491,29 @@ def test_ray_tasks_are_judged_together(monkeypatch, converged, stops):
             generate(gen, RKSConfig())
     else:
         assert generate(gen, RKSConfig()) == tasks
+
+
+def test_batches_that_fit_only_one_at_a_time_wait_for_each_other_with_the_same_labels(tmp_path):
+    """A memory budget that holds one batch but not one beside the next one prepared: the batches run
+    one after another (no refusal), and the labels equal those of the overlapped run."""
+    from pyscf_ipu.memory import GB, batch_memory
+    from pyscf_ipu.method import resolve
+    from qm1b.generate import batch_sizes, input_buckets, load_inputs, prepares_ahead
+
+    smiles = write_smiles(tmp_path / "in.smi", ["CCO"])
+    common = dict(smiles=str(smiles), conformers=3, batch_size=1, progress=False)
+    dft = RKSConfig()
+    method = resolve(dft)
+    probe = GenerateConfig(**common)
+    inputs = load_inputs(probe)
+    sizes = batch_sizes(probe, method, inputs, input_buckets(probe, dft, inputs))
+    alone = max(batch_memory(bucket, method, 1).total for bucket in sizes)
+    pair = min(batch_memory(bucket, method, 1, prepared_ahead=1).total for bucket in sizes)
+    assert alone < pair
+    budget = (alone + pair) / 2 / GB
+    tight = GenerateConfig(out=str(tmp_path / "tight"), memory_budget=budget, **common)
+    assert not any(prepares_ahead(tight, method, sizes).values())
+    generate(tight, dft)
+    generate(GenerateConfig(out=str(tmp_path / "overlapped"), **common), dft)
+    assert len(sorted_rows(tight.out)) == 3
+    assert_same_rows(tight.out, tmp_path / "overlapped")
