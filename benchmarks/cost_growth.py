@@ -206,7 +206,7 @@ def main() -> None:
                 ran = RKSConfig(basis=basis, xc=XC, grid_level=level, jk=args.jk)
                 bucket = SizeBucket.of(conformers[0], basis, level, ran.occupied_step)
                 most = min(args.batch_size, len(conformers))
-                batch = max(1, largest_batch(bucket, resolve(ran), most, args.memory_budget))  # 0: the generator refuses
+                batch = max(1, largest_batch(bucket, resolve(ran), most, args.memory_budget))  # 0: one at a time, or refused
                 cold, cold_peak = ours(xyz, work / f"cold-{tag}", cache, basis, level, args.jk, batch, args.memory_budget)
                 restarted, peak = ours(xyz, work / f"restarted-{tag}", cache, basis, level, args.jk, batch, args.memory_budget)
                 with open_dataset(work / f"restarted-{tag}") as ds:
