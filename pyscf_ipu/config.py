@@ -19,7 +19,7 @@ INTEGRALS = ("libcint", "jax", AUTO)
 # Old spellings of renamed option values, still accepted (and read in stored settings) as the new ones.
 RENAMED_VALUES: dict[str, dict[str, str]] = {"integrals": {"host": "libcint", "device": "jax"}}
 # Settings added after datasets were first written, with the value that older datasets were made with.
-ADDED_SETTINGS: dict[str, object] = {"refine_commutator": None}
+ADDED_SETTINGS: dict[str, object] = {"refine_commutator": 0.0}
 COMMAND_LINE_DEFAULTS = {"jk": AUTO}  # both command lines' defaults where they differ from RKSConfig's
 FITTED_JK = ("df",)  # J-K backends that contract density-fitted 3-centre integrals instead of the s8 ERIs
 # Basis-name prefixes (lower case, no dashes) of minimal bases: --jk auto keeps their ERIs exact.

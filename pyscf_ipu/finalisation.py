@@ -75,7 +75,7 @@ class FinalDensity:
     """The device's part of the finalisation, in float64, at the loop's padded shapes; with the labels
     where J and K were formed on the device too (else those fields are None)."""
 
-    density: jax.Array  # (Np, Np)  the loop's last density, purified
+    density: jax.Array  # (Np, Np)  the loop's last density, purified (and refined, where asked)
     exc: jax.Array  # ()  E_xc at it
     vxc: jax.Array  # (Np, Np)  V_xc at it
     electrons: jax.Array  # ()  the electron count on the grid (NaN without a grid)

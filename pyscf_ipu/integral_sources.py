@@ -140,7 +140,7 @@ class LibcintIntegrals:
         return None  # nothing is kept: every conformer is prepared from scratch
 
     eris_on_device: bool = False
-    fitting_bytes: int = 8  # prepare.fitted_eri solves in place
+    fitting_bytes: int = 16  # fitted_eri solves in place, but each member's preparation keeps its factor
 
     def eri_plan(self, basis, elements):
         return None

@@ -62,7 +62,8 @@ class SCFResult:
             "iterations": self.iterations,
             "energy_std_ev": self.energy_std_ev,
             "final_commutator": float(self.commutator_history[-1]) if len(self.commutator_history) else None,
-            "refined": {"iterations": self.refined, "commutator": self.refined_commutator} if self.refined else None,
+            "refined": ({"iterations": self.refined, "commutator": self.refined_commutator}
+                        if self.refined_commutator == self.refined_commutator else None),  # NaN: no refinement
             "final_energy_change_hartree": float(self.energy_change_history[-1]) if self.iterations > 1 else None,
             "nao": self.nao,
             "grid_points": self.grid_points,

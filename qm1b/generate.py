@@ -222,6 +222,7 @@ def label_settings(gen: GenerateConfig, dft: RKSConfig) -> dict:
     own = {f.name: getattr(dft, f.name) for f in dataclasses.fields(dft) if f.name != "ipu"}
     return {
         **own,
+        "refine_commutator": dft.refine_threshold,  # auto (none) and 0 are the same labels
         "jk_strategy": dft.ipu.jk_strategy,  # the simulated IPU's placement options never change a label
         "stop_threshold": dft.stop_threshold,
         **gen.source.settings(),
@@ -526,6 +527,8 @@ def label_molecules(gen: GenerateConfig, dft: RKSConfig, inputs: list[Input], bu
     from tqdm import tqdm
 
     start = time.perf_counter()
+    if gen.forces:  # forces need converged orbitals: the float64 refinement's auto
+        dft = dft.for_forces()
     enable_compilation_cache(default_cache_dir() / "jax")
     disable_numpy_huge_pages()
     clock = HostClock()
@@ -683,8 +686,6 @@ def run_ray(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
 def generate(gen: GenerateConfig, dft: RKSConfig) -> list[Summary]:
     """Run the generator with the configured executor; :class:`NotConvergingError` once it has
     ended (what it labelled is kept) if its converged share is below ``--min-converged``."""
-    if gen.forces:
-        dft = dft.for_forces()
     summaries = run_ray(gen, dft) if gen.executor == "ray" else [run_shard(gen, dft)]
     labelled, converged = (sum(getattr(s, name) for s in summaries) for name in ("labelled", "converged"))
     # the watch (which names the device) built only for a run that fails: asking JAX for the device

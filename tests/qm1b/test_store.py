@@ -266,7 +266,7 @@ def test_resume(tmp_path):
     # a setting added since (the float64 refinement) reads, where an older version wrote none, as its value then
     added = tmp_path / "added"
     ShardWriter(added, settings=SETTINGS, versions=VERSIONS).close()
-    ShardWriter(added, settings={**SETTINGS, "refine_commutator": None}, versions=VERSIONS, resume=True).close()
+    ShardWriter(added, settings={**SETTINGS, "refine_commutator": 0.0}, versions=VERSIONS, resume=True).close()
     with pytest.raises(ValueError, match="refine_commutator"):
         ShardWriter(added, settings={**SETTINGS, "refine_commutator": 5e-7}, versions=VERSIONS, resume=True)
     writer = write(tmp_path, range(2, 4), close=False, resume=True)  # parts on top of a shard file
