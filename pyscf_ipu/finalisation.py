@@ -52,7 +52,7 @@ from .prepare import PreparedProblem
 from .problem import FINAL_SHIFT, FinalInputs, PreparedBatch, final_contracts_eris
 from .programs import compiled
 from .results import SCFResult
-from .scf import SCFTrace, diis_extrapolate, energy_terms, fock_matrix
+from .scf import SCFTrace, commutator, density_matrix, diis_extrapolate, energy_terms, fock_matrix
 from .xc.functionals import Functional
 
 
@@ -269,26 +269,29 @@ def _potentials(functional: Functional, contraction: FinalContraction, ao, final
     return Contracted(vj, vk, trace, exc, vxc), electrons
 
 
+def dropped_shift(final: FinalInputs) -> jax.Array:
+    """(Np, Np): :data:`~pyscf_ipu.problem.FINAL_SHIFT` on the diagonal of the orthogonal basis's dropped
+    directions (padded AOs and linear dependencies), zero elsewhere."""
+    return jnp.diag(jnp.where(final.kept, 0.0, FINAL_SHIFT))
+
+
 def refine(functional: Functional, refinement: Refinement, ao, final: FinalInputs, jk, dm):
-    """(density, its :func:`_potentials`, iterations, max|FDS - SDF| at it): ``refinement``'s float64
-    iterations from the idempotent ``dm`` (Np, Np); traced."""
-    s, x, ax = final.overlap, final.orthogonaliser, functional.hf_exchange
-    n = dm.shape[0]
-    shift = jnp.diag(jnp.where(final.kept, 0.0, FINAL_SHIFT))
+    """(density, its :func:`_potentials`, its electrons on the grid, iterations, max|FDS - SDF| at it):
+    ``refinement``'s float64 iterations from the idempotent ``dm`` (Np, Np); traced."""
+    x, shift, n = final.orthogonaliser, dropped_shift(final), dm.shape[0]
     occupation = jnp.where(jnp.arange(n) < final.occupied, 2.0, 0.0).astype(dm.dtype)
 
     def fock_and_error(dm, potentials):
-        fock = fock_matrix(final.hcore, potentials.coulomb, potentials.exchange, potentials.vxc, ax)
-        sdf = s @ dm @ fock
-        return fock, sdf.T - sdf  # F D S - S D F
+        p = potentials
+        fock = fock_matrix(final.hcore, p.coulomb, p.exchange, p.vxc, functional.hf_exchange)
+        return fock, commutator(fock, dm, final.overlap)
 
     def step(state):
         it, _, _, _, fock, error, focks, errors = state
         slot = it % REFINE_DIIS
         focks, errors = focks.at[slot].set(fock), errors.at[slot].set(error)
         _, vectors = jnp.linalg.eigh(x.T @ diis_extrapolate(focks, errors, jnp.minimum(it + 1, REFINE_DIIS)) @ x + shift)
-        coefficients = x @ vectors
-        dm = (coefficients * occupation) @ coefficients.T
+        dm = density_matrix(x @ vectors, occupation)
         potentials, electrons = _potentials(functional, refinement.contraction, ao, final, jk, dm)
         return (it + 1, dm, potentials, electrons, *fock_and_error(dm, potentials), focks, errors)
 
@@ -313,18 +316,20 @@ def final_density(functional: Functional, contraction: FinalContraction, refinem
     follow here too.
     """
     dm = purify(density.astype(final.overlap.dtype), final.overlap)
-    refined, commutator = jnp.zeros((), jnp.int32), jnp.full((), jnp.nan, dm.dtype)
+    refined, largest = jnp.zeros((), jnp.int32), jnp.full((), jnp.nan, dm.dtype)
     if refinement.commutator > 0:
-        dm, potentials, electrons, refined, commutator = refine(functional, refinement, ao, final, refine_jk, dm)
-    if refinement.commutator <= 0 or refinement.contraction != contraction:
+        dm, potentials, electrons, refined, largest = refine(functional, refinement, ao, final, refine_jk, dm)
+        if refinement.contraction != contraction:  # the labels' J and K by their own contraction; V_xc stands
+            vj, vk, trace = contraction.on_device(jk, dm)
+            potentials = replace(potentials, coulomb=vj, exchange=vk, exchange_trace=trace)
+    else:
         potentials, electrons = _potentials(functional, contraction, ao, final, jk, dm)
     p = potentials
-    out = FinalDensity(dm, p.exc, p.vxc, electrons, refined, commutator, p.coulomb, p.exchange, p.exchange_trace)
+    out = FinalDensity(dm, p.exc, p.vxc, electrons, refined, largest, p.coulomb, p.exchange, p.exchange_trace)
     if p.coulomb is None or p.exchange is None:
         return out
-    shift = jnp.diag(jnp.where(final.kept, 0.0, FINAL_SHIFT))
-    terms, mo_energy, mo_coeff = labels(dm, final.hcore, p, final.orthogonaliser, shift, functional.hf_exchange,
-                                        final.nuclear_repulsion, jnp.linalg.eigh)  # fmt: skip
+    terms, mo_energy, mo_coeff = labels(dm, final.hcore, p, final.orthogonaliser, dropped_shift(final),
+                                        functional.hf_exchange, final.nuclear_repulsion, jnp.linalg.eigh)  # fmt: skip
     return replace(out, energy_terms=terms, mo_energy=mo_energy, mo_coeff=mo_coeff, orbitals=jnp.sum(final.kept))
 
 

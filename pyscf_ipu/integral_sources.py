@@ -11,6 +11,7 @@ members as the host keeps them (:class:`~pyscf_ipu.assembly.BatchMember`).
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
@@ -20,7 +21,7 @@ import jax
 import numpy as np
 
 from .assembly import BatchIntegrals, BatchMember, assemble_integrals, device_eris, device_factor, template_layout
-from .buckets import SizeBucket
+from .buckets import SizeBucket, auxiliary_functions
 from .molecule import Molecule
 from .packed import FittedFactor, batch_eris, s8_size, tril_unpack
 from .padding import aligned_empty, pad_into, stack_padded
@@ -176,26 +177,72 @@ class DeviceFactor:
 class LibcintFactor:
     """A density-fitted run's factor from libcint on the host (:func:`~pyscf_ipu.prepare.fitted_eri`),
     conformer by conformer, placed in the template's pair order on the device: where the device is
-    this CPU, libcint makes it faster than the device kernels, and with no program to compile."""
+    this CPU, libcint makes it faster than the device kernels, and with no program to compile.
+
+    The host work starts on a thread of its own as soon as the batch asks for its factor, so that it
+    runs beside the assembly programs (and, in a new process, beside their loading); libcint and the
+    solve release Python's lock. The buffers are allocated on the calling thread, whose freed memory
+    the next batch reuses (``docs/decisions/memory-reuse.md``), and libcint writes a molecule that
+    fills its template straight into them."""
 
     name: str = "libcint"
-    fitting_bytes: int = 8  # prepare.fitted_eri solves in place
+    fitting_bytes: int = 8  # a molecule smaller than its template: its own factor before it is placed
 
     def factor(self, molecules, placed, bucket, method):
-        def made(template, coords, values, assembled) -> FittedFactor:
-            npad = bucket.nao
-            shape = (len(molecules), bucket.naux, npad * (npad + 1) // 2)
-            exact, packed = aligned_empty(shape, np.float64, zeroed=True), aligned_empty(shape, method.dtype, zeroed=True)
+        npad = bucket.nao
+        shape = (len(molecules), bucket.naux, npad * (npad + 1) // 2)
+        exact, packed = aligned_empty(shape, np.float64, zeroed=True), aligned_empty(shape, method.dtype, zeroed=True)
+
+        def fill() -> None:
             for c, (molecule, (_, atoms, aos, _)) in enumerate(zip(molecules, placed)):
                 ordered, aos = in_slot_order(molecule, atoms, aos)
-                own = fitted_eri(build_mole(ordered, bucket.basis), bucket.basis, method.config.eri_expcutoff)
-                for target in (exact[c], packed[c]):  # the fitting functions' order is immaterial
-                    copy_columns(target[: len(own)], own, template_pairs(aos))
+                mol = build_mole(ordered, bucket.basis)
+                pairs = template_pairs(aos)
+                if len(pairs) == shape[2]:  # every template pair, in order (aos ascend): the leading rows
+                    rows = auxiliary_count(mol, bucket.basis)
+                    fitted_eri(mol, bucket.basis, method.config.eri_expcutoff, out=exact[c, :rows])
+                else:  # the fitting functions' order is immaterial
+                    own = fitted_eri(mol, bucket.basis, method.config.eri_expcutoff)
+                    rows = len(own)
+                    copy_columns(exact[c, :rows], own, pairs)
+                packed[c, :rows] = exact[c, :rows]
+
+        wait = in_background(fill, "libcint-factor")
+
+        def made(template, coords, values, assembled) -> FittedFactor:
+            wait()
             with jax.enable_x64(True):
                 return FittedFactor(on_device(packed, may_alias=True), on_device(exact, may_alias=True),
                                     bucket.occupied_rank)  # fmt: skip
 
         return made
+
+
+def in_background(work, name: str):
+    """Start ``work()`` on a daemon thread (an interrupted run exits without waiting for it); returns a
+    function that waits for it to end and raises what it raised."""
+    raised = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as err:  # handed to the waiting thread
+            raised.append(err)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+
+    def wait() -> None:
+        thread.join()
+        if raised:
+            raise raised[0]
+
+    return wait
+
+
+def auxiliary_count(mol, basis: str) -> int:
+    """The fitting functions of ``mol`` in :func:`~pyscf_ipu.buckets.auxiliary_basis`."""
+    return sum(auxiliary_functions(basis, symbol) for symbol in mol.elements)
 
 
 def in_slot_order(molecule: Molecule, atoms: np.ndarray, aos: np.ndarray) -> tuple[Molecule, np.ndarray]:

@@ -114,7 +114,7 @@ def eri_s8(mol: gto.Mole, expcutoff: float = 0.0) -> np.ndarray:
     return screened(mol, expcutoff).intor("int2e", aosym="s8")
 
 
-def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0) -> np.ndarray:
+def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0, out: np.ndarray | None = None) -> np.ndarray:
     """(naux, npair) float64: the density-fitted ERIs as a Cholesky factor B with
     (ij|kl) ~ sum_Q B[Q, ij] B[Q, kl], over pairs i >= j in PySCF's packing, in the fitting basis of
     :func:`~pyscf_ipu.buckets.auxiliary_basis` (PySCF's default for ``basis``): B = L^-1 (Q|ij) with
@@ -123,8 +123,10 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0) -> np.ndarray:
     The 3-centre integrals come from libcint in one call, with its primitive screening at
     ``expcutoff`` (:func:`screened`), and are solved in place, with BLAS on every
     core this process may use (the rest of the run keeps one BLAS thread): one thread would leave
-    the others idle through the solve. A metric that is not positive definite goes to PySCF's
-    function, which drops its near-null directions. ``mol`` itself is left unchanged.
+    the others idle through the solve. ``out``, a C-contiguous (naux, npair) float64 array, receives
+    them (and is returned), so that a caller's padded buffer needs no copy. A metric that is not
+    positive definite goes to PySCF's function, which drops its near-null directions (into ``out``'s
+    leading rows, the rest zeroed). ``mol`` itself is left unchanged.
     """
     import scipy.linalg
     from pyscf import df
@@ -135,8 +137,13 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0) -> np.ndarray:
     try:
         metric = scipy.linalg.cholesky(auxmol.intor("int2c2e", hermi=1), lower=True)  # (naux, naux) L
     except scipy.linalg.LinAlgError:
-        return df.incore.cholesky_eri(orbitals, auxmol=auxmol)
-    ints = df.incore.aux_e2(orbitals, auxmol, "int3c2e", aosym="s2ij")  # (npair, naux), Fortran order
+        factor = df.incore.cholesky_eri(orbitals, auxmol=auxmol)
+        if out is None:
+            return factor
+        out[: len(factor)], out[len(factor) :] = factor, 0.0
+        return out
+    # (npair, naux) in Fortran order: the memory of a C-ordered (naux, npair) ``out``
+    ints = df.incore.aux_e2(orbitals, auxmol, "int3c2e", aosym="s2ij", out=out)
     trsm = scipy.linalg.get_blas_funcs("trsm", (metric, ints))
     with threadpool_limits(usable_cores(), user_api="blas"):
         # X L^T = (ij|Q): X = B^T, written over the integrals

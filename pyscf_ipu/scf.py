@@ -127,6 +127,12 @@ def density_matrix(coefficients, occupation):
     return (coefficients * occupation) @ coefficients.T
 
 
+def commutator(fock, dm, overlap):
+    """F D S - S D F (N, N), the DIIS error vector: zero at self-consistency."""
+    sdf = overlap @ dm @ fock
+    return sdf.T - sdf
+
+
 def energy_std_ev(changes, iterations):
     """Std (eV) of the energies of the last min(5, iterations) iterations, from their changes.
 
@@ -196,9 +202,8 @@ def scf_loop(problem: SCFProblem, settings: LoopSettings, weighted) -> SCFTrace:
         # exchange) part of E[D], third order in the step for E_xc. Unlike the difference of two
         # float32 totals of ~1e3 Hartree, it keeps the meV-scale convergence visible.
         change = jnp.where(it > 0, 0.5 * jnp.sum((dm - state.previous_density) * (fock + state.previous_fock)), 0.0)
-        sdf = s @ dm @ fock
-        error = sdf.T - sdf  # F D S - S D F
-        commutator = jnp.max(jnp.abs(error))
+        error = commutator(fock, dm, s)
+        largest = jnp.max(jnp.abs(error))
         # PySCF's diis_start_cycle = 1: the guess's Fock matrix does not enter DIIS.
         slot = jnp.maximum(it - 1, 0) % m
         keep = it >= 1
@@ -207,7 +212,7 @@ def scf_loop(problem: SCFProblem, settings: LoopSettings, weighted) -> SCFTrace:
         fock_used = jnp.where(keep, diis_extrapolate(focks, errors, jnp.minimum(it, m)), fock)
         mo_energy, coefficients = diagonalise(problem, fock_used)
         changes = state.energy_changes.at[it].set(change)
-        commutators = state.commutators.at[it].set(commutator)
+        commutators = state.commutators.at[it].set(largest)
         return LoopState(
             iteration=it + 1,
             density=density_matrix(coefficients, problem.occupation),
@@ -219,7 +224,7 @@ def scf_loop(problem: SCFProblem, settings: LoopSettings, weighted) -> SCFTrace:
             commutators=commutators,
             focks=focks,
             errors=errors,
-            done=((commutator < settings.stop_threshold) | stalled(commutators, it, settings))
+            done=((largest < settings.stop_threshold) | stalled(commutators, it, settings))
             & converged(changes, it + 1, settings),
         )
 

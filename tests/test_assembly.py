@@ -110,19 +110,27 @@ def test_a_molecules_place_in_its_bucket():
     assert points == np.count_nonzero(grids.atm_idx >= 0)  # PySCF's grid, its alignment padding aside
 
 
-@pytest.mark.parametrize("factor", [DeviceFactor(), LibcintFactor()], ids=lambda f: f.name)
-def test_the_factor_in_the_templates_pairs_equals_libcints(factor):
+@pytest.mark.parametrize("factor, spare", [(DeviceFactor(), False), (LibcintFactor(), False), (LibcintFactor(), True)],
+                         ids=["jax", "libcint-in-place", "libcint-placed"])
+def test_the_factor_in_the_templates_pairs_equals_libcints(factor, spare):
     """The density-fitted factor, from the JAX kernels (float64, on the device) or from libcint placed
     in the template's pairs, gives libcint's fitted ERIs B^T B (water at 6-31G*, its hydrogen first,
     so that its atoms' order is not the slots'; its own pairs in the template's order): within 1e-10
-    on entries of O(1) (measured 8e-14 from the kernels, 3e-15 placed). The loop's copy is the same
-    rounded to float32."""
+    on entries of O(1) (measured 8e-14 from the kernels, 3e-15 placed). libcint writes a molecule that
+    fills its template straight into the batch's buffer, and one with a ``spare`` slot (a bucket of
+    four hydrogens) is placed column run by column run. The loop's copy is the same rounded to float32."""
     from pyscf_ipu.integral_sources import template_pairs
     from pyscf_ipu.prepare import fitted_eri
 
     molecule = from_atom_string("H 0 0.76 -0.47; O 0 0 0.12; H 0 -0.76 -0.47")
     config = RKSConfig(basis="6-31g*", jk="df", integrals="jax")
-    ints, (member,), bucket = assembled([molecule], config, JaxIntegrals(factor=factor))
+    if spare:
+        bucket = SizeBucket.of_symbols(("H", "O", "H", "H"), config.basis, config.grid_level, config.occupied_step, 1)
+        integrals, (member,), _ = JaxIntegrals(factor=factor).integrals([molecule], bucket, resolve(config))
+        ints = jax.device_get(integrals)
+    else:
+        ints, (member,), bucket = assembled([molecule], config, JaxIntegrals(factor=factor))
+    assert (len(template_pairs(member.aos)) < ints.eris.exact.shape[2]) == spare
     ours = np.asarray(ints.eris.exact[0])[:, template_pairs(member.aos)]  # (Qp, npair) of the molecule's pairs
     theirs = fitted_eri(build_mole(molecule, "6-31g*"), "6-31g*")
     assert ours.dtype == np.float64 and ours.shape[0] >= theirs.shape[0]

@@ -493,12 +493,22 @@ def test_ray_tasks_are_judged_together(monkeypatch, converged, stops):
         assert generate(gen, RKSConfig()) == tasks
 
 
-def test_batches_that_fit_only_one_at_a_time_wait_for_each_other_with_the_same_labels(tmp_path):
+def test_batches_that_fit_only_one_at_a_time_wait_for_each_other_with_the_same_labels(tmp_path, monkeypatch):
     """A memory budget that holds one batch but not one beside the next one prepared: the batches run
-    one after another (no refusal), and the labels equal those of the overlapped run."""
+    one after another (no refusal: each batch's labels are read before the next is prepared, where
+    the run without a budget prepares each next batch first), and the labels equal those of the
+    overlapped run."""
+    import qm1b.generate as generator
     from pyscf_ipu.memory import GB, batch_memory
     from pyscf_ipu.method import resolve
     from qm1b.generate import batch_sizes, input_buckets, load_inputs, prepares_ahead
+
+    events = []
+    for name, event in (("prepare_batch", "prepare"), ("_results", "read")):
+        def logged(*args, _original=getattr(generator, name), _event=event, **kwargs):
+            events.append(_event)
+            return _original(*args, **kwargs)
+        monkeypatch.setattr(generator, name, logged)
 
     smiles = write_smiles(tmp_path / "in.smi", ["CCO"])
     common = dict(smiles=str(smiles), conformers=3, batch_size=1, progress=False)
@@ -514,6 +524,9 @@ def test_batches_that_fit_only_one_at_a_time_wait_for_each_other_with_the_same_l
     tight = GenerateConfig(out=str(tmp_path / "tight"), memory_budget=budget, **common)
     assert not any(prepares_ahead(tight, method, sizes).values())
     generate(tight, dft)
+    assert events == ["prepare", "read"] * 3
+    events.clear()
     generate(GenerateConfig(out=str(tmp_path / "overlapped"), **common), dft)
+    assert events == ["prepare", "prepare", "read", "prepare", "read", "read"]
     assert len(sorted_rows(tight.out)) == 3
     assert_same_rows(tight.out, tmp_path / "overlapped")
