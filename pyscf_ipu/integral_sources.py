@@ -11,6 +11,7 @@ members as the host keeps them (:class:`~pyscf_ipu.assembly.BatchMember`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -21,7 +22,7 @@ import jax
 import numpy as np
 
 from .assembly import BatchIntegrals, BatchMember, assemble_integrals, device_eris, device_factor, template_layout
-from .buckets import SizeBucket, auxiliary_functions
+from .buckets import SizeBucket
 from .molecule import Molecule
 from .packed import FittedFactor, batch_eris, s8_size, tril_unpack
 from .padding import aligned_empty, pad_into, stack_padded
@@ -198,12 +199,10 @@ class LibcintFactor:
                 ordered, aos = in_slot_order(molecule, atoms, aos)
                 mol = build_mole(ordered, bucket.basis)
                 pairs = template_pairs(aos)
-                if len(pairs) == shape[2]:  # every template pair, in order (aos ascend): the leading rows
-                    rows = auxiliary_count(mol, bucket.basis)
-                    fitted_eri(mol, bucket.basis, method.config.eri_expcutoff, out=exact[c, :rows])
-                else:  # the fitting functions' order is immaterial
-                    own = fitted_eri(mol, bucket.basis, method.config.eri_expcutoff)
-                    rows = len(own)
+                fills = len(pairs) == shape[2]  # every template pair, in order (aos ascend)
+                own = fitted_eri(mol, bucket.basis, method.config.eri_expcutoff, out=exact[c] if fills else None)
+                rows = len(own)
+                if not fills:  # the fitting functions' order is immaterial
                     copy_columns(exact[c, :rows], own, pairs)
                 packed[c, :rows] = exact[c, :rows]
 
@@ -220,29 +219,17 @@ class LibcintFactor:
 
 def in_background(work, name: str):
     """Start ``work()`` on a daemon thread (an interrupted run exits without waiting for it); returns a
-    function that waits for it to end and raises what it raised."""
-    raised = []
+    function that waits for its result and raises what it raised."""
+    outcome = concurrent.futures.Future()
 
     def run() -> None:
         try:
-            work()
+            outcome.set_result(work())
         except BaseException as err:  # handed to the waiting thread
-            raised.append(err)
+            outcome.set_exception(err)
 
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-
-    def wait() -> None:
-        thread.join()
-        if raised:
-            raise raised[0]
-
-    return wait
-
-
-def auxiliary_count(mol, basis: str) -> int:
-    """The fitting functions of ``mol`` in :func:`~pyscf_ipu.buckets.auxiliary_basis`."""
-    return sum(auxiliary_functions(basis, symbol) for symbol in mol.elements)
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return outcome.result
 
 
 def in_slot_order(molecule: Molecule, atoms: np.ndarray, aos: np.ndarray) -> tuple[Molecule, np.ndarray]:

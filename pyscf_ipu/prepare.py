@@ -123,10 +123,11 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0, out: np.ndarra
     The 3-centre integrals come from libcint in one call, with its primitive screening at
     ``expcutoff`` (:func:`screened`), and are solved in place, with BLAS on every
     core this process may use (the rest of the run keeps one BLAS thread): one thread would leave
-    the others idle through the solve. ``out``, a C-contiguous (naux, npair) float64 array, receives
-    them (and is returned), so that a caller's padded buffer needs no copy. A metric that is not
-    positive definite goes to PySCF's function, which drops its near-null directions (into ``out``'s
-    leading rows, the rest zeroed). ``mol`` itself is left unchanged.
+    the others idle through the solve. With ``out``, a C-contiguous float64 array of npair columns and
+    at least naux rows (a caller's padded buffer), the factor is made in its leading rows, which are
+    returned, and no copy is needed; its other rows are left as they are. A metric that is not
+    positive definite goes to PySCF's function, which drops its near-null directions (fewer rows).
+    ``mol`` itself is left unchanged.
     """
     import scipy.linalg
     from pyscf import df
@@ -140,9 +141,9 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0, out: np.ndarra
         factor = df.incore.cholesky_eri(orbitals, auxmol=auxmol)
         if out is None:
             return factor
-        out[: len(factor)], out[len(factor) :] = factor, 0.0
-        return out
-    # (npair, naux) in Fortran order: the memory of a C-ordered (naux, npair) ``out``
+        out[: len(factor)] = factor
+        return out[: len(factor)]
+    # (npair, naux) in Fortran order: the memory of ``out``'s leading naux rows
     ints = df.incore.aux_e2(orbitals, auxmol, "int3c2e", aosym="s2ij", out=out)
     trsm = scipy.linalg.get_blas_funcs("trsm", (metric, ints))
     with threadpool_limits(usable_cores(), user_api="blas"):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -63,7 +64,7 @@ class SCFResult:
             "energy_std_ev": self.energy_std_ev,
             "final_commutator": float(self.commutator_history[-1]) if len(self.commutator_history) else None,
             "refined": ({"iterations": self.refined, "commutator": self.refined_commutator}
-                        if self.refined_commutator == self.refined_commutator else None),  # NaN: no refinement
+                        if not math.isnan(self.refined_commutator) else None),  # NaN: no refinement
             "final_energy_change_hartree": float(self.energy_change_history[-1]) if self.iterations > 1 else None,
             "nao": self.nao,
             "grid_points": self.grid_points,

@@ -107,16 +107,19 @@ def test_a_metric_without_a_cholesky_factor_falls_back_to_pyscfs_eigen_decomposi
         raise scipy.linalg.LinAlgError("not positive definite")
 
     into = np.full((len(factor) + 3, factor.shape[1]), np.nan)  # a caller's buffer with rows to spare
-    assert np.shares_memory(fitted_eri(mol, "def2-svp", out=into[: len(factor)]), into)  # solved in place
+    placed = fitted_eri(mol, "def2-svp", out=into)
+    assert np.shares_memory(placed, into) and placed.shape == factor.shape  # solved in place, in the leading rows
     np.testing.assert_array_equal(into[: len(factor)], factor)  # written there, by the same solve
+    assert np.isnan(into[len(factor) :]).all()  # the padding rows untouched
     monkeypatch.setattr(scipy.linalg, "cholesky", refuse)
     fallback = fitted_eri(mol, "def2-svp")
     assert not np.array_equal(fallback, factor)  # the other decomposition ran
     assert np.abs(fallback.T @ fallback - factor.T @ factor).max() < 1e-11
-    into[: len(factor)] = np.nan
-    fitted_eri(mol, "def2-svp", out=into[: len(factor)])
-    np.testing.assert_array_equal(into[: len(fallback)], fallback)  # its rows first, the rest zero
-    assert not into[len(fallback) : len(factor)].any()
+    into[:] = np.nan
+    placed = fitted_eri(mol, "def2-svp", out=into)
+    assert np.shares_memory(placed, into) and len(placed) == len(fallback)
+    np.testing.assert_array_equal(into[: len(fallback)], fallback)  # its rows first, the rest untouched
+    assert np.isnan(into[len(fallback) :]).all()
 
 
 @pytest.mark.parametrize("name, basis", [("water", "6-31g*"), ("benzene", "def2-svp"), ("qm9:21989", "6-31g*")])
