@@ -57,7 +57,6 @@ import numpy as np  # noqa: E402
 from common import SUMMARY  # noqa: E402
 from throughput import LABELS, pyscf_labels  # noqa: E402
 
-from pyscf_ipu.buckets import SizeBucket  # noqa: E402
 from pyscf_ipu.config import IPUConfig, RKSConfig  # noqa: E402
 from pyscf_ipu.geometries import read_frames  # noqa: E402
 from pyscf_ipu.method import resolve  # noqa: E402
@@ -204,7 +203,7 @@ def main() -> None:
                 xyz = write_xyz(work / f"{tag}.xyz", conformers)
                 cache = work / f"cache-{tag}"
                 ran = RKSConfig(basis=basis, xc=XC, grid_level=level, jk=args.jk)
-                bucket = SizeBucket.of(conformers[0], basis, level, ran.occupied_step)
+                bucket = resolve(ran).bucket(conformers[0])
                 most = min(args.batch_size, len(conformers))
                 batch = max(1, largest_batch(bucket, resolve(ran), most, args.memory_budget))  # 0: one at a time, or refused
                 cold, cold_peak = ours(xyz, work / f"cold-{tag}", cache, basis, level, args.jk, batch, args.memory_budget)

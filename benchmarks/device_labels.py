@@ -29,6 +29,8 @@ from cost_growth import XC, largest_difference, ours, pyscf_timed
 from throughput import LABELS
 
 from pyscf_ipu.config import RKSConfig
+from pyscf_ipu.method import resolve
+from pyscf_ipu.reference import pyscf_method
 from pyscf_ipu.geometries import read_frames
 from pyscf_ipu.memory import default_budget
 from pyscf_ipu.programs import device_description
@@ -57,7 +59,7 @@ def check(spec: str, batch: int, work: Path) -> dict:
             "cold": cold / n, "restarted": restarted / n, "pyscf": float(np.mean(seconds)), "peak_gb": peak / 1e9,
             "max_mev": largest_difference(labels, list(refs)),
             "by_label_mev": {q: float(np.max([1000 * abs(a[q] - b[q]) for a, b in zip(labels, refs)])) for q in LABELS},
-            "pyscf_density_fitted": config.density_fitted}  # fmt: skip
+            "pyscf_method": type(pyscf_method(frames[0].molecule(), resolve(config))).__name__}  # fmt: skip
 
 
 def main() -> None:

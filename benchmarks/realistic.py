@@ -46,6 +46,7 @@ from common import SUMMARY, median_range, print_label_differences  # noqa: E402
 from throughput import LABELS, pyscf_labels  # noqa: E402
 
 from pyscf_ipu.config import RKSConfig  # noqa: E402
+from pyscf_ipu.method import resolve  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
 from qm1b.generate import GENERATOR_DFT_DEFAULTS, GenerateConfig  # noqa: E402
 from qm1b.inputs import builtin_sample  # noqa: E402
@@ -86,7 +87,8 @@ def main() -> None:
     gen = GenerateConfig()
     conformers = [c for m in chosen for c in embed_conformers(m.smiles, args.conformers, gen.seed, m.molecule_id)]
     count = len(conformers)
-    buckets = {gen.source.bucket(m, dft.basis, dft.grid_level, dft.occupied_step) for m in chosen}
+    method = resolve(dft)
+    buckets = {gen.source.bucket(m, method) for m in chosen}
     print(f"qm1b generate over {args.molecules} molecules x {args.conformers} conformers of the built-in sample "
           f"({len(buckets)} size buckets); defaults: {dft.xc}/{dft.basis}, grid level {dft.grid_level}, "
           f"{dft.precision}, {dft.integrals} integrals; OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']} "
@@ -128,7 +130,7 @@ def main() -> None:
         print(f"  {'molecules':>9s} {'buckets':>8s} {'stages':>7s} {'programs':>9s} {'bound':>6s}")
         for n in (int(x) for x in args.growth.split(",")):
             generate(out, cache, n, 1, args.integrals, resume=out.exists())
-            spanned = len({gen.source.bucket(m, dft.basis, dft.grid_level, dft.occupied_step) for m in sample[:n]})
+            spanned = len({gen.source.bucket(m, method) for m in sample[:n]})
             stages = programs(cache)
             print(f"  {n:9d} {spanned:8d} {len(stages):7d} {sum(stages.values()):9d} {spanned * len(stages):6d}",
                   flush=True)  # fmt: skip

@@ -72,7 +72,7 @@ def worker(args: argparse.Namespace) -> None:
     for window, _ in enumerate(sys.stdin):
         wall, cpu, faults = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         summary = run_shard(GenerateConfig(smiles=str(smiles), out=str(work / f"w{window}"),
-                                           conformers=args.conformers, progress=False), dft)  # fmt: skip
+                                           conformers=args.conformers, progress=False).resolved(dft))  # fmt: skip
         print(json.dumps({"conformers": summary.conformers, "wall": time.perf_counter() - wall,
                           "cpu": time.process_time() - cpu,
                           "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,

@@ -159,13 +159,13 @@ def main() -> None:
           f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}; XLA default\n")  # fmt: skip
 
     t = time.perf_counter()
-    cold_summary = run_shard(generator_config("cold"), dft_config)
+    cold_summary = run_shard(generator_config("cold").resolved(dft_config))
     cold = time.perf_counter() - t
     ours, theirs, loads, summary, reference = [], [], [], None, None
     for w in range(args.windows):
         loads.append(os.getloadavg()[0])
         t = time.perf_counter()
-        summary = run_shard(generator_config(f"warm{w}"), dft_config)
+        summary = run_shard(generator_config(f"warm{w}").resolved(dft_config))
         ours.append(3600 * summary.conformers / (time.perf_counter() - t))
         t = time.perf_counter()
         reference = [pyscf_labels(m, dft_config) for m in conformers]

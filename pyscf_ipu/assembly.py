@@ -26,7 +26,7 @@ import numpy as np
 
 from .grid import AtomGrids, grid_coords_and_weights
 from .integrals.ao_values import AOConstants, ao_kernel_in_blocks
-from .integrals.eri import ShellValues, _static, _structure, chunk_batch, eri_s8
+from .integrals.eri import ShellValues, static_tables, eri_structure, chunk_batch, eri_s8
 from .integrals.eri_kernels import pair_program
 from .integrals.fitting import (COMPANION_COEFFICIENT, FittingPlan, fitted_factor, fitting_kinds, fitting_structure,
                                 plan_fitting)
@@ -210,7 +210,7 @@ def assemble_integrals(template: BucketTemplate, elements: np.ndarray, coords: n
     if grid:
         ao = ao_values_program(*out["ao_inputs"])
     else:  # Hartree-Fock: no grid at all
-        ao = on_device(np.zeros((len(coords), 4, 0, template.bucket.nao), dtype))
+        ao = on_device(np.zeros((len(coords), 4, 0, template.bucket.nao_padded), dtype))
     values = ShellValues(out["shell_exponents"], out["shell_coefficients"], out["one_centre"], out["present"])
     eris = two_electron(template, coords, values, out)
     return BatchIntegrals(overlap=out["overlap"], hcore=out["hcore"], guess=out["guess"],
@@ -233,7 +233,7 @@ def device_factor(template: BucketTemplate, coords: np.ndarray, values: ShellVal
     assembly program gathered, and rounded to ``dtype`` for the loop."""
     plan = fitting_plan(template)
     with jax.enable_x64(True):
-        data, shifts = pair_program(_static(template.plan)[0], _structure(template.plan),
+        data, shifts = pair_program(static_tables(template.plan)[0], eri_structure(template.plan),
                                     (values.exponents, values.coefficients), coords, values.present, "float64")
         fitting, _ = pair_program(fitting_kinds(plan), fitting_structure(plan), assembled["fitting_shells"], coords,
                                   values.present, "float64")
@@ -246,4 +246,4 @@ def device_factor(template: BucketTemplate, coords: np.ndarray, values: ShellVal
 def fitting_plan(template: BucketTemplate) -> FittingPlan:
     """The :class:`~pyscf_ipu.integrals.fitting.FittingPlan` of ``template``'s fitting shells."""
     return plan_fitting(template.plan, template.fitting_rows.slot, template.fitting_l, template.fitting_primitives,
-                        template.bucket.natm)  # fmt: skip
+                        template.bucket.natm_padded)  # fmt: skip

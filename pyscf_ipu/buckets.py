@@ -25,13 +25,13 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
-from .config import OCCUPIED_STEP
 from .molecule import Molecule, atomic_number
 
 KIND_SEARCH_ELEMENTS = 36  # elements H..Kr are searched for the members of a kind (their grids)
 LABEL_ELEMENTS = ("C", "H")  # a kind's name in labels: the first of these it holds, else its first element
 GRID_ALIGNMENT = 1024  # padded grid sizes are multiples of the XC quadrature's block
 FITTING_STEP = 8  # a density-fitted bucket's kinds hold elements of equal fitting functions rounded up to this
+OCCUPIED_STEP = 8  # a density-fitted bucket rounds its occupied-orbital count up to a multiple of this
 
 
 @lru_cache(maxsize=None)
@@ -60,12 +60,12 @@ def _fitting_tier(basis: str, symbol: str) -> int:
     return -(-auxiliary_functions(basis, symbol) // FITTING_STEP) * FITTING_STEP
 
 
-def _element_aos(kind: tuple) -> int:
+def element_aos(kind: tuple) -> int:
     return sum((2 * l + 1) * contractions for l, _, contractions in kind[0][0])
 
 
 @lru_cache(maxsize=None)
-def _kind_members(basis: str, kind: tuple) -> tuple[str, ...]:
+def kind_members(basis: str, kind: tuple) -> tuple[str, ...]:
     """The elements H..Kr of ``basis`` whose signature (:func:`element_kind`) is ``kind``."""
     from pyscf.data.elements import ELEMENTS
 
@@ -96,9 +96,9 @@ def atomic_grid_size(symbol: str, level: int) -> int:
 
 
 @lru_cache(maxsize=None)
-def _kind_grid_size(basis: str, kind: tuple, level: int) -> int:
+def kind_grid_size(basis: str, kind: tuple, level: int) -> int:
     """The largest atomic grid of the kind's elements: a shared capacity, whichever element it is."""
-    return max(atomic_grid_size(symbol, level) for symbol in _kind_members(basis, kind))
+    return max(atomic_grid_size(symbol, level) for symbol in kind_members(basis, kind))
 
 
 @lru_cache(maxsize=None)
@@ -149,7 +149,7 @@ def auxiliary_layout(basis: str, kind: tuple) -> tuple[tuple[int, int], ...]:
 @lru_cache(maxsize=None)
 def _auxiliary_layout(basis: str, kind: tuple) -> tuple[tuple[int, int], ...]:
     by_l: dict[int, list[int]] = {}
-    for symbol in _kind_members(basis, kind):
+    for symbol in kind_members(basis, kind):
         try:
             shells = auxiliary_shells(basis, symbol)
         except Exception:  # no fitting basis for this element
@@ -176,7 +176,7 @@ def minimal_occupied(symbol: str) -> int:
 def _kind_maximum(basis: str, kind: tuple, count) -> int:
     """The largest ``count(symbol)`` over the kind's elements, skipping those it fails for."""
     values = []
-    for symbol in _kind_members(basis, kind):
+    for symbol in kind_members(basis, kind):
         try:
             values.append(count(symbol))
         except Exception:  # e.g. no fitting basis for this element
@@ -210,7 +210,7 @@ class SizeBucket:
         ``occupied_step`` > 0 (a density-fitted run) adds its occupied-orbital count, rounded up to a
         multiple of it, and counts atoms by fitted kinds (:func:`element_kind`)."""
         counts = Counter(element_kind(basis, symbol, fitted=occupied_step > 0) for symbol in symbols)
-        kinds = tuple(sorted((kind, capacity(n, _element_aos(kind))) for kind, n in counts.items()))
+        kinds = tuple(sorted((kind, capacity(n, element_aos(kind))) for kind, n in counts.items()))
         occupied = 0
         if occupied_step:
             pairs = -(-(sum(atomic_number(s) for s in symbols) - charge) // 2)
@@ -220,10 +220,10 @@ class SizeBucket:
     @cached_property
     def template_elements(self) -> tuple[str, ...]:
         """The template molecule's atoms: ``capacity`` of each kind's first element, kind after kind."""
-        return tuple(symbol for kind, cap in self.kinds for symbol in [_kind_members(self.basis, kind)[0]] * cap)
+        return tuple(symbol for kind, cap in self.kinds for symbol in [kind_members(self.basis, kind)[0]] * cap)
 
     @property
-    def natm(self) -> int:
+    def natm_padded(self) -> int:
         return sum(cap for _, cap in self.kinds)
 
     @cached_property
@@ -235,7 +235,7 @@ class SizeBucket:
     def elements(self) -> tuple[str, ...]:
         """The rows of the bucket's element tables: ``""`` for an absent slot, then the elements of
         each kind in turn (a slot of a kind holds one of that kind's elements)."""
-        return ("",) + tuple(symbol for kind, _ in self.kinds for symbol in _kind_members(self.basis, kind))
+        return ("",) + tuple(symbol for kind, _ in self.kinds for symbol in kind_members(self.basis, kind))
 
     def place(self, symbols) -> tuple[np.ndarray, np.ndarray]:
         """Where a molecule of the bucket with these element ``symbols`` (in its atom order) sits in the
@@ -247,7 +247,7 @@ class SizeBucket:
         kind_index = {kind: k for k, (kind, _) in enumerate(self.kinds)}
         first = np.concatenate([[0], np.cumsum([cap for _, cap in self.kinds])])
         filled = np.zeros(len(self.kinds), int)
-        atoms = np.full(self.natm, -1, np.int32)
+        atoms = np.full(self.natm_padded, -1, np.int32)
         for atom, symbol in enumerate(symbols):
             k = kind_index[element_kind(self.basis, symbol, fitted)]
             atoms[first[k] + filled[k]] = atom
@@ -257,12 +257,12 @@ class SizeBucket:
         return rows, atoms
 
     @property
-    def nao(self) -> int:
+    def nao_padded(self) -> int:
         """Np: the padded AO count (the template's AOs)."""
-        return sum(cap * _element_aos(kind) for kind, cap in self.kinds)
+        return sum(cap * element_aos(kind) for kind, cap in self.kinds)
 
     @property
-    def naux(self) -> int:
+    def naux_padded(self) -> int:
         """Qp: the padded count of density-fitting functions: each kind's capacity times the functions
         of its slots' :func:`auxiliary_layout`."""
         return sum(cap * sum(2 * l + 1 for l, _ in auxiliary_layout(self.basis, kind)) for kind, cap in self.kinds)
@@ -272,7 +272,7 @@ class SizeBucket:
         """R: a bound on the rank of any density of the bucket's molecules (the initial guess's, and so
         the occupied orbitals' count), at most Np."""
         bound = sum(cap * _kind_maximum(self.basis, kind, minimal_occupied) for kind, cap in self.kinds)
-        return min(self.nao, bound)
+        return min(self.nao_padded, bound)
 
     @property
     def occupied_rank(self) -> int:
@@ -281,20 +281,20 @@ class SizeBucket:
         return min(self.density_rank, self.occupied) if self.occupied else self.density_rank
 
     @property
-    def grid_points(self) -> int:
+    def grid_points_padded(self) -> int:
         """Gp: the template's largest grid, rounded up to :data:`GRID_ALIGNMENT` (0 without a grid)."""
-        points = sum(cap * _kind_grid_size(self.basis, kind, self.grid_level) for kind, cap in self.kinds)
+        points = sum(cap * kind_grid_size(self.basis, kind, self.grid_level) for kind, cap in self.kinds)
         return -(-points // GRID_ALIGNMENT) * GRID_ALIGNMENT
 
     @property
     def shapes(self) -> tuple[int, int]:
         """(Np, Gp), the SCF problem's padded shapes."""
-        return self.nao, self.grid_points
+        return self.nao_padded, self.grid_points_padded
 
     def label(self) -> str:
         """A short name: the capacities by kind's first element, e.g. ``sto-3g:C9H8``."""
         def name(kind):
-            members = _kind_members(self.basis, kind)
+            members = kind_members(self.basis, kind)
             return next((e for e in LABEL_ELEMENTS if e in members), members[0])
 
         parts = "".join(f"{name(kind)}{cap}" for kind, cap in self.kinds)

@@ -130,35 +130,31 @@ def summary(molecule: Molecule, result, config: RKSConfig, chosen: bool = False)
     return "\n".join(lines)
 
 
+def differences_mev(result, reference) -> dict[str, float]:
+    """Our labels minus PySCF's (``--check``), in meV: energy, HOMO, LUMO and gap."""
+    return {label: (getattr(result, label) - getattr(reference, label)) * HARTREE_TO_MEV
+            for label in ("energy", "homo", "lumo", "gap")}  # fmt: skip
+
+
 def check_lines(result, reference) -> list[str]:
-    diffs = {
-        "energy": result.energy - reference.energy,
-        "HOMO": result.homo - reference.homo,
-        "LUMO": result.lumo - reference.lumo,
-        "gap": result.gap - reference.gap,
-    }
     lines = [
         f"PySCF float64: energy {reference.energy:.10f} Hartree, {reference.cycles} cycles, "
         f"{'converged' if reference.converged else 'NOT converged'}, {reference.seconds:.2f}s "
         f"(ERIs {reference.eris})"
     ]
-    lines += [f"  difference {k:6s} {v * HARTREE_TO_MEV:+10.4f} meV" for k, v in diffs.items()]
+    names = {"homo": "HOMO", "lumo": "LUMO"}
+    lines += [f"  difference {names.get(k, k):6s} {v:+10.4f} meV" for k, v in differences_mev(result, reference).items()]
     return lines
 
 
 def check_memory(molecule: Molecule, method: Method, budget_gb: float) -> None:
     """:class:`~pyscf_ipu.memory.MemoryBudgetError` if the run's estimated peak is above ``budget_gb``."""
-    from .buckets import SizeBucket
-    from .memory import batch_memory, check_budget
+    from .memory import check_memory as check_batch
     from .pyscf_mole import build_mole
 
     config = method.config
     build_mole(molecule, config.basis)  # an unknown basis or element is named first, as the run would
-    bucket = SizeBucket.of(molecule, config.basis, config.grid_level, config.occupied_step)
-    fitted = "" if config.density_fitted else "--jk df (density fitting: no N^4 array), "
-    check_budget(batch_memory(bucket, method, 1), budget_gb,
-                 f"{molecule.name or molecule.formula} at {config.basis} ({bucket.nao} AOs, J-K backend {config.jk})",
-                 f"try {fitted}a smaller basis or, where the machine has the memory, a larger --memory-budget")
+    check_batch(method.bucket(molecule), method, 1, budget_gb, f"{molecule.name or molecule.formula} at {config.basis}")
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -179,7 +175,7 @@ def run_command(args: argparse.Namespace) -> int:
         method = resolve(config)
         if args.fixed_grid and not args.forces:
             raise ValueError("--fixed-grid describes the forces: add --forces")
-        if (args.profile or args.profile_plot) and config.jk != "ipu":
+        if (args.profile or args.profile_plot) and not method.backend.profiles:
             raise ValueError(f"--profile and --profile-plot describe the ipu backend; this run uses --jk {config.jk}")
         if args.memory_budget is not None and args.memory_budget <= 0:
             raise ValueError(f"--memory-budget is in GB and must be positive, got {args.memory_budget}")
@@ -200,7 +196,7 @@ def run_command(args: argparse.Namespace) -> int:
         from .forces import nuclear_gradient
 
         start = time.perf_counter()
-        gradient = nuclear_gradient(molecule, result, method.functional, grid_response=not args.fixed_grid)
+        gradient = nuclear_gradient(molecule, result, method, grid_response=not args.fixed_grid)
         forces_seconds = time.perf_counter() - start
     if result.jk_profile is not None:
         if args.profile:
@@ -221,12 +217,7 @@ def run_command(args: argparse.Namespace) -> int:
             out["gradient_hartree_per_bohr"] = gradient.tolist()
             out["forces_seconds"] = forces_seconds
         if reference is not None:
-            out["check_mev"] = {
-                "energy": (result.energy - reference.energy) * HARTREE_TO_MEV,
-                "homo": (result.homo - reference.homo) * HARTREE_TO_MEV,
-                "lumo": (result.lumo - reference.lumo) * HARTREE_TO_MEV,
-                "gap": (result.gap - reference.gap) * HARTREE_TO_MEV,
-            }
+            out["check_mev"] = differences_mev(result, reference)
             out["reference"] = {"energy_hartree": reference.energy, "cycles": reference.cycles}
         print(json.dumps(out, indent=1))
     else:

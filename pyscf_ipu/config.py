@@ -21,11 +21,9 @@ RENAMED_VALUES: dict[str, dict[str, str]] = {"integrals": {"host": "libcint", "d
 # Settings added after datasets were first written, with the value that older datasets were made with.
 ADDED_SETTINGS: dict[str, object] = {"refine_commutator": 0.0}
 COMMAND_LINE_DEFAULTS = {"jk": AUTO}  # both command lines' defaults where they differ from RKSConfig's
-FITTED_JK = ("df",)  # J-K backends that contract density-fitted 3-centre integrals instead of the s8 ERIs
 # Basis-name prefixes (lower case, no dashes) of minimal bases: --jk auto keeps their ERIs exact.
 MINIMAL_BASES = ("sto", "minao")
 FORCES_REFINE_COMMUTATOR = 5e-7  # --refine-commutator auto with --forces (RKSConfig.for_forces)
-OCCUPIED_STEP = 8  # their size buckets round the occupied-orbital count up to a multiple of this
 
 
 class ConfigError(ValueError):
@@ -124,9 +122,6 @@ class RKSConfig:
             raise ConfigError(f"the DIIS space must hold at least 2 matrices, got {self.diis_space}")
         if self.eri_threshold < 0:
             raise ConfigError(f"the ERI threshold must be >= 0, got {self.eri_threshold}")
-        if self.eri_threshold > 0 and self.density_fitted:
-            raise ConfigError(
-                f"--eri-threshold screens the s8 ERIs, which --jk {self.jk} (density fitting) never makes")
         if self.eri_expcutoff < 0:
             raise ConfigError(f"the ERI exponent cutoff must be >= 0, got {self.eri_expcutoff}")
         if self.refine_commutator is not None and not 0 <= self.refine_commutator < 1:
@@ -153,17 +148,6 @@ class RKSConfig:
         order in the orbitals' error where the labels are second order, and a float32 loop stops near
         its own rounding floor (``docs/decisions/fitted-forces.md``)."""
         return self if self.refine_commutator is not None else self.replace(refine_commutator=FORCES_REFINE_COMMUTATOR)
-
-    @property
-    def density_fitted(self) -> bool:
-        """Whether the J-K backend contracts density-fitted 3-centre integrals (then no s8 ERIs are made)."""
-        return self.jk in FITTED_JK
-
-    @property
-    def occupied_step(self) -> int:
-        """The occupied-orbital step of the run's size buckets (:class:`~pyscf_ipu.buckets.SizeBucket`):
-        the fitted backend's exchange costs in proportion to it; 0 where no shape depends on it."""
-        return OCCUPIED_STEP if self.density_fitted else 0
 
     def replace(self, **changes) -> RKSConfig:
         return dataclasses.replace(self, **changes)

@@ -12,20 +12,20 @@ The work is split where its data lives. On the device, queued right behind the l
 host need not wait for it (:func:`dispatch_finalisation`, one program for a whole batch): the
 purification and the float64 pass over the grid, which reads the loop's own AO values (in the
 loop's precision, promoted to float64 block by block, so no float64 copy of the largest array is
-made). J and K of the purified density come from one of four :class:`FinalContraction` strategies,
-each doing its share on the device and the rest on the host (:func:`final_contraction` picks one).
-Where both are formed on the device, so are the Fock matrix, the energy terms and the eigensolve,
-and the host only reads the labels out (:func:`finalise`); else the host does those three:
+made). J and K of the purified density come from a :class:`FinalContraction`, which does its share
+on the device and the rest on the host; the run's J-K backend gives its own
+(:func:`final_contraction`):
 
-- :class:`DeviceERIs`: the float64 ERIs that the JAX integrals compute on the device, which a
-  float32 loop holds only rounded, contracted there row by row
-  (:func:`~pyscf_ipu.jk.s8_coulomb_exchange`);
-- :class:`LoopBackend`: where the loop holds the JAX integrals' ERIs as computed (float32 on a CPU),
-  its own J-K backend over its own arrays, summed in float64;
-- :class:`LibcintERIs`: PySCF contracts the host's float64 libcint ERIs, which a float32 loop holds
-  only rounded;
-- :class:`FittedExchange`: a density-fitted run's K from the float32 factor in float32 products with
-  its energy summed in float64, and its J from the float64 factor, both on the device.
+- exact ERIs computed on the device in float64 but held rounded by a float32 loop: those ERIs,
+  contracted there row by row (:class:`~pyscf_ipu.jk.exact.DeviceERIs`);
+- the JAX integrals' ERIs held as computed (float32 on a CPU): the loop's own backend over its
+  arrays, summed in float64 (:class:`~pyscf_ipu.jk.exact.LoopBackend`);
+- libcint's ERIs: PySCF contracts the host's float64 copy (:class:`~pyscf_ipu.jk.exact.LibcintERIs`);
+- density fitting: K from the float32 factor in float32 products with its energy summed in float64,
+  and J from the float64 factor, both on the device (:class:`~pyscf_ipu.jk.fitted.FittedExchange`).
+
+Where both are formed on the device, so are the Fock matrix, the energy terms and the eigensolve,
+and the host only reads the labels out (:func:`finalise`); else the host does those three.
 
 A :class:`Refinement` can continue the SCF in float64 on the device before the labels: DIIS
 iterations until max|FDS - SDF| is below its threshold. The labels do not need it (they are
@@ -42,14 +42,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.linalg
-from pyscf import scf as pyscf_scf
 
-from .jk import FittedArrays, JKBackend, density_factor, exchange_factor, fitted_coulomb, s8_coulomb_exchange
+from .jk.exact import LoopBackend
 from .method import Method
 from .assembly import BatchMember
 from .numint import weighted_points, xc_energy_and_potential
 from .prepare import PreparedProblem
-from .problem import FINAL_SHIFT, FinalInputs, PreparedBatch, final_contracts_eris
+from .problem import FINAL_SHIFT, FinalInputs, PreparedBatch
 from .programs import compiled
 from .results import SCFResult
 from .scf import SCFTrace, commutator, density_matrix, diis_extrapolate, energy_terms, fock_matrix
@@ -113,100 +112,9 @@ def _own(a, n: int) -> np.ndarray:
     return np.asarray(a, np.float64)[:n, :n]
 
 
-@dataclass(frozen=True)
-class DeviceERIs:
-    """J and K in float64 on the device from the float64 ERIs that the batch's final inputs hold (the
-    JAX integrals compute them there; the loop holds them only rounded)."""
-
-    forms_jk_on_device: ClassVar[bool] = True
-
-    def device_arrays(self, jk, final):
-        return final.eris
-
-    def on_device(self, data, dm):
-        vj, vk = s8_coulomb_exchange(data, dm)
-        return vj, vk, jnp.sum(dm * vk)
-
-    def on_host(self, prepared, dm, final):
-        raise AssertionError("the device's float64 ERIs form J and K on the device")
-
-
-@dataclass(frozen=True)
-class LoopBackend:
-    """J and K by the loop's own ``backend`` over its arrays, summed in float64, on the device: where
-    the loop holds the ERIs as the JAX integrals computed them (one pass of the loop's contraction,
-    where :class:`DeviceERIs` unpacks the s8 array row by row)."""
-
-    backend: JKBackend
-    forms_jk_on_device: ClassVar[bool] = True
-
-    def device_arrays(self, jk, final):
-        return jk
-
-    def on_device(self, data, dm):
-        vj, vk = self.backend.contract(data, dm)
-        return vj, vk, jnp.sum(dm * vk)
-
-    def on_host(self, prepared, dm, final):
-        raise AssertionError("the loop's backend forms J and K on the device")
-
-
-@dataclass(frozen=True)
-class LibcintERIs:
-    """J and K by PySCF from the host's float64 libcint ERIs, which a float32 loop holds only
-    rounded; nothing on the device."""
-
-    forms_jk_on_device: ClassVar[bool] = False
-
-    def device_arrays(self, jk, final):
-        return {}
-
-    def on_device(self, data, dm):
-        return None, None, None
-
-    def on_host(self, prepared, dm, final):
-        vj, vk = pyscf_scf.hf.dot_eri_dm(prepared.eri_s8, dm, hermi=1)
-        return vj, vk, np.sum(dm * vk)
-
-
-@dataclass(frozen=True)
-class FittedExchange:
-    """Where the loop density-fits: J from the float64 factor (:func:`~pyscf_ipu.jk.fitted_coulomb`,
-    what PySCF's density-fitting J computes), K from the loop's float32 factor, both on the device.
-
-    K's two products are the loop's own (:meth:`~pyscf_ipu.jk.FittedJK.contract`), in float32 rather
-    than float64 (the errors are in ``docs/decisions/density-fitting.md``). Its energy,
-    tr(D K) = sum_Q ||W^T B_Q W||^2 with D = W W^T, comes from one more small product
-    (R Q, N) x (N, R) whose squares are summed in float64: tr(D K) over the float32 K itself would
-    carry K's rounding, about 1e-7 of the exchange energy, into the label.
-    """
-
-    forms_jk_on_device: ClassVar[bool] = True
-
-    def device_arrays(self, jk, final):
-        return jk
-
-    def on_device(self, data: FittedArrays, dm):
-        w = density_factor(dm, data.rank).astype(data.factor.dtype)  # (Np, R)  D = W W^T
-        y = exchange_factor(data.factor, w)  # (R Qp, Np)
-        z = (y @ w).astype(dm.dtype)  # (R Qp, R)  the blocks W^T B_Q W
-        return fitted_coulomb(data.exact, data.pairs, dm), (y.T @ y).astype(dm.dtype), jnp.sum(z * z)
-
-    def on_host(self, prepared, dm, final):
-        raise AssertionError("a density-fitted finalisation forms J and K on the device")
-
-
 def final_contraction(method: Method) -> FinalContraction:
-    """The run's :class:`FinalContraction`: the fitted one where the loop density-fits; where its
-    integral source computes the ERIs on the device, those ERIs (:class:`DeviceERIs`) if the loop
-    holds them rounded, else the loop's backend; else libcint's ERIs on the host."""
-    if method.config.density_fitted:
-        return FittedExchange()
-    if final_contracts_eris(method):
-        return DeviceERIs()
-    if method.integrals.eris_on_device:
-        return LoopBackend(method.backend)
-    return LibcintERIs()
+    """The run's :class:`FinalContraction`, as its J-K backend gives it (``final_contraction``)."""
+    return method.backend.final_contraction(method)
 
 
 @jax.tree_util.register_dataclass

@@ -87,7 +87,7 @@ def host_batch(hosts: list[PreparedProblem], dtype, shapes: tuple[int, int]) -> 
         bucket = hosts[0].bucket
         factors = []
         for precision in (dtype, np.float64):
-            factor = aligned_empty((len(hosts), bucket.naux, npad * (npad + 1) // 2), precision)
+            factor = aligned_empty((len(hosts), bucket.naux_padded, npad * (npad + 1) // 2), precision)
             for slot, host in zip(factor, hosts):  # a molecule's pairs come first in the padded AOs' packing
                 pad_into(slot, host.eri_fitted)
             with jax.enable_x64(True):
@@ -115,8 +115,10 @@ def host_integrals(hosts: list[PreparedProblem], method: Method, shapes: tuple[i
     to their bucket's shapes or to ``shapes``."""
     start = time.perf_counter()
     npad, gpad = shapes or hosts[0].bucket.shapes
-    if not method.needs_grid:
+    if not method.needs_grid:  # Hartree-Fock: no grid, even where the hosts were prepared with one
         gpad = 0
+        hosts = [replace(h, grid_coords=np.zeros((0, 3)), grid_weights=np.zeros(0), grid_owners=np.zeros(0, int),
+                         ao=np.zeros((4, 0, h.nao))) for h in hosts]  # fmt: skip
     if npad < max(h.nao for h in hosts) or gpad < max(h.grid_points for h in hosts):
         raise ValueError(f"padded shapes {(npad, gpad)} are smaller than the batch's")
     integrals = host_batch(hosts, method.dtype, (npad, gpad))
@@ -190,8 +192,8 @@ class LibcintFactor:
     fitting_bytes: int = 8  # a molecule smaller than its template: its own factor before it is placed
 
     def factor(self, molecules, placed, bucket, method):
-        npad = bucket.nao
-        shape = (len(molecules), bucket.naux, npad * (npad + 1) // 2)
+        npad = bucket.nao_padded
+        shape = (len(molecules), bucket.naux_padded, npad * (npad + 1) // 2)
         exact, packed = aligned_empty(shape, np.float64, zeroed=True), aligned_empty(shape, method.dtype, zeroed=True)
 
         def fill() -> None:

@@ -51,19 +51,16 @@ def batch_memory(bucket: SizeBucket, method: Method, conformers: int, prepared_a
     values on the device are held at the same time.
     """
     value_bytes = method.dtype.itemsize
-    nao = bucket.nao
-    grid = bucket.grid_points if method.needs_grid else 0
+    nao = bucket.nao_padded
+    grid = bucket.grid_points_padded if method.needs_grid else 0
     held = method.integrals.held_bytes(nao, grid, value_bytes)  # one conformer's
-    making = 0  # bytes held only while one conformer's ERIs are made
-    if method.config.density_fitted:  # the fitted factor in float64 and in the loop's precision, not the s8 ERIs
-        values = bucket.naux * nao * (nao + 1) // 2
-        held = {**held, "eris": (8 + value_bytes) * values}
-        making = method.integrals.fitting_bytes * values  # beside the factor while it is made
+    # the s8 ERIs or the fitted factor, and what is held only while one conformer's are made
+    eris, making = method.backend.eri_bytes(bucket, held["eris"], method.integrals.fitting_bytes, value_bytes)
     jk = method.backend.layout_bytes(bucket, value_bytes)
     device_ao = 4 * grid * nao * value_bytes  # (4, Gp, Np) in the loop's precision
     host = conformers + prepared_ahead
     return MemoryEstimate((
-        ("ERIs", host * held["eris"] + making),
+        ("ERIs", host * eris + making),
         ("J-K arrays", conformers * jk + prepared_ahead * method.backend.resident_bytes(bucket, value_bytes)),
         ("AO values", host * (held["ao_values"] + device_ao)),
         ("process", PROCESS_BYTES),
@@ -90,13 +87,21 @@ def largest_batch(bucket: SizeBucket, method: Method, most: int, budget_gb: floa
     return next(fits, 0)
 
 
-def check_budget(estimate: MemoryEstimate, budget_gb: float, what: str, advice: str) -> None:
-    """:class:`MemoryBudgetError` if ``estimate`` exceeds ``budget_gb``; ``what`` names the batch and
-    ``advice`` says what would make it fit."""
-    if estimate.total > budget_gb * GB:
-        raise MemoryBudgetError(
-            f"{what} needs about {estimate.total / GB:.1f} GB ({estimate.describe()}), above the memory budget of "
-            f"{budget_gb:g} GB (--memory-budget); {advice}")  # fmt: skip
+def check_memory(bucket: SizeBucket, method: Method, conformers: int, budget_gb: float, what: str) -> None:
+    """Both command lines' memory check: :class:`MemoryBudgetError` if a batch of ``conformers`` of
+    ``bucket`` (``what``, e.g. a molecule's name) needs more than ``budget_gb`` even without the next
+    batch prepared beside it. The message gives the numbers and the largest batch that fits, or, where
+    not even one does, what to change (the J-K backend's advice first)."""
+    estimate = batch_memory(bucket, method, conformers)
+    if estimate.total <= budget_gb * GB:
+        return
+    fits = largest_batch(bucket, method, conformers - 1, budget_gb, ahead=False)
+    advice = (f"--batch-size {fits} fits" if fits else
+              f"not even a batch of one fits: try {method.backend.memory_advice}a smaller basis or, where the "
+              "machine has the memory, a larger --memory-budget")  # fmt: skip
+    raise MemoryBudgetError(
+        f"{what} ({bucket.nao_padded} AOs, J-K backend {method.config.jk}) needs about {estimate.total / GB:.1f} GB "
+        f"({estimate.describe()}), above the memory budget of {budget_gb:g} GB (--memory-budget); {advice}")
 
 
 def device_batch(bucket: SizeBucket, method: Method, conformers: int, device_bytes: int) -> int:

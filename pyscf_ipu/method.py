@@ -15,9 +15,11 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
+from .buckets import SizeBucket
 from .config import AUTO, ConfigError, RKSConfig
 from .integral_sources import INTEGRAL_SOURCES, IntegralSource, auto_integrals
 from .jk import JK_BACKENDS, JKBackend
+from .molecule import Molecule
 from .xc.functionals import FUNCTIONALS, Functional
 
 
@@ -51,6 +53,17 @@ class Method:
     def needs_grid(self) -> bool:
         """Whether the functional has a part on the grid (Hartree-Fock has none)."""
         return bool(self.functional.pieces)
+
+    def bucket(self, molecule: Molecule) -> SizeBucket:
+        """``molecule``'s size bucket under these settings (:meth:`bucket_of`)."""
+        return self.bucket_of(molecule.symbols, molecule.charge)
+
+    def bucket_of(self, symbols, charge: int = 0) -> SizeBucket:
+        """The size bucket of a molecule of ``symbols`` (with ``charge``) at this basis and grid level,
+        at the J-K backend's occupied-orbital step; :class:`~pyscf_ipu.molecule.MoleculeError` where
+        the basis lacks an element."""
+        config = self.config
+        return SizeBucket.of_symbols(symbols, config.basis, config.grid_level, self.backend.occupied_step, charge)
 
     @property
     def loop(self) -> LoopSettings:

@@ -27,7 +27,6 @@ from .pyscf_mole import build_mole
 from .templates import atomic_guess
 
 if TYPE_CHECKING:
-    from .config import RKSConfig
     from .method import Method
 
 # Eigenvalues of S below this are treated as linear dependence and projected out (PySCF's lindep).
@@ -163,16 +162,15 @@ def prepare(molecules: list[Molecule], method: Method) -> list[PreparedProblem]:
     """
     config = method.config
     mols = [build_mole(molecule, config.basis) for molecule in molecules]  # checks the elements and basis
-    bucket = SizeBucket.of(molecules[0], config.basis, config.grid_level, config.occupied_step)
+    bucket = method.bucket(molecules[0])
     if any(not bucket.fits(molecule) for molecule in molecules[1:]):
         raise ValueError("a batch needs molecules of one size bucket")
-    return [_prepare_one(molecule, mol, config, method.needs_grid, bucket) for molecule, mol in zip(molecules, mols)]
+    return [_prepare_one(molecule, mol, method, bucket) for molecule, mol in zip(molecules, mols)]
 
 
-def _prepare_one(molecule: Molecule, mol: gto.Mole, config: RKSConfig, needs_grid: bool, bucket: SizeBucket
-                 ) -> PreparedProblem:  # fmt: skip
+def _prepare_one(molecule: Molecule, mol: gto.Mole, method: Method, bucket: SizeBucket) -> PreparedProblem:
     """One conformer's preparation: integrals, guess, orthogonaliser, screening, grid and AO values."""
-    timings = {}
+    config, timings = method.config, {}
     t = time.perf_counter()
     guess = atomic_guess(config.basis, mol.elements)
     timings["guess"] = time.perf_counter() - t
@@ -184,16 +182,10 @@ def _prepare_one(molecule: Molecule, mol: gto.Mole, config: RKSConfig, needs_gri
 
     t = time.perf_counter()
     nao = mol.nao_nr()
-    if config.density_fitted:  # no N^4 array at all
-        eri, nonzero, fitted = np.zeros(0), 0, fitted_eri(mol, bucket.basis, config.eri_expcutoff)
-    else:
-        eri, fitted = eri_s8(mol, config.eri_expcutoff), np.zeros((0, 0))
-        if config.eri_threshold > 0:
-            eri = schwarz_screen(eri, nao * (nao + 1) // 2, config.eri_threshold)
-        nonzero = int(np.count_nonzero(eri))
+    eri, nonzero, fitted = method.backend.host_eris(mol, bucket, config)  # s8 ERIs or the fitted factor
     timings["eri"] = time.perf_counter() - t
 
-    if needs_grid:
+    if method.needs_grid:
         t = time.perf_counter()
         grids = dft.gen_grid.Grids(mol)
         grids.level = config.grid_level

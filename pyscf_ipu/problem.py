@@ -108,23 +108,13 @@ problem_program = compiled(
     name="problem", quick_compile=True)
 
 
-def final_contracts_eris(method: Method) -> bool:
-    """Whether the finalisation contracts the ERIs as computed on the device, beside the loop's
-    rounded copy: where the run's integral source computes them there in a higher precision than
-    the loop's (the JAX integrals' float64 ERIs under a float32 loop), and the loop does not
-    density-fit. Where the loop holds them as computed, the finalisation contracts its J-K arrays."""
-    integrals = method.integrals
-    return (integrals.eris_on_device and not method.config.density_fitted
-            and integrals.eri_dtype(method) != np.dtype(method.dtype))  # fmt: skip
-
-
 cast_program = compiled(lambda a, dtype: a.astype(dtype), static_argnums=1, name="cast")
 
 
 def build_problem(integrals: BatchIntegrals, method: Method) -> tuple[SCFProblem, FinalInputs]:
     """The batch's :class:`SCFProblem` in ``method``'s precision, its J-K arrays laid out by its
     backend from its ERIs in that precision, and its :class:`FinalInputs` in float64, which hold the
-    ERIs as computed where the finalisation contracts them (:func:`final_contracts_eris`);
+    ERIs as computed where the finalisation contracts them (the backend's ``keeps_final_eris``);
     dispatched, not waited for."""
     dtype, backend = np.dtype(method.dtype), method.backend
     eris, ao = integrals.eris, integrals.ao
@@ -133,7 +123,7 @@ def build_problem(integrals: BatchIntegrals, method: Method) -> tuple[SCFProblem
         ao = ao if ao.dtype == dtype else cast_program(ao, dtype.name)
         problem, final = problem_program(replace(integrals, eris=None, ao=None), dtype.name)
         problem = replace(problem, ao=ao)
-        if final_contracts_eris(method):  # computed more precisely than the loop reads them
+        if backend.keeps_final_eris(method):  # computed more precisely than the loop reads them
             final = replace(final, eris=eris)
             eris = cast_program(eris, dtype.name)
     jk = backend.prepare(eris, integrals.overlap.shape[-1], dtype)
@@ -168,7 +158,7 @@ def prepare_batch(molecules: list[Molecule], method: Method, shapes: tuple[int, 
     element the basis lacks."""
     config = method.config
     check_basis({symbol for molecule in molecules for symbol in molecule.symbols}, config.basis)
-    bucket = SizeBucket.of(molecules[0], config.basis, config.grid_level, config.occupied_step)
+    bucket = method.bucket(molecules[0])
     if any(not bucket.fits(molecule) for molecule in molecules[1:]):
         raise ValueError("a batch needs molecules of one size bucket")
     return batch_of(*method.integrals.integrals(molecules, bucket, method, shapes), bucket, method)

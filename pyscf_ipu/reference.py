@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import numpy as np
 from pyscf import dft, lib, scf
 
-from .buckets import auxiliary_basis
 from .pyscf_mole import build_mole
 from .molecule import Molecule
 from .method import Method
@@ -60,8 +59,7 @@ def pyscf_method(molecule: Molecule, method: Method):
         mf.grids.level = config.grid_level
     else:
         mf = scf.RHF(mol)
-    if config.density_fitted:  # the same fitting basis: the difference then measures our code, not the fit
-        mf = mf.density_fit(auxbasis={symbol: auxiliary_basis(config.basis, symbol) for symbol in set(mol.elements)})
+    mf = method.backend.pyscf_counterpart(mf, config.basis)  # density fitted in the same basis where the run is
     mf.verbose = 0
     mf.max_memory = lib.current_memory()[0] + mol.max_memory  # MB: the default, beside what we hold
     return mf

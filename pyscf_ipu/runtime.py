@@ -20,12 +20,16 @@ def enable_compilation_cache(path: str | Path | None = None) -> Path:
 
     Every program is kept, however quickly it compiled: below JAX's default threshold (1 s) a
     program compiled again in every new process. Called by the command-line entry points and the
-    tests, never at import.
+    tests, never at import. A cache directory that cannot be made (a read-only shared cache without
+    it) leaves the cache off: the run compiles what it needs and stores nothing.
     """
     import jax
 
     cache = Path(path) if path is not None else default_cache_dir() / "jax"
-    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return cache
     jax.config.update("jax_compilation_cache_dir", str(cache))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     return cache

@@ -28,7 +28,7 @@ import numpy as np
 from pyscf import gto, scf
 from pyscf.dft import radi
 
-from .buckets import SizeBucket, _element_aos, _kind_grid_size, auxiliary_layout, auxiliary_mole, capacity
+from .buckets import SizeBucket, element_aos, kind_grid_size, auxiliary_layout, auxiliary_mole, capacity
 from .grid import atom_grids
 from .integrals.ao_values import AOTables, ao_tables
 from .integrals.basis import MAX_FITTING_L, PrimitiveBasis, contracted_shells, primitive_basis
@@ -245,11 +245,11 @@ def _template(bucket: SizeBucket) -> BucketTemplate:
     # each slot's grid: its kind's largest atomic grid, the slots of kinds counted exactly first and then,
     # rank by rank, the others', so that absent slots' points come last (the XC loops stop before
     # them); then the padding to the bucket's aligned size, each point a column past every grid
-    sizes = [_kind_grid_size(bucket.basis, kind, bucket.grid_level) for kind, cap in bucket.kinds for _ in range(cap)]
-    rounded = np.array([capacity(1, _element_aos(kind)) > 1 for kind, _ in bucket.kinds])[bucket.slot_kinds]
+    sizes = [kind_grid_size(bucket.basis, kind, bucket.grid_level) for kind, cap in bucket.kinds for _ in range(cap)]
+    rounded = np.array([capacity(1, element_aos(kind)) > 1 for kind, _ in bucket.kinds])[bucket.slot_kinds]
     order = np.lexsort((rank, rounded))  # exact kinds' slots, then the rounded kinds' by rank
     points = SlotRows.of(np.repeat(order, np.asarray(sizes)[order]))
-    padding = bucket.grid_points - len(points.slot)
+    padding = bucket.grid_points_padded - len(points.slot)
     points = SlotRows(np.concatenate([points.slot, np.zeros(padding, np.int32)]),
                       np.concatenate([points.local, np.full(padding, max(sizes), np.int32)]))  # fmt: skip
     layouts = [auxiliary_layout(bucket.basis, kind) if bucket.occupied else () for kind, cap in bucket.kinds
@@ -346,6 +346,6 @@ def _kind(bucket: SizeBucket, symbol: str) -> tuple:
 
 def _first_of_kind(bucket: SizeBucket, symbol: str) -> str:
     """The template's element for ``symbol``'s kind (the kind's first element)."""
-    from .buckets import _kind_members
+    from .buckets import kind_members
 
-    return _kind_members(bucket.basis, _kind(bucket, symbol))[0]
+    return kind_members(bucket.basis, _kind(bucket, symbol))[0]

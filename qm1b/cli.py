@@ -42,7 +42,7 @@ RESUME = "; what was committed is kept: run again with --resume once that is fix
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .generate import GENERATOR_DFT_DEFAULTS, GenerateConfig
+    from .settings import GENERATOR_DFT_DEFAULTS, GenerateConfig
     from .validate import TOLERANCE_MEV
 
     parser = Parser(prog="qm1b", description="QM1B-style DFT dataset generator")
@@ -72,18 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _generate(args) -> int:
     reuse_freed_memory()  # first: before JAX runs anything
-    from .generate import GenerateConfig, generate
+    from .generate import generate
+    from .settings import GenerateConfig
 
     try:
         gen = config_from_arguments(args, GenerateConfig)
         dft = config_from_arguments(args, RKSConfig)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    summaries = generate(gen, dft)
-    for summary in summaries:
-        print("\n".join(summary.lines()))
-    if gen.report:
-        Path(gen.report).write_text(json.dumps([s.to_dict() for s in summaries], indent=1))
+    summary = generate(gen, dft)
+    print("\n".join(summary.lines()))
+    if gen.report:  # a list of one summary, as the report has always been written
+        Path(gen.report).write_text(json.dumps([summary.to_dict()], indent=1))
     return 0
 
 
@@ -159,7 +159,8 @@ def _plot(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     from pyscf_ipu.molecule import MoleculeError
 
-    from .generate import ClusterLostError, NotConvergingError
+    from .ray_executor import ClusterLostError
+    from .watch import NotConvergingError
     from .inputs import InputError
     from .store import StorageError
 

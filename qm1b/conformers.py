@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pyscf_ipu.buckets import SizeBucket
+from pyscf_ipu.method import Method
 from pyscf_ipu.molecule import Molecule, MoleculeError, validate
 from pyscf_ipu.units import BOHR_PER_ANGSTROM
 
@@ -152,9 +153,9 @@ def embed_conformers(
 Conformers = list[tuple[int, Molecule]]  # (conformer_id, conformer) of one molecule
 
 
-def _bucket(symbols, basis: str, grid_level: int, occupied_step: int, charge: int = 0) -> SizeBucket | None:
+def _bucket(symbols, method: Method, charge: int = 0) -> SizeBucket | None:
     try:
-        return SizeBucket.of_symbols(list(symbols), basis, grid_level, occupied_step, charge)
+        return method.bucket_of(list(symbols), charge)
     except Exception:  # an element the basis lacks, or none at all: the run records the failure
         return None
 
@@ -187,14 +188,13 @@ class EmbeddedConformers:
         """The molecule's atoms, hydrogens added (none if RDKit cannot read it)."""
         return () if entry.parsed is None else entry.parsed.symbols
 
-    def bucket(self, entry: MoleculeInput, basis: str, grid_level: int, occupied_step: int) -> SizeBucket | None:
-        """The molecule's size bucket (its atoms with hydrogens added; ``occupied_step`` as the run's
-        :attr:`~pyscf_ipu.config.RKSConfig.occupied_step`); None if RDKit cannot read it or the basis
-        lacks one of its elements (the run records the failure)."""
+    def bucket(self, entry: MoleculeInput, method: Method) -> SizeBucket | None:
+        """The molecule's size bucket under ``method`` (its atoms with hydrogens added); None if RDKit
+        cannot read it or the basis lacks one of its elements (the run records the failure)."""
         parsed = entry.parsed
         if parsed is None:
             return None
-        return _bucket(parsed.symbols, basis, grid_level, occupied_step, parsed.charge)
+        return _bucket(parsed.symbols, method, parsed.charge)
 
     def conformers(self, entry: MoleculeInput) -> tuple[Conformers, list[Failure]]:
         """The molecule's conformers (no failures of single conformers); :class:`ConformerError` if none."""
@@ -221,8 +221,8 @@ class FileConformers:
     def symbols(self, entry: GeometryInput) -> tuple[str, ...]:
         return tuple(entry.frames[0].symbols)
 
-    def bucket(self, entry: GeometryInput, basis: str, grid_level: int, occupied_step: int) -> SizeBucket | None:
-        return _bucket(entry.frames[0].symbols, basis, grid_level, occupied_step, entry.frames[0].charge)
+    def bucket(self, entry: GeometryInput, method: Method) -> SizeBucket | None:
+        return _bucket(entry.frames[0].symbols, method, entry.frames[0].charge)
 
     def conformers(self, entry: GeometryInput) -> tuple[Conformers, list[Failure]]:
         """The frames that are closed-shell, neutral molecules; each other frame is a failure with its

@@ -13,17 +13,12 @@ from .store import open_dataset
 
 def plot_dataset(directory, path: str | Path | None = None) -> Path:
     """Histograms of the HOMO-LUMO gap and the energy per atom, and the convergence rate."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     dataset = open_dataset(directory)
     arrays = dataset.arrays()
     cols = arrays.columns
     path = Path(path) if path is not None else Path(directory) / "dataset.png"
     failures = len(dataset.failures())
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), layout="constrained")
+    fig, (axes,) = new_figure(ncols=3, size=(13, 3.8))
     axes[0].hist(cols["y"], bins=30, color="tab:blue")
     axes[0].set_xlabel("HOMO-LUMO gap y (eV)")
     axes[0].set_ylabel("conformers")
@@ -38,10 +33,7 @@ def plot_dataset(directory, path: str | Path | None = None) -> Path:
     rate = converged / len(arrays) if len(arrays) else 0.0
     axes[2].set_title(f"convergence rate {rate:.1%}")
     fig.suptitle(f"{directory}: {len(arrays)} conformers, {len(np.unique(cols['molecule_id']))} molecules")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_png(fig, path)
 
 
 def plot_gap_by_conformer(directory, path: str | Path, molecule_id: int | None = None) -> Path:

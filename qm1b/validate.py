@@ -7,24 +7,16 @@ import dataclasses
 
 import numpy as np
 
-from pyscf_ipu.config import IPUConfig, RKSConfig
 from pyscf_ipu.molecule import Molecule
 from pyscf_ipu.method import resolve
 from pyscf_ipu.reference import pyscf_reference
 from pyscf_ipu.units import HARTREE_TO_MEV
 
+from .settings import dft_config
 from .store import open_dataset
 
 QUANTITIES = ("energy", "homo", "lumo", "y")
 TOLERANCE_MEV = 2.0  # the float32 label tolerance (docs/science.md)
-
-
-def dft_config(settings: dict) -> RKSConfig:
-    """The RKSConfig a dataset was generated with, from its recorded settings."""
-    names = {f.name for f in dataclasses.fields(RKSConfig)} - {"ipu"}
-    ipu = {f.name for f in dataclasses.fields(IPUConfig)}
-    return RKSConfig(**{k: v for k, v in settings.items() if k in names},
-                     ipu=IPUConfig(**{k: v for k, v in settings.items() if k in ipu}))  # fmt: skip
 
 
 def validate(directory, sample: int, seed: int = 0, tolerance_mev: float = TOLERANCE_MEV) -> dict:

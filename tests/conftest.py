@@ -1,7 +1,8 @@
 """Shared fixtures: the persistent compilation cache, test molecules and cached PySCF references.
 
 PySCF float64 references are computed in the test run (tightly converged) and cached on disk,
-keyed by the geometry and the settings, so a second run does not repeat them.
+keyed by the geometry, the settings, PySCF's version and the code that makes the reference, so a
+second run does not repeat them and a change to either computes them again.
 Set PYSCF_IPU_CACHE to move the cache (default ~/.cache/pyscf-ipu).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import json
 import warnings
 
@@ -20,7 +22,7 @@ from pyscf_ipu.method import resolve
 from pyscf_ipu.runtime import default_cache_dir, enable_compilation_cache
 from pyscf_ipu.prepare import PreparedProblem, prepare
 from pyscf_ipu.molecule import Molecule
-from pyscf_ipu.reference import Reference, pyscf_reference
+from pyscf_ipu.reference import Reference, pyscf_method, pyscf_reference
 
 from .molecules import QM9_NINE_HEAVY, molecule_by_name
 
@@ -54,7 +56,18 @@ def host_of(qm9_nine_heavy):
     return get
 
 
-def _key(molecule: Molecule, config: RKSConfig) -> str:
+def reference_key(molecule: Molecule, config: RKSConfig) -> str:
+    """The cache key of PySCF's reference for ``molecule`` under ``config``: the geometry, the settings
+    PySCF sees, the PySCF method it runs (e.g. ``RKS`` or its density-fitted class), PySCF's version and
+    the source of the code that builds the reference (``pyscf_ipu.reference`` and the J-K backend's
+    ``pyscf_counterpart``)."""
+    import pyscf
+
+    import pyscf_ipu.reference
+
+    method = resolve(config)
+    counterpart = type(method.backend).pyscf_counterpart
+    code = inspect.getsource(pyscf_ipu.reference) + inspect.getsource(counterpart)
     payload = {
         "z": molecule.atomic_numbers.tolist(),
         "pos": np.round(molecule.positions, 10).tolist(),
@@ -62,8 +75,9 @@ def _key(molecule: Molecule, config: RKSConfig) -> str:
         "basis": config.basis,
         "xc": config.xc,
         "grid_level": config.grid_level,
-        "fitted": config.density_fitted,
-        "record": 2,  # Reference's fields: a record of an older form is computed again
+        "pyscf_method": type(pyscf_method(molecule, method)).__name__,
+        "pyscf": pyscf.__version__,
+        "code": hashlib.sha256(code.encode()).hexdigest(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
@@ -75,7 +89,7 @@ def reference():
     folder.mkdir(parents=True, exist_ok=True)
 
     def get(molecule: Molecule, config: RKSConfig) -> Reference:
-        path = folder / f"{_key(molecule, config)}.json"
+        path = folder / f"{reference_key(molecule, config)}.json"
         if path.exists():
             return Reference(**json.loads(path.read_text()))
         ref = pyscf_reference(molecule, resolve(config))
@@ -86,3 +100,19 @@ def reference():
         return ref
 
     return get
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures saved during a test, in order (every plot function saves through ``Figure.savefig``),
+    so that a test can check what a picture shows, not just that a file was written."""
+    from matplotlib.figure import Figure
+
+    figures, save = [], Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        figures.append(fig)
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return figures

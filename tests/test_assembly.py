@@ -29,7 +29,7 @@ METHANE = "C 0 0 0; H 0.63 0.63 0.63; H -0.63 -0.63 0.63; H -0.63 0.63 -0.63; H 
 def assembled(molecules, config: RKSConfig, source: JaxIntegrals = JaxIntegrals()):
     """(the batch's integrals as numpy arrays, its members, its bucket) from the JAX source."""
     method = resolve(config)
-    bucket = SizeBucket.of(molecules[0], config.basis, config.grid_level, config.occupied_step)
+    bucket = resolve(config).bucket(molecules[0])
     integrals, members, _ = source.integrals(molecules, bucket, method)
     return jax.device_get(integrals), members, bucket
 
@@ -60,7 +60,7 @@ def test_assembled_integrals_equal_libcints_at_each_geometry(basis):
     for molecules in groups:
         ints, members, bucket = assembled(molecules, RKSConfig(basis=basis))
         float32_eris = assembled(molecules, RKSConfig(basis=basis), JaxIntegrals(eri_precision="float32"))[0].eris
-        npad = bucket.nao
+        npad = bucket.nao_padded
         for c, (molecule, member) in enumerate(zip(molecules, members)):
             mol = build_mole(molecule, basis)
             own = np.ix_(member.aos, member.aos)
@@ -125,7 +125,7 @@ def test_the_factor_in_the_templates_pairs_equals_libcints(factor, spare):
     molecule = from_atom_string("H 0 0.76 -0.47; O 0 0 0.12; H 0 -0.76 -0.47")
     config = RKSConfig(basis="6-31g*", jk="df", integrals="jax")
     if spare:
-        bucket = SizeBucket.of_symbols(("H", "O", "H", "H"), config.basis, config.grid_level, config.occupied_step, 1)
+        bucket = resolve(config).bucket_of(("H", "O", "H", "H"), 1)
         integrals, (member,), _ = JaxIntegrals(factor=factor).integrals([molecule], bucket, resolve(config))
         ints = jax.device_get(integrals)
     else:
@@ -158,7 +158,7 @@ def test_the_finalisation_contracts_the_device_integrals_there(integrals):
     assert ints.eris.dtype == (np.float64 if integrals == "jax" else np.float32)
     for c, (member, result) in enumerate(zip(members, results)):
         own = np.ix_(*[member.aos] * 4)
-        eri = ao2mo.restore(1, np.asarray(ints.eris[c], np.float64), bucket.nao)[own]
+        eri = ao2mo.restore(1, np.asarray(ints.eris[c], np.float64), bucket.nao_padded)[own]
         vj, vk = scf.hf.dot_eri_dm(eri, result.density, hermi=1)
         assert result.energy_terms["coulomb"] == pytest.approx(0.5 * np.sum(result.density * vj), abs=1e-9)
         exchange = -0.25 * method.functional.hf_exchange * np.sum(result.density * vk)

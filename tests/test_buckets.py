@@ -25,9 +25,9 @@ def test_buckets_count_atoms_by_kind_not_element():
     water = from_atom_string("O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59")
     assert SizeBucket.of(ammonia, "sto-3g", 0) == SizeBucket.of(methane, "sto-3g", 0)  # N and C: one kind
     bucket = SizeBucket.of(methane, "sto-3g", 0)
-    assert bucket.nao == 5 + 4 and bucket.natm == 5 and bucket.grid_points % 1024 == 0
-    assert SizeBucket.of(water, "sto-3g", 0).nao == 5 + 4  # 2 H padded to the capacity 4
-    assert SizeBucket.of(from_atom_string(ETHANE), "sto-3g", 0).nao == 2 * 5 + 8  # 6 H: capacity 8
+    assert bucket.nao_padded == 5 + 4 and bucket.natm_padded == 5 and bucket.grid_points_padded % 1024 == 0
+    assert SizeBucket.of(water, "sto-3g", 0).nao_padded == 5 + 4  # 2 H padded to the capacity 4
+    assert SizeBucket.of(from_atom_string(ETHANE), "sto-3g", 0).nao_padded == 2 * 5 + 8  # 6 H: capacity 8
     assert SizeBucket.of(methane, "6-31g", 0) != bucket
 
 
@@ -35,8 +35,8 @@ def test_density_fitted_buckets_also_split_by_the_occupied_count():
     """Only density fitting's shapes depend on the occupied orbitals (K's rank), so only its buckets
     hold their count, rounded up to 8; the bound covers every molecule of the bucket."""
     ammonia, methane = from_atom_string(AMMONIA), from_atom_string(METHANE)
-    step = RKSConfig(jk="df").occupied_step
-    assert step == 8 and RKSConfig().occupied_step == 0
+    step = resolve(RKSConfig(jk="df")).backend.occupied_step
+    assert step == 8 and resolve(RKSConfig()).backend.occupied_step == 0
     fitted = SizeBucket.of(methane, "6-31g*", 0, step)
     assert fitted.occupied == 8 and fitted.occupied_rank == min(8, fitted.density_rank)
     assert fitted.fits(ammonia) and SizeBucket.of(ammonia, "6-31g*", 0, step) == fitted  # both 5 pairs
@@ -61,14 +61,14 @@ def test_density_fitted_kinds_split_by_fitting_functions():
                     charge=molecule.charge, verbose=0)  # fmt: skip
         return df.make_auxmol(mol, df.make_auxbasis(mol)).nao
 
-    step = RKSConfig(jk="df").occupied_step
+    step = resolve(RKSConfig(jk="df")).backend.occupied_step
     methane = from_atom_string(METHANE)
-    assert SizeBucket.of(methane, "6-31g*", 0, step).naux == pyscf_count(methane) == 70 + 4 * 23
+    assert SizeBucket.of(methane, "6-31g*", 0, step).naux_padded == pyscf_count(methane) == 70 + 4 * 23
     lithium = from_atom_string(METHANE.replace("C 0", "Li 0"), charge=-3)  # LiH4(3-): methane's shape
     assert SizeBucket.of(lithium, "6-31g*", 0) == SizeBucket.of(methane, "6-31g*", 0)
     lithium_fitted = SizeBucket.of(lithium, "6-31g*", 0, step)
     assert lithium_fitted.kinds != SizeBucket.of(methane, "6-31g*", 0, step).kinds
-    assert lithium_fitted.naux == pyscf_count(lithium) == 83 + 4 * 23
+    assert lithium_fitted.naux_padded == pyscf_count(lithium) == 83 + 4 * 23
 
 
 def test_molecules_of_one_bucket_share_a_batch_and_every_program():

@@ -266,13 +266,13 @@ def test_molecules_of_similar_size_share_the_compiled_integral_programs():
     """ERI plans are padded to bucketed shapes (pair rows, tiles per class, atoms, shells, the s8
     size), so two different molecules in one bucket run the same compiled programs, each still equal
     to libcint."""
-    from pyscf_ipu.integrals.eri import _static
+    from pyscf_ipu.integrals.eri import static_tables
     from pyscf_ipu.integrals.eri_kernels import quartet_program
 
     first, second = (build_mole(record.molecule, "sto-3g") for record in qm9_molecules([2, 3]))  # NH3, H2O
     plans = [plan_eri(first), plan_eri(second)]
     assert plans[0].size != plans[1].size and plans[0].natm != plans[1].natm  # different molecules
-    assert _static(plans[0]) == _static(plans[1])
+    assert static_tables(plans[0]) == static_tables(plans[1])
     compiled = []
     for mol, plan in zip((first, second), plans):
         ours = np.asarray(eri_s8(plan, mol.atom_coords()[None], jnp.float32, workers=2)[0], np.float64)
@@ -285,7 +285,7 @@ def test_compiled_eri_programs_are_released_before_the_memory_mapping_limit(monk
     """A new ERI shape, with the process past its share of ``vm.max_map_count``, first empties the
     quartet kernels' caches (which gives their memory mappings back): here a share of 0, so only the
     newest program stays compiled, and the values stay right."""
-    from pyscf_ipu.integrals.eri import _static
+    from pyscf_ipu.integrals.eri import static_tables
     from pyscf_ipu.integrals.eri_kernels import quartet_program
     from pyscf_ipu.programs import MappingBudget, memory_mappings
 
@@ -294,7 +294,7 @@ def test_compiled_eri_programs_are_released_before_the_memory_mapping_limit(monk
     monkeypatch.setattr(quartet_program, "budget", MappingBudget(share=0.0))
     mols = [build_mole(MOLECULES[name](), "sto-3g") for name in ("water", "benzene")]
     plans = [plan_eri(mol) for mol in mols]
-    assert _static(plans[0]) != _static(plans[1])  # two programs
+    assert static_tables(plans[0]) != static_tables(plans[1])  # two programs
     for mol, plan in zip(mols, plans):
         ours = np.asarray(eri_s8(plan, mol.atom_coords()[None], jnp.float32, workers=1)[0], np.float64)
         assert np.abs(ours - mol.intor("int2e", aosym="s8")).max() <= 1e-6

@@ -24,6 +24,7 @@ from pyscf_ipu.ipu.profile import plot_tile_map, profile_report
 from pyscf_ipu.molecule import from_name
 from pyscf_ipu.rks import run_rks
 from pyscf_ipu.units import HARTREE_TO_MEV
+from .tolerances import LABEL_MEV
 
 
 def member(stacked: dict) -> dict:
@@ -209,7 +210,7 @@ def test_scf_with_ipu_backend_matches_pyscf(qm9_nine_heavy, reference):
     result = run_rks(molecule, config, profile=True)
     ref = reference(molecule, config)
     for ours, theirs in ((result.energy, ref.energy), (result.homo, ref.homo), (result.lumo, ref.lumo)):
-        assert abs(ours - theirs) * HARTREE_TO_MEV < 2.0
+        assert abs(ours - theirs) * HARTREE_TO_MEV < LABEL_MEV
     assert result.jk_profile["strategy"] == "rows" and result.converged
     assert run_rks(from_name("water"), config).jk_profile is None  # the profile only where asked for
 
@@ -221,7 +222,7 @@ def test_memory_error_exits_2_from_the_cli(capsys):
     assert "does not fit" in err and "a tile may use only" in err and "--ipus" in err and "Traceback" not in err
 
 
-def test_profile_report_and_tile_map(tmp_path):
+def test_profile_report_and_tile_map(tmp_path, drawn):
     report_path, png = tmp_path / "report.json", tmp_path / "tiles.png"
     code = main(["run", "--mol", "water", "--profile", str(report_path), "--profile-plot", str(png)])
     assert code == 0
@@ -235,6 +236,14 @@ def test_profile_report_and_tile_map(tmp_path):
     assert report["estimate"]["seconds_per_iteration"] > report["estimate"]["seconds_per_jk"] > 0
     assert "cycles" in report["estimate"]["formula"] and "s8_cycles_per_integral" in report["assumptions"]
     assert png.stat().st_size > 5000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # one panel per IPU, each titled with its tiles in use and showing their bytes (idle tiles masked)
+    panels = [ax for ax in drawn[-1].axes if ax.get_images()]
+    assert len(panels) == tile_bytes.shape[0]
+    for ipu, ax in enumerate(panels):
+        assert ax.get_title() == f"IPU {ipu}: {np.count_nonzero(tile_bytes[ipu])} tiles used"
+        shown = ax.get_images()[0].get_array()
+        assert shown.count() == np.count_nonzero(tile_bytes[ipu])
+        assert shown.sum() == pytest.approx(tile_bytes[ipu].sum() / 1024)
     # the plot needs only the report: a saved report can be drawn again
     plot_tile_map(report, tmp_path / "again.png")
     assert (tmp_path / "again.png").stat().st_size > 5000

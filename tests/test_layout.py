@@ -11,7 +11,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pyscf_ipu", "qm1b", "schnet")
 MOST_PARAMETERS = 8
 # the name -> object registries, each defined beside its strategies and read by pyscf_ipu.method.resolve only
-REGISTRIES = {"FUNCTIONALS": "pyscf_ipu/xc/functionals.py", "JK_BACKENDS": "pyscf_ipu/jk.py",
+# the J-K backends themselves: the only modules that may ask which backend a run uses
+BACKENDS = ("pyscf_ipu/jk/", "pyscf_ipu/ipu/backend.py")
+BACKEND_NAMES = {"ipu", "dense", "s8", "df"}
+BACKEND_CLASSES = {"DenseJK", "S8JK", "IPUJK", "FittedJK", "ExactERIs"}
+REGISTRIES = {"FUNCTIONALS": "pyscf_ipu/xc/functionals.py", "JK_BACKENDS": "pyscf_ipu/jk/__init__.py",
               "INTEGRAL_SOURCES": "pyscf_ipu/integral_sources.py"}  # fmt: skip
 
 
@@ -44,3 +48,59 @@ def test_only_the_resolver_reads_a_registry(registry):
     readers = {path for path, tree in _modules() for node in ast.walk(tree)
                if isinstance(node, ast.Name) and node.id == registry}  # fmt: skip
     assert readers == {REGISTRIES[registry], "pyscf_ipu/method.py"}
+
+
+def _names_jk(node: ast.AST) -> bool:
+    """Whether ``node`` is a name or attribute such as ``jk``, ``config.jk`` or ``args.jk_name``."""
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+    return "jk" in name.split("_")
+
+
+def _backend_names(node: ast.AST) -> bool:
+    """Whether ``node`` is a J-K backend's name as a string, or a tuple, list or set of them."""
+    if isinstance(node, ast.Constant):
+        return node.value in BACKEND_NAMES
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(map(_backend_names, node.elts))
+
+
+def backend_branches(path: str, tree: ast.AST) -> list[str]:
+    """Where ``tree`` asks which J-K backend a run uses, instead of asking the backend: the
+    ``density_fitted`` flag, a comparison of a ``jk`` setting with a backend's name, or an
+    ``isinstance`` test against a backend class."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "density_fitted":
+            found.append(f"{path}:{node.lineno} density_fitted")
+        elif isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(map(_names_jk, operands)) and any(map(_backend_names, operands)):
+                found.append(f"{path}:{node.lineno} compares a jk setting with a backend's name")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
+            if any(isinstance(n, ast.Name) and n.id in BACKEND_CLASSES for n in ast.walk(node.args[-1])):
+                found.append(f"{path}:{node.lineno} isinstance of a backend class")
+    return found
+
+
+def test_no_module_but_the_backends_asks_which_backend_a_run_uses():
+    """Density fitting and the exact ERIs differ in preparation, memory, size buckets, finalisation,
+    reference and gradient; the backend object answers each (``pyscf_ipu.jk``), so no other module
+    branches on a backend's name or kind."""
+    found = [hit for path, tree in _modules() if not path.startswith(BACKENDS) for hit in backend_branches(path, tree)]
+    assert not found, found
+
+
+def test_the_backend_check_finds_each_kind_of_branch():
+    """The check above fails on a probe module that asks in each of the three ways (and not on one
+    that asks the backend)."""
+    probe = ast.parse(
+        "def f(config, method, backend):\n"
+        "    if config.density_fitted:\n"
+        "        return 1\n"
+        "    if config.jk == 'df' or method.config.jk in ('ipu', 's8'):\n"
+        "        return 2\n"
+        "    if isinstance(backend, FittedJK):\n"
+        "        return 3\n"
+        "    return method.backend.cpu_batch\n")  # fmt: skip
+    found = sorted(backend_branches("probe.py", probe))
+    assert found == ["probe.py:2 density_fitted", "probe.py:4 compares a jk setting with a backend's name",
+                     "probe.py:4 compares a jk setting with a backend's name", "probe.py:6 isinstance of a backend class"]

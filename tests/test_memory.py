@@ -55,7 +55,7 @@ def test_the_generator_refuses_a_batch_that_cannot_fit_before_writing_anything(t
                           capture_output=True, text=True, env=ENV, timeout=120)  # fmt: skip
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
-    assert "a batch of 8 conformers of the largest molecules (6-31g:H10C11, 119 AOs" in line
+    assert "a batch of 8 conformers of the largest molecules, 6-31g:H10C11 (119 AOs" in line
     assert "above the memory budget of 5 GB" in line and "--batch-size 2 fits" in line
     assert not out.exists() or not any(out.iterdir())
 
@@ -70,16 +70,18 @@ def test_a_budget_must_be_positive(tmp_path, budget):
 def test_the_automatic_batch_is_the_largest_that_fits_the_budget(tmp_path):
     """Where ``--batch-size 8`` is refused above (5 GB), ``auto`` takes the largest batch that fits with
     the next one prepared beside it; density fitting takes one conformer at a time on a CPU."""
-    from qm1b.generate import GenerateConfig, batch_sizes, input_buckets, load_inputs
+    from qm1b.batching import batch_sizes
+    from qm1b.settings import GenerateConfig
 
     smiles = tmp_path / "in.smi"
     smiles.write_text("CC(=O)Nc1ccc(O)cc1 paracetamol\nCCO ethanol\n")
     for jk in ("ipu", "df"):
         gen = GenerateConfig(smiles=str(smiles), memory_budget=5, progress=False)
         dft = RKSConfig(basis="6-31g", xc="b3lyp5", jk=jk)
-        method, inputs = resolve(dft), load_inputs(gen)
-        sizes = batch_sizes(gen, method, inputs, input_buckets(gen, dft, inputs))
-        largest = max(sizes, key=lambda bucket: bucket.nao)
+        run = gen.resolved(dft)
+        method, inputs = resolve(dft), run.inputs()
+        sizes = batch_sizes(run, method, inputs, run.buckets(method, inputs))
+        largest = max(sizes, key=lambda bucket: bucket.nao_padded)
         size = sizes[largest]
         if jk == "df":
             assert size == 1
@@ -95,15 +97,16 @@ def test_a_bucket_whose_batches_fit_only_one_at_a_time_runs_them_so(tmp_path):
     import numpy as np
 
     from pyscf_ipu.molecule import Molecule
-    from qm1b.generate import GenerateConfig, check_memory, prepares_ahead
+    from qm1b.batching import check_memory, prepares_ahead
+    from qm1b.settings import GenerateConfig
 
     charges = [6] * 16 + [1] * 13 + [17] + [7] * 2 + [8]  # C16H13ClN2O: a size bucket needs only the atoms
     diazepam = Molecule(np.array(charges), np.arange(3 * len(charges), dtype=float).reshape(-1, 3) * 2.0)
     dft = RKSConfig(basis="def2-svp", xc="b3lyp5", jk="df", grid_level=3, integrals="auto")
     method = resolve(dft)
-    bucket = SizeBucket.of(diazepam, dft.basis, dft.grid_level, dft.occupied_step)
+    bucket = method.bucket(diazepam)
     assert batch_memory(bucket, method, 1).total <= 8 * GB < batch_memory(bucket, method, 1, prepared_ahead=1).total
-    tight, roomy = GenerateConfig(memory_budget=8), GenerateConfig(memory_budget=16)
+    tight, roomy = GenerateConfig(memory_budget=8).resolved(dft), GenerateConfig(memory_budget=16).resolved(dft)
     check_memory(tight, method, {bucket: 1})  # not refused
     assert prepares_ahead(tight, method, {bucket: 1}) == {bucket: False}
     assert prepares_ahead(roomy, method, {bucket: 1}) == {bucket: True}

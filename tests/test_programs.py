@@ -184,3 +184,33 @@ def test_the_quick_compile_options_reach_the_compiler_for_exported_and_loaded_pr
     with pytest.raises(Exception, match="xla_cpu_no_such_option"):
         loaded(x)
     assert (loaded.loaded, loaded.traced) == (1, 0)
+
+
+def test_a_read_only_cache_directory_still_runs(tmp_path):
+    """A cache directory this process cannot write (a shared cache mounted read-only): the process
+    loads the programs stored there, stores none, and its labels equal those of the process that
+    stored them; with the cache read-only and empty it traces everything and runs as well."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(cache)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        energy, traced, _ = run_methane(cache / "jax")
+        assert traced == 2
+        stored = sorted(p.name for p in cache.rglob("*") if p.is_file())
+        subprocess.run(["mount", "-o", "remount,ro", str(cache)], check=True)
+        energy2, traced2, loaded2 = run_methane(cache / "jax")
+        assert (traced2, loaded2) == (0, 2) and energy2 == energy
+        assert sorted(p.name for p in cache.rglob("*") if p.is_file()) == stored
+    finally:
+        subprocess.run(["umount", "-l", str(cache)], check=True)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(empty)], capture_output=True)
+    assert mounted.returncode == 0, mounted.stderr
+    try:
+        energy3, traced3, loaded3 = run_methane(empty / "jax")
+        assert (traced3, loaded3) == (2, 0) and energy3 == energy
+    finally:
+        subprocess.run(["umount", "-l", str(empty)], check=True)

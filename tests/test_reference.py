@@ -20,3 +20,26 @@ def test_the_reference_keeps_its_eris_in_memory_beside_a_large_process(monkeypat
     ref = pyscf_reference(from_name("water"), resolve(RKSConfig(basis="sto-3g", xc="b3lyp")))
     assert ref.converged
     assert ref.eris == "in memory"
+
+
+def test_the_reference_cache_key_follows_pyscf_the_reference_code_and_the_method(monkeypatch):
+    """A cached reference is used again only for the same geometry, settings, PySCF method, PySCF
+    version and reference code: each of those changes the key, and an exact backend's name does not
+    (every exact backend's reference is PySCF's same RKS)."""
+    import inspect
+
+    import pyscf
+
+    from .conftest import reference_key
+
+    water, config = from_name("water"), RKSConfig(basis="6-31g", xc="b3lyp")
+    key = reference_key(water, config)
+    assert reference_key(water, config.replace(jk="dense")) == key
+    assert reference_key(water, config.replace(jk="df")) != key  # density fitted: DFRKS
+    assert reference_key(water, config.replace(grid_level=1)) != key
+    monkeypatch.setattr(pyscf, "__version__", "0.0-probe")
+    assert reference_key(water, config) != key
+    monkeypatch.undo()
+    source = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda obj: source(obj) + "# a changed line")
+    assert reference_key(water, config) != key

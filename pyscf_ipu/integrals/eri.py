@@ -7,7 +7,7 @@ concrete positions, the quartet chunks are dealt out in shares (:func:`_parts`),
 calling thread and the others on worker threads, each share as one program, because XLA's CPU backend
 runs each loop fusion on one core; every share has the same shapes, so the shares run one compiled
 program. From traced positions (the forces differentiate the ERIs), everything is one traced program.
-A plan's own arrays go to the device once (:func:`_structure`).
+A plan's own arrays go to the device once (:func:`eri_structure`).
 """
 
 from __future__ import annotations
@@ -68,13 +68,13 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
         raise ValueError(f"coords has shape {coords.shape}: expected (conformers, {plan.natm}, 3)")
     values = plan_values(plan, coords.shape[0]) if values is None else values
     dtype = jnp.dtype(dtype)
-    static = _static(plan)
+    static = static_tables(plan)
     extra_atoms = [(0, 0), (0, plan.padded_natm - coords.shape[1]), (0, 0)]  # own no shell
     exponents, coefficients = _padded_shells(plan, values.exponents), _padded_shells(plan, values.coefficients)
     one_centre = values.one_centre
     if isinstance(coords, jax.core.Tracer):
         coords = jnp.pad(coords, extra_atoms)
-        data, shifts = pair_program(static[0], _structure(plan), (exponents, coefficients), coords, values.present,
+        data, shifts = pair_program(static[0], eri_structure(plan), (exponents, coefficients), coords, values.present,
                                     dtype.name)  # fmt: skip
         index, selection, arrays = _shares(plan, 1)[0]
         return quartet_program(static, arrays, (index, selection, one_centre), data, shifts)[..., : plan.size]
@@ -84,7 +84,7 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
     if coords.shape[1] != plan.padded_natm:
         coords = np.pad(np.asarray(coords), extra_atoms)
     with jax.enable_x64(True):
-        data, shifts = pair_program(static[0], _structure(plan), (exponents, coefficients), coords, values.present,
+        data, shifts = pair_program(static[0], eri_structure(plan), (exponents, coefficients), coords, values.present,
                                     dtype.name)  # fmt: skip
     shares = _shares(plan, workers)
 
@@ -106,7 +106,7 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
 
 
 def _padded_shells(plan: EriPlan, values):
-    """Shell values (C, S, ...) padded to the plan's bucketed shell count (the padding's exponents 1,
+    """Shell values (C, S, ...) padded to the plan's rounded-up shell count (the padding's exponents 1,
     so that no pair of it divides by zero; no pair reads it)."""
     extra = plan.padded_shells - values.shape[1]
     if not extra:
@@ -157,7 +157,7 @@ def _parts(plan: EriPlan, workers: int) -> tuple[Share, ...]:
     and every molecule of similar size, runs one compiled program.
 
     The chunks of all classes, in order, are dealt out in turn (balanced to a chunk per class); each
-    share's class is then padded to a bucketed common count with chunks that write NOWHERE (the
+    share's class is then padded to a rounded-up common count with chunks that write NOWHERE (the
     kernel skips them). The one-centre integrals are dealt out likewise.
     """
     shares: list[list[QuartetClass]] = [[] for _ in range(workers)]
@@ -183,7 +183,7 @@ def _parts(plan: EriPlan, workers: int) -> tuple[Share, ...]:
                        dealt_to(np.arange(total), k, total)) for k, share in enumerate(shares))  # fmt: skip
 
 
-def _static(plan: EriPlan):
+def static_tables(plan: EriPlan):
     """The plan's compile-time part: each pair class's (l_a, l_b, K_a, K_b), each quartet class's
     (bra, ket), the s8 array's padded length, and how many chunks the map computes at once
     (:func:`chunk_batch`)."""
@@ -192,7 +192,7 @@ def _static(plan: EriPlan):
 
 
 @lru_cache(maxsize=4)  # a 6-31G* plan's destinations alone are hundreds of MB
-def _structure(plan: EriPlan) -> tuple:
+def eri_structure(plan: EriPlan) -> tuple:
     """The pair stage's index arrays on the device: per pair class (first shells, second shells,
     their atoms)."""
     atom = plan.shells.atom

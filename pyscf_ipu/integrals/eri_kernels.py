@@ -100,7 +100,7 @@ def _pair_data(la, lb, factors: PairFactors, p, scale, ab):
     return e.reshape(n, k2, -1, h), pa
 
 
-def _ket_signed(ket_order: int, e_ket):
+def ket_signed(ket_order: int, e_ket):
     """The ket's Hermite matrix with the signs (-1)^(tau + nu + phi) of the Coulomb contraction, per ket
     pair as (n, Y, K2k H_k), the layout of a chunk's matmul against R."""
     n, k2, y, h = e_ket.shape
@@ -108,10 +108,10 @@ def _ket_signed(ket_order: int, e_ket):
     return (e_ket * sign).transpose(0, 2, 1, 3).reshape(n, y, k2 * h)
 
 
-def _chunk(bra_order, ket_order, bra, ket, signed):
+def chunk_of(bra_order, ket_order, bra, ket, signed):
     """(I, S_a S_b, J, S_c S_d) ERIs of one CHUNK x CHUNK square of quartets, from the data of its I bra
     pairs (E (I, K2b, S_ab, H_b), p (I, K2b), P - A (3, I, K2b)) and J ket pairs (p (J, K2k), P - A
-    (3, J, K2k), the signed Hermite matrices of :func:`_ket_signed`, and A - C (J, I, 3)).
+    (3, J, K2k), the signed Hermite matrices of :func:`ket_signed`, and A - C (J, I, 3)).
 
     Primitive quartets are laid out (J, K2k, I K2b): XLA's CPU loops vectorise along the last axis
     only, and this one is long. R (with the prefactor) is laid out as G[(l, g), (h, i, k)] =
@@ -151,7 +151,7 @@ def _chunk(bra_order, ket_order, bra, ket, signed):
     return jnp.einsum("jyhik,ikxh->ixjy", t, e_b)
 
 
-def _by_chunk(x, index, axis=0):
+def by_chunk(x, index, axis=0):
     """The rows of ``x`` (along ``axis``) of chunks ``index`` (T,): (T, ..., CHUNK, ...) with T leading."""
     shape = x.shape[:axis] + (-1, CHUNK) + x.shape[axis + 1 :]
     # indices are in range by construction: clip spares the out-of-range select of the default mode
@@ -187,19 +187,19 @@ def quartet_stage(static, quartet_arrays, one_centre, data, shifts):
         orders = tuple(max(kinds[c][0]) + max(kinds[c][1]) for c in (x, y))  # Hermite orders of bra, ket
         (e_bra, p_bra, pa_bra, atom_bra, there_bra), (e_ket, p_ket, pa_ket, atom_ket, there_ket) = data[x], data[y]
         # a chunk computes where it has work and both sides hold a pair of atoms that are there
-        work = active & _by_chunk(there_bra, chunks[:, 0]).any(-1) & _by_chunk(there_ket, chunks[:, 1]).any(-1)
+        work = active & by_chunk(there_bra, chunks[:, 0]).any(-1) & by_chunk(there_ket, chunks[:, 1]).any(-1)
         # each chunk's pairs gathered up front: the kernel then only reads its own slice
-        bra = (_by_chunk(e_bra, chunks[:, 0]), _by_chunk(p_bra, chunks[:, 0]), _by_chunk(pa_bra, chunks[:, 0], 1))
-        ac = shifts[_by_chunk(atom_bra, chunks[:, 0])[:, None, :], _by_chunk(atom_ket, chunks[:, 1])[:, :, None]]  # (T, J, I, 3)
-        ket = (_by_chunk(p_ket, chunks[:, 1]), _by_chunk(pa_ket, chunks[:, 1], 1), chunks[:, 1], ac)
+        bra = (by_chunk(e_bra, chunks[:, 0]), by_chunk(p_bra, chunks[:, 0]), by_chunk(pa_bra, chunks[:, 0], 1))
+        ac = shifts[by_chunk(atom_bra, chunks[:, 0])[:, None, :], by_chunk(atom_ket, chunks[:, 1])[:, :, None]]  # (T, J, I, 3)
+        ket = (by_chunk(p_ket, chunks[:, 1]), by_chunk(pa_ket, chunks[:, 1], 1), chunks[:, 1], ac)
         # the ket's signed Hermite matrices (Y x K2k H_k per pair): indexed per chunk, not copied per chunk
-        signed = _ket_signed(orders[1], e_ket)
+        signed = ket_signed(orders[1], e_ket)
         signed = signed.reshape(-1, CHUNK, *signed.shape[1:])
         shape = (CHUNK, e_bra.shape[2], CHUNK, e_ket.shape[2])
 
         def chunk(arguments, orders=orders, signed=signed, shape=shape):
             work, bra_chunk, ket_chunk = arguments
-            return jax.lax.cond(work, lambda: _chunk(*orders, bra_chunk, ket_chunk, signed),
+            return jax.lax.cond(work, lambda: chunk_of(*orders, bra_chunk, ket_chunk, signed),
                                 lambda: jnp.zeros(shape, shifts.dtype))  # fmt: skip
 
         # checkpointed: a gradient recomputes each chunk instead of keeping every chunk's Boys values.

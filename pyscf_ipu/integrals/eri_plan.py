@@ -17,7 +17,7 @@ Built once per basis (on the host, in numpy); :mod:`.eri_kernels` evaluates it a
 - **One-centre quartets** (all four shells on one atom) do not depend on the geometry and hold the
   largest integrals, so they are constants of the plan, from libcint in float64 (:func:`one_centre_eris`).
 - **Shared shapes:** pair rows, chunks, atoms, one-centre constants and the s8 length are rounded up
-  to buckets (:func:`~pyscf_ipu.padding.padded_size`), or taken from a size bucket's
+  up (:func:`~pyscf_ipu.padding.padded_size`), or taken from a size bucket's
   :class:`EriCapacity`, so that molecules of similar size run one compiled program.
 - **No screening:** every shell and primitive quartet is computed, so the plan depends on the basis
   and not on the geometry (``docs/decisions/eri-screening.md``).
@@ -41,7 +41,7 @@ NOWHERE = np.iinfo(np.int32).max  # the destination of values to discard: beyond
 
 
 def padded_s8_size(size: int) -> int:
-    """The s8 array's length as computed: ``size`` bucketed (the tail beyond ``size`` is cut off)."""
+    """The s8 array's length as computed: ``size`` rounded up (:func:`~pyscf_ipu.padding.padded_size`; the tail beyond ``size`` is cut off)."""
     return padded_size(size, minimum=1024)
 
 
@@ -104,7 +104,7 @@ def shells_of(mol: gto.Mole) -> Shells:
     )
 
 
-def _packed(i, j):
+def packed_pairs(i, j):
     """Index of (i, j) in a packed lower triangle (either order)."""
     hi, lo = np.maximum(i, j), np.minimum(i, j)
     return hi * (hi + 1) // 2 + lo
@@ -114,7 +114,7 @@ def _packed(i, j):
 class PairClass:
     """Shell pairs (a, b) with components (la, lb) and primitive counts (ka, kb), (la, ka) >= (lb, kb).
 
-    The rows are padded to a bucketed number of whole chunks (:func:`~pyscf_ipu.padding.padded_size`) by
+    The rows are padded to a rounded-up number of whole chunks (:func:`~pyscf_ipu.padding.padded_size`) by
     repeating the first pair (its quartets go nowhere), so that molecules of similar size share shapes.
     """
 
@@ -223,7 +223,7 @@ def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None, atom_rank: np.n
              quartets: bool = True) -> EriPlan:  # fmt: skip
     """Group ``mol``'s shell pairs and quartets into classes and chunks and work out the s8 destinations.
 
-    Without ``capacity``, every count is rounded up to its own bucket (:func:`~pyscf_ipu.padding.padded_size`)
+    Without ``capacity``, every count is rounded up on its own (:func:`~pyscf_ipu.padding.padded_size`)
     and chunks without a quartet to compute are left out. With the ``capacity`` of ``mol``'s size
     bucket, the plan takes the bucket's shapes: its classes' row counts, every chunk of each quartet
     class (a chunk with nothing to compute is skipped by the kernel at run time), and the s8 array of
@@ -314,9 +314,9 @@ def one_centre_eris(mol: gto.Mole) -> tuple[np.ndarray, np.ndarray]:
         block = blocks[symbol]
         aos = np.arange(ao_start, ao_stop)
         mu, nu = np.tril_indices(len(aos))
-        ij = _packed(aos[mu], aos[nu])
+        ij = packed_pairs(aos[mu], aos[nu])
         left, right = np.tril_indices(len(ij))
-        index.append(_packed(ij[left], ij[right]))
+        index.append(packed_pairs(ij[left], ij[right]))
         value.append(block[mu[left], nu[left], mu[right], nu[right]])
     return np.concatenate(index).astype(np.int32), np.concatenate(value)
 
@@ -331,11 +331,11 @@ def _destinations(shells: Shells, bra: PairClass, ket: PairClass, bi, ki, same_c
         mu, nu = np.broadcast_arrays(functions(a, pair.la)[:, :, None], functions(b, pair.lb)[:, None, :])  # (Q, S_a, S_b)
         # a shell with itself: (mu, nu) and (nu, mu) are one value; keep mu >= nu
         repeat = (a == b)[:, None, None] & (mu < nu)
-        return _packed(mu, nu).reshape(len(rows), -1), repeat.reshape(len(rows), -1)
+        return packed_pairs(mu, nu).reshape(len(rows), -1), repeat.reshape(len(rows), -1)
 
     ij, repeat_bra = aos(bra, bi)
     kl, repeat_ket = aos(ket, ki)
-    index = _packed(ij[:, :, None], kl[:, None, :])
+    index = packed_pairs(ij[:, :, None], kl[:, None, :])
     repeat = repeat_bra[:, :, None] | repeat_ket[:, None, :]
     if same_class:  # a pair with itself: (ij|kl) and (kl|ij) are one value; keep ij >= kl
         repeat |= (bi == ki)[:, None, None] & (ij[:, :, None] < kl[:, None, :])

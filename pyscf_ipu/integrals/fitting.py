@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..programs import compiled, on_device
-from .eri_kernels import _by_chunk, _chunk, _ket_signed
-from .eri_plan import CHUNK, NOWHERE, EriPlan, PairClass, _packed
+from .eri_kernels import by_chunk, chunk_of, ket_signed
+from .eri_plan import CHUNK, NOWHERE, EriPlan, PairClass, packed_pairs
 from ..padding import padded_size
 
 # The companion's coefficient: libcint's s functions carry 1/sqrt(4 pi), so this makes it exactly 1.
@@ -64,7 +64,7 @@ class FittingPlan:
 
 
 def _rows(members: np.ndarray) -> np.ndarray:
-    """``members`` padded with its first to whole chunks, bucketed (as the orbital plan's classes)."""
+    """``members`` padded with its first to whole chunks, rounded up (as the orbital plan's classes)."""
     padded = CHUNK * padded_size(-(-len(members) // CHUNK), minimum=1)
     return np.concatenate([members, np.repeat(members[:1], padded - len(members))])
 
@@ -118,7 +118,7 @@ def _pair_functions(plan: EriPlan, pair: PairClass) -> np.ndarray:
 
     a, b = pair.first, pair.second
     mu, nu = np.broadcast_arrays(functions(a, pair.la)[:, :, None], functions(b, pair.lb)[:, None, :])
-    index = np.where((a == b)[:, None, None] & (mu < nu), NOWHERE, _packed(mu, nu)).reshape(len(a), -1)
+    index = np.where((a == b)[:, None, None] & (mu < nu), NOWHERE, packed_pairs(mu, nu)).reshape(len(a), -1)
     index[pair.count :] = NOWHERE
     return index.astype(np.int32)
 
@@ -152,7 +152,7 @@ def _stage(bra, ket, shifts, size: int, width: int, batch: int):
     for (bra_components, (e_bra, p_bra, pa_bra, atom_bra), bra_index) in bra:
         for (ket_components, (e_ket, p_ket, pa_ket, atom_ket), ket_index) in ket:
             orders = (_order(bra_components), _order(ket_components))
-            signed = _ket_signed(orders[1], e_ket)
+            signed = ket_signed(orders[1], e_ket)
             signed = signed.reshape(-1, CHUNK, *signed.shape[1:])
             chunks = np.stack(np.meshgrid(np.arange(len(bra_index) // CHUNK), np.arange(len(ket_index) // CHUNK),
                                           indexing="ij"), -1).reshape(-1, 2)  # fmt: skip
@@ -165,12 +165,12 @@ def _stage(bra, ket, shifts, size: int, width: int, batch: int):
                 (e_b, p_b, pa_b, atom_b, bra_index), (p_k, pa_k, atom_k, ket_index) = bra, ket
                 chunks, real = xs  # (B, 2), (B,)
                 first, second = chunks[:, 0], chunks[:, 1]
-                left = (_by_chunk(e_b, first), _by_chunk(p_b, first), _by_chunk(pa_b, first, 1))
-                ac = shifts[_by_chunk(atom_b, first)[:, None, :], _by_chunk(atom_k, second)[:, :, None]]
-                right = (_by_chunk(p_k, second), _by_chunk(pa_k, second, 1), second, ac)
-                values = jax.vmap(lambda l, r: _chunk(*orders, l, r, signed))(left, right)  # (B, I, S_ab, J, S_P)
-                rows = _by_chunk(bra_index, first).astype(index_dtype)  # (B, I, S_ab)
-                columns = _by_chunk(ket_index, second).astype(index_dtype)  # (B, J, S_P)
+                left = (by_chunk(e_b, first), by_chunk(p_b, first), by_chunk(pa_b, first, 1))
+                ac = shifts[by_chunk(atom_b, first)[:, None, :], by_chunk(atom_k, second)[:, :, None]]
+                right = (by_chunk(p_k, second), by_chunk(pa_k, second, 1), second, ac)
+                values = jax.vmap(lambda l, r: chunk_of(*orders, l, r, signed))(left, right)  # (B, I, S_ab, J, S_P)
+                rows = by_chunk(bra_index, first).astype(index_dtype)  # (B, I, S_ab)
+                columns = by_chunk(ket_index, second).astype(index_dtype)  # (B, J, S_P)
                 valid = ((rows != NOWHERE)[:, :, :, None, None] & (columns != NOWHERE)[:, None, None, :, :]
                          & real[:, None, None, None, None])  # fmt: skip
                 destination = jnp.where(valid, columns[:, None, None, :, :] * width + rows[:, :, :, None, None], size)

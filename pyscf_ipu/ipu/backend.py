@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 from functools import lru_cache
 
 import jax
@@ -12,11 +13,12 @@ from .contract import contract, layout, place, rows_layout
 from .model import IPUModel
 from ..padding import padded_size, stack_members
 from .plan import TilePlan, Workload, plan, plan_on
+from ..jk.exact import ExactERIs
 from ..packed import PackedERI, quartet_bytes, s8_size
 
 
 @dataclass(frozen=True)
-class IPUJK:
+class IPUJK(ExactERIs):
     """J and K on a simulated IPU; ``strategy`` is ``auto``, ``rows`` or ``s8``.
 
     Frozen and hashable: it is part of the SCF loop's static settings, so one compiled loop serves
@@ -26,6 +28,7 @@ class IPUJK:
     model: IPUModel = field(default_factory=IPUModel)
     strategy: str = "auto"
     name: str = "ipu"
+    profiles: ClassVar[bool] = True  # its tile plan, on request
 
     def plans(self, eri: PackedERI, nao_padded: int, dtype) -> tuple[TilePlan, TilePlan]:
         """(shape plan, real plan): the padded problem's plan, which picks the strategy, the IPUs and
@@ -64,7 +67,7 @@ class IPUJK:
         ``rows``: the s8 array cast and stacked (npair^2/2 values), its s4 unpacking (npair^2), the
         row matrix (2 npair^2) and the row builder's temporaries (about 3.5 npair^2, measured);
         ``s8``: the unique-quartet records."""
-        nao = bucket.nao
+        nao = bucket.nao_padded
         shape = self.shape_plan(nao, s8_size(nao), value_bytes)
         if shape.strategy.name == "rows":
             npair = nao * (nao + 1) // 2
@@ -74,7 +77,7 @@ class IPUJK:
     def resident_bytes(self, bucket, value_bytes: int) -> int:
         """Bytes of :meth:`prepare`'s arrays for one conformer of ``bucket``: the row matrix
         (2 npair^2 values) or the unique-quartet records."""
-        nao = bucket.nao
+        nao = bucket.nao_padded
         if self.shape_plan(nao, s8_size(nao), value_bytes).strategy.name == "rows":
             return 2 * (nao * (nao + 1) // 2) ** 2 * value_bytes
         return quartet_bytes(nao, value_bytes)

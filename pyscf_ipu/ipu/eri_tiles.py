@@ -4,7 +4,7 @@ The same ideas as the J-K planner (:mod:`.plan`): work items split contiguously 
 tiles, the bytes each tile must hold checked against its budget, more IPUs when one does not fit,
 and a modelled time on the slowest tile (bulk-synchronous).
 
-- **Work items** are the shell quartets of :class:`~pyscf_ipu.integrals.eri.EriPlan`, class after
+- **Work items** are the shell quartets of :class:`~pyscf_ipu.integrals.eri_plan.EriPlan`, class after
   class. A quartet costs its primitive quartets (K2_bra x K2_ket, padded as the kernel pads them)
   times the modelled operations of one primitive quartet of its class:
 

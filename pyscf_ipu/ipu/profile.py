@@ -93,21 +93,15 @@ def tile_grid(values: np.ndarray, columns: int = 32) -> np.ndarray:
 
 def plot_tile_map(report: dict, path: str | Path) -> Path:
     """A heatmap of memory per tile (KiB) from a profile report, one panel per IPU; idle tiles grey."""
-    import matplotlib
+    from matplotlib import colormaps
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
     kib = np.asarray(report["tile_bytes"], float) / 1024  # (ipus, tiles)
     budget = report["bytes_per_tile"]["budget"] / 1024
     ipus = kib.shape[0]
     cols = min(ipus, 4)
     rows = -(-ipus // cols)
-    cmap = plt.get_cmap("viridis").with_extremes(bad="lightgrey")  # idle tiles, the grid's padding
-    fig, axes = plt.subplots(
-        rows, cols, figsize=(3.0 * cols + 1.6, 3.6 * rows + 0.8), squeeze=False, layout="constrained"
-    )
+    cmap = colormaps["viridis"].with_extremes(bad="lightgrey")  # idle tiles, the grid's padding
+    fig, axes = new_figure(ncols=cols, nrows=rows, size=(3.0 * cols + 1.6, 3.6 * rows + 0.8))
     for ax in axes.flat[ipus:]:
         ax.set_axis_off()
     for ipu, ax in enumerate(axes.flat[:ipus]):
@@ -123,10 +117,7 @@ def plot_tile_map(report: dict, path: str | Path) -> Path:
         f"{kib.max() / budget:.0%} of the {budget:.0f} KiB budget",
         fontsize=9,
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=110)
 
 
 def tile_owner_map(shape_plan: TilePlan, real_plan: TilePlan, eri_s8: np.ndarray, nao: int) -> dict[str, np.ndarray]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..schema import QM1B_COLUMNS, RecordBatch
-from .files import _discard, _publish, _tmp, _writing
+from .files import discard, publish, temporary, writing
 from .reader import open_dataset
 
 
@@ -47,19 +47,19 @@ def export_parquet(directory: Path | str, path: Path | str) -> Path:
     import pyarrow.parquet as pq
 
     path = Path(path)
-    tmp = _tmp(path)
+    tmp = temporary(path)
     try:
         with open_dataset(directory) as ds:
             # the labels' settings (functional, basis, grid, ...) and versions travel with the columns
             schema = _parquet_schema(pa).with_metadata(
                 {f"qm1b.{key}": json.dumps(ds.attrs[key], sort_keys=True) for key in ("settings", "versions")})
-            with _writing(path.parent), pq.ParquetWriter(tmp, schema, compression="zstd") as out:
+            with writing(path.parent), pq.ParquetWriter(tmp, schema, compression="zstd") as out:
                 for batch in ds.iter_batches():
                     if len(batch):
                         out.write_table(_to_arrow(batch, schema, pa))
-        with _writing(path.parent):
-            _publish(tmp, path)
+        with writing(path.parent):
+            publish(tmp, path)
     except BaseException:
-        _discard(tmp)
+        discard(tmp)
         raise
     return path

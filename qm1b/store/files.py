@@ -11,7 +11,7 @@ from typing import Callable
 
 import h5py
 
-from .layout import LIBVER, _create_layout
+from .layout import LIBVER, create_layout
 
 
 SHARD_RE = re.compile(r"^shard-(\d{5})-of-(\d{5})\.(h5|parts)$")
@@ -48,18 +48,18 @@ def _cause(err: BaseException) -> str:
 
 
 @contextmanager
-def _writing(directory: Path):
+def writing(directory: Path):
     """Turn a failed write into one :class:`StorageError` that names ``directory`` and the cause."""
     try:
         yield
     except (StorageError, FileExistsError):  # FileExistsError: --out is a file, a usage error
         raise
-    except OSError as err:  # HDF5 only builds files in memory (_write_atomically): writes are Python's
+    except OSError as err:  # HDF5 only builds files in memory (write_atomically): writes are Python's
         raise StorageError(f"cannot write to {directory}: {_cause(err)}") from err
 
 
 @contextmanager
-def _reading(path: Path):
+def reading(path: Path):
     """Turn a failed read of ``path`` (an HDF5 file) into a :class:`CorruptFileError` naming it."""
     try:
         yield
@@ -69,9 +69,9 @@ def _reading(path: Path):
         raise CorruptFileError(path, err) from err
 
 
-def _read(f: h5py.File, read: Callable[[h5py.File], object]):
+def read_with(f: h5py.File, read: Callable[[h5py.File], object]):
     """``read(f)``, a failure raised as a :class:`CorruptFileError` naming the file."""
-    with _reading(Path(f.filename)):
+    with reading(Path(f.filename)):
         return read(f)
 
 
@@ -91,11 +91,11 @@ def part_path(shard: Path, k: int) -> Path:
     return parts_dir(shard) / f"part-{k:06d}.h5"
 
 
-def _tmp(path: Path) -> Path:
+def temporary(path: Path) -> Path:
     return path.with_name(path.name + TMP_SUFFIX)
 
 
-def _list_parts(shard: Path) -> list[tuple[int, Path]]:
+def list_parts(shard: Path) -> list[tuple[int, Path]]:
     """(number, path) of every complete part of the shard, in commit order."""
     try:
         names = os.listdir(parts_dir(shard))
@@ -105,7 +105,7 @@ def _list_parts(shard: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _discover_shards(directory: Path) -> list[Path]:
+def discover_shards(directory: Path) -> list[Path]:
     """Shard file paths (which may not exist yet when a shard only has parts), by shard index."""
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory}: no such directory")
@@ -121,18 +121,18 @@ def _discover_shards(directory: Path) -> list[Path]:
 
 def shard_count(directory: Path | str) -> int:
     """n of the shard-i-of-n files (or parts folders) in ``directory``; 0 if it holds none."""
-    shards = _discover_shards(Path(directory)) if Path(directory).is_dir() else []
-    return _num_shards(shards[0]) if shards else 0
+    shards = discover_shards(Path(directory)) if Path(directory).is_dir() else []
+    return num_shards_of(shards[0]) if shards else 0
 
 
-def _num_shards(shard: Path) -> int:
+def num_shards_of(shard: Path) -> int:
     return int(SHARD_RE.match(shard.name)[2])
 
 
 # ------------------------------------------------------------------------------ durable writes
 
 
-def _fsync(path: Path, directory: bool = False) -> None:
+def fsync(path: Path, directory: bool = False) -> None:
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
     try:
         os.fsync(fd)
@@ -140,14 +140,14 @@ def _fsync(path: Path, directory: bool = False) -> None:
         os.close(fd)
 
 
-def _publish(tmp: Path, final: Path) -> None:
+def publish(tmp: Path, final: Path) -> None:
     """Atomically (and durably) rename a finished file to its final name."""
-    _fsync(tmp)
+    fsync(tmp)
     os.replace(tmp, final)
-    _fsync(final.parent, directory=True)
+    fsync(final.parent, directory=True)
 
 
-def _discard(tmp: Path) -> None:
+def discard(tmp: Path) -> None:
     """Remove an unfinished temporary file where the file system lets us (a read-only one does not):
     the error that brought us here is the one to report."""
     try:
@@ -156,7 +156,7 @@ def _discard(tmp: Path) -> None:
         pass
 
 
-def _write_atomically(final: Path, attrs: dict, fill: Callable[[h5py.File], None], sizes, forces: bool) -> None:
+def write_atomically(final: Path, attrs: dict, fill: Callable[[h5py.File], None], sizes, forces: bool) -> None:
     """Build a whole HDF5 file with fill(file) in memory, write it to final + '.tmp', then publish it.
 
     HDF5 never writes to the disk itself: when a write fails (a full disk), HDF5 keeps the
@@ -164,30 +164,30 @@ def _write_atomically(final: Path, attrs: dict, fill: Callable[[h5py.File], None
     crashed the process at exit; a failed ``write`` of the finished image fails cleanly instead.
     """
     with h5py.File(f"{final}.image", "w", driver="core", backing_store=False, libver=LIBVER) as f:
-        _create_layout(f, *sizes, forces=forces)
+        create_layout(f, *sizes, forces=forces)
         f.attrs.update(attrs)
         fill(f)
         f.flush()
         image = f.id.get_file_image()
-    tmp = _tmp(final)
+    tmp = temporary(final)
     try:
         with open(tmp, "wb") as out:
             out.write(image)
-        _publish(tmp, final)
+        publish(tmp, final)
     except BaseException:
-        _discard(tmp)
+        discard(tmp)
         raise
 
 
-def _remove_tmp_files(shard: Path) -> None:
+def remove_tmp_files(shard: Path) -> None:
     """Remove what killed writes left behind (caller holds the shard lock)."""
-    _tmp(shard).unlink(missing_ok=True)
+    temporary(shard).unlink(missing_ok=True)
     if parts_dir(shard).is_dir():
         for path in parts_dir(shard).glob("*" + TMP_SUFFIX):
             path.unlink(missing_ok=True)
 
 
-class _ShardLock:
+class ShardLock:
     """Exclusive flock on DIR/.shard-....h5.lock: one writer (or compaction) per shard. The file holds
     the holder's process id.
 

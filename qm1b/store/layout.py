@@ -28,7 +28,7 @@ GZIP_LEVEL = 4
 LIBVER = ("v108", "latest")  # v1.8+ object headers: attributes (merged_parts) may exceed 64 KiB
 
 
-def _create_layout(f: h5py.File, n_records: int, n_atoms: int, n_failures: int, forces: bool = False) -> None:
+def create_layout(f: h5py.File, n_records: int, n_atoms: int, n_failures: int, forces: bool = False) -> None:
     """Empty resizable datasets (``forces`` too if asked); the sizes only choose the chunk shapes."""
     rec = f.create_group("records")
     for name, dtype in SCALAR_COLUMNS.items():
@@ -65,7 +65,7 @@ def _extend(ds: h5py.Dataset, values: np.ndarray) -> None:
         ds[start:] = values
 
 
-def _append_records(rec: h5py.Group, batch: RecordBatch) -> None:
+def append_records(rec: h5py.Group, batch: RecordBatch) -> None:
     first_atom = rec["z"].shape[0]
     for name in SCALAR_COLUMNS:
         _extend(rec[name], batch.columns[name])
@@ -79,7 +79,7 @@ def _append_records(rec: h5py.Group, batch: RecordBatch) -> None:
         _extend(rec["forces"], batch.forces)
 
 
-def _append_failures(fail: h5py.Group, failures: list[Failure]) -> None:
+def append_failures(fail: h5py.Group, failures: list[Failure]) -> None:
     for name, dtype in FAILURE_COLUMNS.items():
         _extend(fail[name], _as_column([getattr(x, name) for x in failures], dtype))
 
@@ -92,7 +92,7 @@ def _as_column(values: list, dtype: np.dtype) -> np.ndarray:
     return np.asarray(values, dtype)
 
 
-def _read_column(ds: h5py.Dataset, start: int = 0, stop: int | None = None) -> np.ndarray:
+def read_column(ds: h5py.Dataset, start: int = 0, stop: int | None = None) -> np.ndarray:
     stop = ds.shape[0] if stop is None else stop
     if h5py.check_string_dtype(ds.dtype):
         out = np.empty(stop - start, STRING_DTYPE)  # object array of str, also when empty
@@ -106,27 +106,27 @@ def _read_records(rec: h5py.Group, start: int, stop: int) -> RecordBatch:
     natoms = rec["natoms"][start:stop]  # (n,) int32
     a0 = int(rec["atom_offset"][start]) if stop > start else 0
     a1 = a0 + int(natoms.sum(dtype=np.int64))
-    columns = {name: _read_column(rec[name], start, stop) for name in SCALAR_COLUMNS}
+    columns = {name: read_column(rec[name], start, stop) for name in SCALAR_COLUMNS}
     forces = rec["forces"][a0:a1] if "forces" in rec else None
     return RecordBatch(columns, natoms, rec["z"][a0:a1], rec["pos"][a0:a1], forces)
 
 
-def _iter_blocks(f: h5py.File, block: int = READ_BLOCK) -> Iterator[RecordBatch]:
+def iter_blocks(f: h5py.File, block: int = READ_BLOCK) -> Iterator[RecordBatch]:
     n = f["records/natoms"].shape[0]
     for start in range(0, n, block):
         yield _read_records(f["records"], start, min(start + block, n))
 
 
-def _read_failures(f: h5py.File) -> list[Failure]:
-    cols = {name: _read_column(f["failures"][name]).tolist() for name in FAILURE_COLUMNS}
+def read_failures(f: h5py.File) -> list[Failure]:
+    cols = {name: read_column(f["failures"][name]).tolist() for name in FAILURE_COLUMNS}
     return [Failure(*row) for row in zip(cols["input"], cols["reason"], cols["molecule_id"], cols["conformer_id"])]
 
 
-def _sizes(f: h5py.File) -> tuple[int, int, int]:
+def read_sizes(f: h5py.File) -> tuple[int, int, int]:
     return f["records/natoms"].shape[0], f["records/z"].shape[0], f["failures/input"].shape[0]
 
 
-def _attrs(f: h5py.File) -> dict:
+def read_attrs(f: h5py.File) -> dict:
     return {
         "schema_version": int(f.attrs["schema_version"]),
         "settings": json.loads(f.attrs["settings"]),
@@ -134,11 +134,11 @@ def _attrs(f: h5py.File) -> dict:
     }
 
 
-def _merged_parts(f: h5py.File | None) -> set[int]:
+def read_merged_parts(f: h5py.File | None) -> set[int]:
     return set() if f is None else set(json.loads(f.attrs["merged_parts"]))
 
 
-def _file_attrs(settings: dict, versions: dict, merged_parts: Iterable[int] = ()) -> dict:
+def new_attrs(settings: dict, versions: dict, merged_parts: Iterable[int] = ()) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "settings": json.dumps(settings, sort_keys=True),
@@ -147,12 +147,12 @@ def _file_attrs(settings: dict, versions: dict, merged_parts: Iterable[int] = ()
     }
 
 
-def _normalize(obj: dict) -> dict:
+def normalized(obj: dict) -> dict:
     """The dict as it reads back from JSON (tuples become lists, keys strings)."""
     return json.loads(json.dumps(obj, sort_keys=True))
 
 
-def _differing_keys(stored: dict, given: dict) -> list[str]:
+def differing_keys(stored: dict, given: dict) -> list[str]:
     """The settings whose values differ, reading a renamed value's old spelling (``RENAMED_VALUES``:
     an older version wrote it) as the current one, and a setting that an older version did not write
     (``ADDED_SETTINGS``) as the value it had then."""

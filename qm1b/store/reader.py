@@ -10,9 +10,9 @@ import h5py
 import numpy as np
 
 from ..schema import QM1B_COLUMNS, SCALAR_COLUMNS, SCHEMA_VERSION, Failure, RecordBatch
-from .files import ShardChangedError, _discover_shards, _list_parts, _num_shards, _read, _reading
+from .files import ShardChangedError, discover_shards, list_parts, num_shards_of, read_with, reading
 from .layout import (
-    READ_BLOCK, _attrs, _differing_keys, _iter_blocks, _merged_parts, _read_column, _read_failures, _sizes,
+    READ_BLOCK, read_attrs, differing_keys, iter_blocks, read_merged_parts, read_column, read_failures, read_sizes,
 )
 
 
@@ -29,10 +29,10 @@ class _ShardView:
 
     @classmethod
     def open(cls, shard: Path) -> _ShardView:
-        parts = _list_parts(shard)  # before the shard file: a concurrent merge is seen whole or not at all
-        with _reading(shard):
+        parts = list_parts(shard)  # before the shard file: a concurrent merge is seen whole or not at all
+        with reading(shard):
             main = h5py.File(shard, "r") if shard.exists() else None
-            merged = _merged_parts(main)
+            merged = read_merged_parts(main)
         return cls(shard, main, [p for k, p in parts if k not in merged])
 
     @property
@@ -41,14 +41,14 @@ class _ShardView:
 
     def attrs(self) -> dict:
         if self.main is not None:
-            with _reading(self.shard):
-                return _attrs(self.main)
-        with self._open_part(self.parts[0]) as f, _reading(self.parts[0]):
-            return _attrs(f)
+            with reading(self.shard):
+                return read_attrs(self.main)
+        with self._open_part(self.parts[0]) as f, reading(self.parts[0]):
+            return read_attrs(f)
 
     def _open_part(self, path: Path) -> h5py.File:
         try:
-            with _reading(path):
+            with reading(path):
                 return h5py.File(path, "r")
         except FileNotFoundError:
             message = f"{self.shard.name} was compacted while being read: open the dataset again"
@@ -90,15 +90,15 @@ class Dataset:
 
     def _open(self) -> None:
         self._views = []
-        shards = _discover_shards(self.directory)
+        shards = discover_shards(self.directory)
         self._views = [v for v in map(_ShardView.open, shards) if not v.empty]
         if not self._views:
             raise FileNotFoundError(
                 f"{self.directory} holds no qm1b shards (shard-XXXXX-of-XXXXX.h5 or .parts)"
             )
-        self.num_shards = _num_shards(shards[0])
+        self.num_shards = num_shards_of(shards[0])
         self.attrs = self._read_attrs()
-        self._sizes = np.sum([_read(f, _sizes) for f in self._files()], axis=0)  # records, atoms, failures
+        self._sizes = np.sum([read_with(f, read_sizes) for f in self._files()], axis=0)  # records, atoms, failures
 
     def _files(self) -> Iterator[h5py.File]:
         for view in self._views:
@@ -108,7 +108,7 @@ class Dataset:
         attrs = [(view.shard.name, view.attrs()) for view in self._views]
         first_name, first = attrs[0]
         for name, other in attrs[1:]:
-            if keys := _differing_keys(first["settings"], other["settings"]):
+            if keys := differing_keys(first["settings"], other["settings"]):
                 raise ValueError(f"{name} and {first_name} were made with different settings: {keys}")
         if first["schema_version"] > SCHEMA_VERSION:
             raise ValueError(
@@ -141,8 +141,8 @@ class Dataset:
     def iter_batches(self, block: int = READ_BLOCK) -> Iterator[RecordBatch]:
         """The records, at most block at a time (batches never span files)."""
         for f in self._files():
-            with _reading(Path(f.filename)):
-                yield from _iter_blocks(f, block)
+            with reading(Path(f.filename)):
+                yield from iter_blocks(f, block)
 
     def arrays(self) -> RecordBatch:
         """Every record, concatenated."""
@@ -152,11 +152,11 @@ class Dataset:
         """One per-record column (a SCALAR_COLUMNS name or 'natoms'), (n,), without reading atoms."""
         if name not in SCALAR_COLUMNS and name != "natoms":
             raise KeyError(f"{name!r} is not a per-record column")
-        parts = [_read(f, lambda f: _read_column(f["records"][name])) for f in self._files()]
+        parts = [read_with(f, lambda f: read_column(f["records"][name])) for f in self._files()]
         return np.concatenate(parts)
 
     def failures(self) -> list[Failure]:
-        return [x for f in self._files() for x in _read(f, _read_failures)]
+        return [x for f in self._files() for x in read_with(f, read_failures)]
 
     def records(self) -> Iterator[dict]:
         """One dict per record: the scalars (Python values), z (natoms,), pos (natoms, 3) and, if

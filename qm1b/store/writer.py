@@ -14,13 +14,13 @@ import numpy as np
 
 from ..schema import Failure, RecordBatch
 from .files import (
-    CORRUPT_SUFFIX, CorruptFileError, _ShardLock, _discover_shards, _fsync, _list_parts, _reading,
-    _remove_tmp_files,
+    CORRUPT_SUFFIX, CorruptFileError, ShardLock, discover_shards, fsync, list_parts, reading,
+    remove_tmp_files,
 )
-from .files import _write_atomically, _writing, part_path, parts_dir, shard_path
+from .files import write_atomically, writing, part_path, parts_dir, shard_path
 from .layout import (
-    _append_failures, _append_records, _attrs, _differing_keys, _file_attrs, _normalize, _iter_blocks,
-    _merged_parts, _read_failures, _sizes,
+    append_failures, append_records, read_attrs, differing_keys, new_attrs, normalized, iter_blocks,
+    read_merged_parts, read_failures, read_sizes,
 )
 
 
@@ -30,8 +30,8 @@ def _on_merge_replaced(shard: Path) -> None:
 
 def _verify(path: Path) -> None:
     """Read every dataset and attribute of one shard or part file; :class:`CorruptFileError` if any fails."""
-    with _reading(path), h5py.File(path, "r") as f:
-        _attrs(f)
+    with reading(path), h5py.File(path, "r") as f:
+        read_attrs(f)
         for group in ("records", "failures"):
             for name in f[group]:
                 f[group][name][...]
@@ -41,7 +41,7 @@ def set_aside_corrupt(shard: Path) -> list[tuple[Path, Path]]:
     """Rename every unreadable file of ``shard`` (its shard file, its parts) to NAME.corrupt, so that
     their rows count as not done and are computed again; returns (old, new) paths (caller holds the lock)."""
     moved = []
-    for path in ([shard] if shard.exists() else []) + [p for _, p in _list_parts(shard)]:
+    for path in ([shard] if shard.exists() else []) + [p for _, p in list_parts(shard)]:
         try:
             _verify(path)
         except CorruptFileError:
@@ -52,7 +52,7 @@ def set_aside_corrupt(shard: Path) -> list[tuple[Path, Path]]:
             os.replace(path, target)
             moved.append((path, target))
     if moved:
-        _fsync(shard.parent, directory=True)
+        fsync(shard.parent, directory=True)
     return moved
 
 
@@ -76,12 +76,12 @@ class _ShardState:
 
 
 def _shard_state(shard: Path) -> _ShardState:
-    all_parts = _list_parts(shard)
+    all_parts = list_parts(shard)
     main = shard if shard.exists() else None
     merged = set()
     if main:
         with h5py.File(main, "r") as f:
-            merged = _merged_parts(f)
+            merged = read_merged_parts(f)
     parts = [(k, p) for k, p in all_parts if k not in merged]
     stale = [p for k, p in all_parts if k in merged]
     return _ShardState(shard, main, merged, parts, stale)
@@ -102,13 +102,13 @@ def _merge_shard(shard: Path, fallback_attrs: dict | None = None) -> None:
 
     fallback_attrs: attributes of an empty shard file, written when the shard has no data at all.
     """
-    _remove_tmp_files(shard)
+    remove_tmp_files(shard)
     state = _shard_state(shard)
     if state.parts or (state.main is None and fallback_attrs is not None):
         sources = state.files
         attrs = _source_attrs(sources[0]) if sources else dict(fallback_attrs)
         attrs["merged_parts"] = json.dumps(sorted(state.merged | {k for k, _ in state.parts}))
-        _write_atomically(shard, attrs, lambda f: _copy_all(f, sources), _total_sizes(sources), _has_forces(sources))
+        write_atomically(shard, attrs, lambda f: _copy_all(f, sources), _total_sizes(sources), _has_forces(sources))
         _on_merge_replaced(shard)
         state = _shard_state(shard)
     _delete_stale_parts(state)
@@ -123,7 +123,7 @@ def _total_sizes(paths: list[Path]) -> tuple[int, int, int]:
     total = np.zeros(3, dtype=np.int64)
     for path in paths:
         with h5py.File(path, "r") as f:
-            total += _sizes(f)
+            total += read_sizes(f)
     return tuple(int(x) for x in total)
 
 
@@ -141,9 +141,9 @@ def _has_forces(paths: list[Path]) -> bool:
 def _copy_all(dst: h5py.File, sources: list[Path]) -> None:
     for path in sources:
         with h5py.File(path, "r") as src:
-            for batch in _iter_blocks(src):
-                _append_records(dst["records"], batch)
-            _append_failures(dst["failures"], _read_failures(src))
+            for batch in iter_blocks(src):
+                append_records(dst["records"], batch)
+            append_failures(dst["failures"], read_failures(src))
 
 
 def _scan_keys(paths: list[Path]) -> tuple[set[tuple[int, int]], int, int]:
@@ -151,7 +151,7 @@ def _scan_keys(paths: list[Path]) -> tuple[set[tuple[int, int]], int, int]:
     keys: set[tuple[int, int]] = set()
     n_records = n_failures = 0
     for path in paths:
-        with _reading(path), h5py.File(path, "r") as f:
+        with reading(path), h5py.File(path, "r") as f:
             for group in ("records", "failures"):
                 mol = f[group]["molecule_id"][:].tolist()
                 conf = f[group]["conformer_id"][:].tolist()
@@ -191,13 +191,13 @@ class ShardWriter:
             raise ValueError(f"shard {shard} is not in [0, {num_shards})")
         self.directory = Path(directory)
         self.path = shard_path(self.directory, shard, num_shards)
-        self.settings = _normalize(settings)
-        self.versions = _normalize(versions)
+        self.settings = normalized(settings)
+        self.versions = normalized(versions)
         self.ignored_settings = frozenset(ignored_settings)  # stored by older versions; never define a label
         self.set_aside: list[tuple[Path, Path]] = []  # unreadable files renamed by --resume: redone
-        with _writing(self.directory):
+        with writing(self.directory):
             self.directory.mkdir(parents=True, exist_ok=True)
-            self._lock = _ShardLock(self.path)
+            self._lock = ShardLock(self.path)
         self._closed = False
         try:
             self._open(resume)
@@ -206,11 +206,11 @@ class ShardWriter:
             raise
 
     def _open(self, resume: bool) -> None:
-        with _writing(self.directory):
-            _remove_tmp_files(self.path)
+        with writing(self.directory):
+            remove_tmp_files(self.path)
             if resume:
                 self.set_aside = set_aside_corrupt(self.path)
-        with _reading(self.path):
+        with reading(self.path):
             state = _shard_state(self.path)
         _delete_stale_parts(state)
         self._done, self._n_records, self._n_failures = _scan_keys(state.files)
@@ -225,14 +225,14 @@ class ShardWriter:
 
     def _check_stored(self, stored: dict) -> None:
         settings = {k: v for k, v in json.loads(stored["settings"]).items() if k not in self.ignored_settings}
-        if keys := _differing_keys(settings, self.settings):
+        if keys := differing_keys(settings, self.settings):
             detail = "; ".join(f"{k}: stored {settings.get(k)!r}, given {self.settings.get(k)!r}" for k in keys)
             raise ValueError(
                 f"cannot resume {self.path}: settings differ in {', '.join(keys)} ({detail}); "
                 "resuming with other settings would mix labels: use the same settings or another --out"
             )
         versions = json.loads(stored["versions"])
-        if keys := _differing_keys(versions, self.versions):
+        if keys := differing_keys(versions, self.versions):
             warnings.warn(
                 f"resuming {self.path.name} with other package versions ({', '.join(keys)}); "
                 "the shard keeps recording the versions it was started with",
@@ -261,7 +261,7 @@ class ShardWriter:
         keys = records.keys() + [f.key for f in failures]
         self._check_new(keys)
         if keys:
-            with _writing(self.directory):
+            with writing(self.directory):
                 self._write_part(records, failures)
             self._done.update(keys)
             self._n_records += len(records)
@@ -273,8 +273,8 @@ class ShardWriter:
             return
         self._closed = True
         try:
-            with _writing(self.directory):
-                _merge_shard(self.path, _file_attrs(self.settings, self.versions))
+            with writing(self.directory):
+                _merge_shard(self.path, new_attrs(self.settings, self.versions))
         finally:
             self._lock.release()
 
@@ -305,15 +305,15 @@ class ShardWriter:
         folder = parts_dir(self.path)
         if not folder.is_dir():
             folder.mkdir()
-            _fsync(self.directory, directory=True)
-        attrs = _file_attrs(self.settings, self.versions)
+            fsync(self.directory, directory=True)
+        attrs = new_attrs(self.settings, self.versions)
 
         def fill(f: h5py.File) -> None:
-            _append_records(f["records"], records)
-            _append_failures(f["failures"], failures)
+            append_records(f["records"], records)
+            append_failures(f["failures"], failures)
 
         sizes = (len(records), len(records.z), len(failures))
-        _write_atomically(part_path(self.path, self._next_part), attrs, fill, sizes, records.forces is not None)
+        write_atomically(part_path(self.path, self._next_part), attrs, fill, sizes, records.forces is not None)
         self._next_part += 1
 
 
@@ -331,8 +331,8 @@ def _check_failures(failures: list[Failure]) -> None:
 
 def compact(directory: Path | str) -> None:
     """Merge the leftover parts of every shard in directory (what close() does), e.g. after a crash."""
-    for shard in _discover_shards(Path(directory)):
-        lock = _ShardLock(shard)
+    for shard in discover_shards(Path(directory)):
+        lock = ShardLock(shard)
         try:
             _merge_shard(shard)
         finally:

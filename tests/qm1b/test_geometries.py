@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from pyscf_ipu.config import RKSConfig
-from qm1b.generate import GENERATOR_DFT_DEFAULTS, GenerateConfig, generate
+from qm1b.generate import generate
+from qm1b.settings import GENERATOR_DFT_DEFAULTS, GenerateConfig
 from qm1b.store import export_parquet, open_dataset
-from qm1b.validate import dft_config
+from qm1b.settings import dft_config
 
 from ..molecules import qm9_rows, qm9_xyz
 from .test_generate import ROOT, assert_labels_match, assert_same_rows, kill_after_commits, run_cli
@@ -76,13 +77,13 @@ EXPECTED = {  # records, failures (key -> part of the reason), SMILES per molecu
 
 @pytest.mark.parametrize("kind", list(EXPECTED))
 def test_geometries_are_labelled_like_pyscf(geometry_files, kind, tmp_path, reference):
-    """Each format's good frames within 2 meV of PySCF float64 (B3LYP5/STO-3G, the generator's
+    """Each format's good frames within 0.5 meV of PySCF float64 (B3LYP5/STO-3G, the generator's
     defaults) on the same geometries, with ids from the file and its SMILES (or none) in ``smile``;
     every bad frame in the failures table with its reason; the export keeps QM1B's columns."""
     records, failures, smiles = EXPECTED[kind]
     gen = GenerateConfig(geometries=str(geometry_files[kind]), out=str(tmp_path / "out"), batch_size=2,
                          progress=False)  # fmt: skip
-    (summary,) = generate(gen, RKSConfig(**GENERATOR_DFT_DEFAULTS))
+    summary = generate(gen, RKSConfig(**GENERATOR_DFT_DEFAULTS))
     assert (summary.conformers, summary.failures) == (len(records), len(failures))
     dataset = open_dataset(gen.out)
     config = dft_config(dataset.attrs["settings"])

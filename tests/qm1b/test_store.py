@@ -632,7 +632,7 @@ def test_write_errors_without_a_small_disk(tmp_path, monkeypatch, code):
     def refuse(*args, **kwargs):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(store_writer, "_write_atomically", refuse)
+    monkeypatch.setattr(store_writer, "write_atomically", refuse)
     with pytest.raises(StorageError, match=f"cannot write to {tmp_path}: {os.strerror(code)}"):
         writer.commit(*make_batch(2))
     writer.abandon()

@@ -340,3 +340,69 @@ def test_checkpoint_is_one_file_with_its_state(qm9, tmp_path):
         read_state(tmp_path / "foreign")
     with pytest.raises(FileNotFoundError, match="holds no SchNet checkpoint"):
         read_state(tmp_path / "empty")
+
+
+KILL_ARGS = ["--config", "tiny", "--data", "qm9", "--limit", "300", "--steps", "300", "--num-val", "60",
+             "--val-every", "10", "--warmup-steps", "5", "--no-progress"]  # fmt: skip
+
+
+def _same_models(a, b) -> None:
+    """The two run directories hold the same parameters and the same metrics rows."""
+    (first, _), (second, _) = load_run(a), load_run(b)
+    for x, y in zip(jax.tree.leaves(eqx.filter(first, eqx.is_array)), jax.tree.leaves(eqx.filter(second, eqx.is_array))):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+    rows = [[row.split(",")[:3] for row in (run / "metrics.csv").read_text().splitlines()] for run in (a, b)]
+    assert rows[0] == rows[1]  # step, train loss, validation MAE: no row repeated or lost (seconds differ)
+
+
+def test_a_run_killed_mid_way_resumes_to_the_uninterrupted_result(tmp_path):
+    """SIGKILL a training process once it has written a checkpoint and before it ends; --resume then
+    finishes with the parameters and metrics of a run that was never interrupted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    assert train_main([*KILL_ARGS, "--out", str(tmp_path / "whole")]) == 0
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "schnet.cli", *KILL_ARGS, "--out", str(killed)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while not (killed / "checkpoint.eqx").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    rows = (killed / "metrics.csv").read_text().splitlines()
+    assert len(rows) - 1 < 30  # killed part-way: fewer than the 30 validation rows of the whole run
+    assert train_main([*KILL_ARGS, "--out", str(killed), "--resume"]) == 0
+    _same_models(tmp_path / "whole", killed)
+
+
+def test_a_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
+    """A crash half-way through writing a checkpoint (here the arrays' serialisation fails after the
+    header and some arrays are written) leaves the previous checkpoint whole; --resume continues from
+    it to the uninterrupted result."""
+    import schnet.train
+
+    assert train_main([*KILL_ARGS, "--out", str(tmp_path / "whole")]) == 0
+    serialise, calls = eqx.tree_serialise_leaves, []
+
+    def crash_on_the_third(handle, tree):
+        calls.append(1)
+        if len(calls) == 3:
+            handle.write(b"\0" * 1000)  # part of the arrays, then the process dies
+            raise SystemExit("killed while writing a checkpoint")
+        return serialise(handle, tree)
+
+    monkeypatch.setattr(schnet.train.eqx, "tree_serialise_leaves", crash_on_the_third)
+    crashed = tmp_path / "crashed"
+    with pytest.raises(SystemExit, match="killed while writing"):
+        train_main([*KILL_ARGS, "--out", str(crashed)])
+    monkeypatch.undo()
+    assert load_run(crashed)[1].step == 20  # the second checkpoint, whole
+    assert train_main([*KILL_ARGS, "--out", str(crashed), "--resume"]) == 0
+    _same_models(tmp_path / "whole", crashed)

@@ -1,0 +1,191 @@
+"""Density fitting as a J-K backend: the loop's contraction of the fitted factor, and what a fitted
+run does around the loop (its host factor, memory, size buckets, finalisation, PySCF counterpart and
+gradient), each where :class:`~pyscf_ipu.jk.exact.ExactERIs` answers for the exact ERIs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache, partial
+from typing import TYPE_CHECKING, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..buckets import OCCUPIED_STEP, SizeBucket, auxiliary_basis
+from ..config import ConfigError
+from ..packed import FittedFactor, pair_index
+from ..prepare import fitted_eri
+from ..programs import compiled, on_device
+from ..two_electron_gradient import fitted_two_electron_gradient
+
+if TYPE_CHECKING:
+    from ..config import RKSConfig
+    from ..method import Method
+
+# ... but density fitting's loop keeps a CPU's cores busy with one conformer: a batch would multiply
+# the memory, not the speed (docs/decisions/jk-auto.md)
+AUTO_FITTED_BATCH_ON_A_CPU = 1
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class FittedArrays:
+    """A conformer's fitted J-K arrays: the unpacked factor, and the bucket's rank bound R (static)."""
+
+    factor: jax.Array  # (Np, Qp, Np)  B_Q[i, j] at [i, Q, j]; zero for padded AOs and fitting functions
+    packed: jax.Array  # (Qp, npair)  B over the pairs i >= j of the padded AOs
+    exact: jax.Array  # (Qp, npair)  the same in float64: the finalisation's J reads it, the loop does not
+    pairs: jax.Array  # (Np, Np) int32  each AO pair's column in ``packed``
+    rank: int = field(metadata=dict(static=True))
+
+
+@dataclass(frozen=True)
+class FittedJK:
+    r"""Density fitting (resolution of the identity): with the Cholesky factor of the fitted ERIs,
+    :math:`(ij|kl) \approx \sum_Q B_{Q,ij} B_{Q,kl}`,
+
+    .. math::
+
+        J = \sum_Q B_Q\, \mathrm{tr}(B_Q D), \qquad K = \sum_Q B_Q D B_Q
+          = \sum_Q (B_Q U w^{1/2}) (B_Q U w^{1/2})^T
+
+    where :math:`D = U \mathrm{diag}(w) U^T` over its R largest eigenvalues, R the bucket's bound on
+    the occupied orbitals (:attr:`~pyscf_ipu.buckets.SizeBucket.occupied_rank`): the densities the
+    loop forms from orbitals have rank at most R, so K costs 4 Q N^2 R operations instead of
+    4 Q N^3. Only the initial guess (a superposition of atomic densities) has a higher rank (about
+    five per heavy atom); its K keeps the R largest weights. That Fock matrix only starts the loop
+    (DIIS leaves it out), so the converged result does not depend on it. J is exact for any density,
+    from the packed factor. B is held unpacked, Q ~ 6 N values per AO pair instead of the N^2 / 2 of the s8 ERIs. The labels
+    differ from exact ERIs by the fitting error (Whitten 1973; Vahtras, Almlof and Feyereisen 1993).
+    """
+
+    name: str = "df"
+    occupied_step: ClassVar[int] = OCCUPIED_STEP  # its buckets round the occupied orbitals up to this
+    profiles: ClassVar[bool] = False  # ``profile`` has nothing to report
+    cpu_batch: ClassVar[int] = AUTO_FITTED_BATCH_ON_A_CPU  # ``--batch-size auto`` on a CPU
+    memory_advice: ClassVar[str] = ""  # nothing smaller to suggest: no N^4 array already
+
+    def host_eris(self, mol, bucket: SizeBucket, config: RKSConfig) -> tuple[np.ndarray, int, np.ndarray]:
+        """(empty s8 ERIs, 0, the fitted factor (naux, npair)) of ``mol`` from libcint: no N^4 array at all."""
+        return np.zeros(0), 0, fitted_eri(mol, bucket.basis, config.eri_expcutoff)
+
+    def eri_bytes(self, bucket: SizeBucket, held: int, fitting_bytes: int, value_bytes: int) -> tuple[int, int]:
+        """(held, made): the factor in float64 and in the loop's precision (``value_bytes``) instead of
+        the s8 ERIs (``held``), and what making it holds beside it (``fitting_bytes`` per value)."""
+        values = bucket.naux_padded * bucket.nao_padded * (bucket.nao_padded + 1) // 2
+        return (8 + value_bytes) * values, fitting_bytes * values
+
+    def keeps_final_eris(self, method: Method) -> bool:
+        """Never: the finalisation reads the factor's float64 copy (:class:`FittedExchange`)."""
+        return False
+
+    def final_contraction(self, method: Method) -> FittedExchange:
+        return FittedExchange()
+
+    def pyscf_counterpart(self, mf, basis: str):
+        """``mf`` density fitted in the same fitting basis: the difference then measures our code, not the fit."""
+        elements = set(mf.mol.elements)
+        return mf.density_fit(auxbasis={symbol: auxiliary_basis(basis, symbol) for symbol in elements})
+
+    def two_electron_gradient(self, mol, config: RKSConfig, occupied: np.ndarray, exchange: float) -> np.ndarray:
+        """(natm, 3) the fitted two-electron energy's derivative at the orbitals ``occupied`` (N, nocc)."""
+        return fitted_two_electron_gradient(mol, config.basis, occupied, exchange, config.eri_expcutoff)
+
+    def prepare(self, eris: FittedFactor, nao_padded, dtype):
+        return FittedArrays(_unpacked_factors(eris.packed, nao_padded), eris.packed, eris.exact,
+                            _pairs(nao_padded, len(eris.packed)), eris.rank)  # fmt: skip
+
+    def profile(self, eri, nao_padded, dtype, iterations):
+        return None
+
+    def layout_bytes(self, bucket, value_bytes):
+        # the unpacked factors and the loop's (Np, Qp, R) products (B_Q U w^(1/2), the products'
+        # temporaries and their batched forms); the packed factors are the integral source's
+        return bucket.naux_padded * (bucket.nao_padded**2 + 4 * bucket.nao_padded * bucket.occupied_rank) * value_bytes
+
+    def resident_bytes(self, bucket, value_bytes):
+        return bucket.naux_padded * bucket.nao_padded**2 * value_bytes
+
+    def contract(self, data: FittedArrays, dm):
+        y = exchange_factor(data.factor, density_factor(dm, data.rank))  # (R Qp, Np)
+        return fitted_coulomb(data.packed, data.pairs, dm), y.T @ y
+
+
+def fitted_backend(config: RKSConfig) -> FittedJK:
+    """:class:`FittedJK` for ``config``; :class:`~pyscf_ipu.config.ConfigError` where it asks for
+    Schwarz screening, which screens the s8 ERIs that density fitting never makes."""
+    if config.eri_threshold > 0:
+        raise ConfigError(f"--eri-threshold screens the s8 ERIs, which --jk {config.jk} (density fitting) never makes")
+    return FittedJK()
+
+
+def fitted_coulomb(packed, pairs, dm):
+    """J (Np, Np) of the density ``dm`` from a packed factor (Qp, npair), exactly whatever the density's
+    rank: rho_Q = tr(B_Q D) over the packed pairs (the scatter adds D_ij and D_ji into pair ij), then
+    J = sum_Q rho_Q B_Q; in the factor's and the density's common precision."""
+    rho = packed @ jnp.zeros(packed.shape[1], dm.dtype).at[pairs].add(dm)  # (Qp,)
+    return (rho @ packed)[pairs]  # a reduction over Q of the (i, Q, j) layout is slow batched
+
+
+def density_factor(dm, rank: int):
+    """(Np, R): U diag(w)^(1/2) over the ``rank`` largest eigenpairs of the density ``dm`` (Np, Np),
+    so that D = W W^T for densities of at most that rank."""
+    n = dm.shape[0]
+    w, u = jnp.linalg.eigh(dm)  # ascending: a density is positive semidefinite, its weight at the end
+    return u[:, n - rank :] * jnp.sqrt(jnp.maximum(w[n - rank :], 0.0))
+
+
+def exchange_factor(bt, w):
+    """(R Qp, Np): Y with K = Y^T Y, from the factor ``bt`` (Np, Qp, Np) and ``w`` (Np, R) of the density.
+
+    (B_Q W)^T at [r, (Q, i)] from the (N, Q N) view: B_Q is symmetric, so row j of that view holds
+    B_Q[i, j] over (Q, i); read as (R Q, N), K is one product Y^T Y."""
+    n, q = bt.shape[0], bt.shape[1]
+    return (w.T @ bt.reshape(n, q * n)).reshape(w.shape[1] * q, n)
+
+
+@partial(compiled, static_argnums=1, name="fitted_factors")
+def _unpacked_factors(packed, nao_padded: int):
+    """(C, Np, Qp, Np): each conformer's packed factor (Qp, npair) gathered onto its AO pairs, laid
+    out so that B_Q U for all Q is one matrix product whose result K needs no transpose of."""
+    index = jnp.asarray(pair_index(nao_padded))
+    return jax.vmap(lambda factor: jnp.transpose(factor[:, index], (1, 0, 2)))(packed)
+
+
+@lru_cache(maxsize=8)
+def _pairs(nao_padded: int, batch: int) -> jax.Array:
+    """(C, Np, Np) int32: each AO pair's column in a packed factor, for a batch of ``batch``, on the device once."""
+    return on_device(np.ascontiguousarray(np.broadcast_to(pair_index(nao_padded), (batch, nao_padded, nao_padded))))
+
+
+@dataclass(frozen=True)
+class FittedExchange:
+    """Where the loop density-fits: J from the float64 factor (:func:`~pyscf_ipu.jk.fitted_coulomb`,
+    what PySCF's density-fitting J computes), K from the loop's float32 factor, both on the device.
+
+    K's two products are the loop's own (:meth:`~pyscf_ipu.jk.FittedJK.contract`), in float32 rather
+    than float64 (the errors are in ``docs/decisions/density-fitting.md``). Its energy,
+    tr(D K) = sum_Q ||W^T B_Q W||^2 with D = W W^T, comes from one more small product
+    (R Q, N) x (N, R) whose squares are summed in float64: tr(D K) over the float32 K itself would
+    carry K's rounding, about 1e-7 of the exchange energy, into the label.
+    """
+
+    forms_jk_on_device: ClassVar[bool] = True
+
+    def device_arrays(self, jk, final):
+        return jk
+
+    def on_device(self, data: FittedArrays, dm):
+        w = density_factor(dm, data.rank).astype(data.factor.dtype)  # (Np, R)  D = W W^T
+        y = exchange_factor(data.factor, w)  # (R Qp, Np)
+        z = (y @ w).astype(dm.dtype)  # (R Qp, R)  the blocks W^T B_Q W
+        return fitted_coulomb(data.exact, data.pairs, dm), (y.T @ y).astype(dm.dtype), jnp.sum(z * z)
+
+    def on_host(self, prepared, dm, final):
+        raise AssertionError("a density-fitted finalisation forms J and K on the device")
+
+
+__all__ = ["FittedArrays", "FittedExchange", "FittedJK", "density_factor", "exchange_factor", "fitted_backend",
+           "fitted_coulomb"]

@@ -1,0 +1,172 @@
+r"""The two-electron part of the nuclear gradient, dE_2/dR at fixed orbitals, for the exact and the
+density-fitted ERIs: each J-K backend differentiates the energy it computed
+(:meth:`~pyscf_ipu.jk.ExactERIs.two_electron_gradient`, :meth:`~pyscf_ipu.jk.FittedJK.two_electron_gradient`).
+
+- **Exact ERIs**: a dot product of the s8 ERIs with a host vector: each unique integral
+  (u) = (mu nu|lambda sigma) stands for m_u index tuples (its distinct permutations), so its
+  coefficient is m_u D_mu,nu D_lambda,sigma / 2 - a_x m_u (D_mu,lambda D_nu,sigma +
+  D_mu,sigma D_nu,lambda) / 8.
+- **Density fitting** (``--jk df``), with 3-centre integrals T_P,ij = (ij|P), metric M = (P|Q),
+  c = M^-1 T D (the fitted density) and X_P = C_occ^T (M^-1 T)_P C_occ:
+
+  .. math::
+
+      \frac{dE_2}{dR} = \sum_{P,ij} T^R_{P,ij}\big[c_P D_{ij} - 2 a_x (C X_P C^T)_{ij}\big]
+          + \sum_{PQ} M^R_{PQ}\big[-\tfrac12 c_P c_Q + a_x \operatorname{tr} X_P X_Q\big]
+
+  (Weigend, Haser, Patzelt and Ahlrichs, Chem. Phys. Lett. 294, 143 (1998)). The brackets are
+  computed once from libcint's integrals at the geometry (float64, as the CPU's SCF fits with), and
+  contract libcint's derivative integrals (``int3c2e_ip1``, ``int2c2e_ip1``) a block of fitting
+  functions at a time; the derivative on the fitting function follows from translation invariance.
+  (``jax.grad`` through the JAX fitting kernels instead compiled for minutes per molecule:
+  ``docs/decisions/fitted-forces.md``.)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .buckets import auxiliary_basis
+from .integral_sources import eri_plan
+from .integrals.eri import eri_s8
+from .packed import degeneracy_weights, tril_unpack
+from .prepare import screened
+from .programs import usable_cores
+
+
+def two_electron_coefficients(dm: np.ndarray, exchange: float) -> np.ndarray:
+    """(size,) float64: d E_2e / d (u) for every s8-packed ERI u, at the density ``dm`` (N, N)."""
+    npair = dm.shape[0] * (dm.shape[0] + 1) // 2
+    ij, kl = tril_unpack(np.arange(npair * (npair + 1) // 2))  # packed quartet u -> (ij, kl), ij >= kl
+    (p, q), (r, s) = tril_unpack(ij), tril_unpack(kl)
+    multiplicity = 8.0 * degeneracy_weights(np.stack([p, q, r, s], axis=1))  # distinct permutations of u
+    coulomb = 0.5 * dm[p, q] * dm[r, s]
+    exact = 0.125 * exchange * (dm[p, r] * dm[q, s] + dm[p, s] * dm[q, r])
+    return multiplicity * (coulomb - exact)
+
+
+def exact_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange: float) -> np.ndarray:
+    """(natm, 3) the exact-ERI two-electron energy's derivative at the density of ``occupied`` (N, nocc):
+    ``jax.grad`` of the s8 ERIs' dot product with :func:`two_electron_coefficients`."""
+    plan = eri_plan(basis, tuple(mol.elements))
+    with jax.enable_x64(True):
+        coefficients = jnp.asarray(two_electron_coefficients(2.0 * occupied @ occupied.T, exchange))
+        gradient = jax.grad(lambda coords: jnp.dot(coefficients, eri_s8(plan, coords[None], jnp.float64)[0]))
+        return np.asarray(gradient(jnp.asarray(mol.atom_coords())))
+
+
+def fitted_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange: float, expcutoff: float = 0.0
+                                 ) -> np.ndarray:  # fmt: skip
+    """(natm, 3) the density-fitted two-electron energy's derivative at the density of ``occupied``
+    (N, nocc), with PySCF's default fitting basis (what ``--jk df`` fits with), from libcint's integrals
+    with the SCF's primitive screening ``expcutoff`` (:func:`~pyscf_ipu.prepare.screened`).
+
+    The fitted density and the exchange intermediates (:func:`fitted_intermediates`) give each fitting
+    function P its weight matrix G_P = c_P D - 2 a_x C X_P C^T; G contracts the derivative integrals
+    (nabla i j|P) a block of fitting shells at a time. The derivative on the fitting function comes from
+    the same integrals: translation of all three centres together leaves (ij|P) unchanged, so
+    (ij|nabla P) = -(nabla i j|P) - (i nabla j|P), and with G_P symmetric its sum is -2 sum_ij
+    (nabla i j|P) G_P,ij. BLAS runs on every core this process may use, as in the SCF's fitting.
+    """
+    from pyscf import df
+    from threadpoolctl import threadpool_limits
+
+    auxmol = df.addons.make_auxmol(mol, {s: auxiliary_basis(basis, s) for s in set(mol.elements)})
+    orbitals = screened(mol, expcutoff)
+    n = len(occupied)
+    dm = 2.0 * occupied @ occupied.T  # (N, N)
+    by_ao = np.zeros((3, n))  # sum over j, P of (nabla i j|P) G_P,ij
+    by_aux = np.zeros((3, auxmol.nao))  # sum over ij of (ij|nabla P) G_P,ij
+    offsets = auxmol.ao_loc_nr()
+    with threadpool_limits(usable_cores(), user_api="blas"):
+        three = df.incore.aux_e2(orbitals, auxmol, intor="int3c2e", aosym="s2ij")  # (npair, Q), Fortran order
+        fitted, x = fitted_intermediates(three, auxmol.intor("int2c2e"), occupied, dm, exchange)
+        del three
+        for first, last in _shell_blocks(offsets, FITTED_BLOCK_FUNCTIONS):
+            p0, p1 = offsets[first], offsets[last]
+            weights = _weights(fitted[p0:p1], x[p0:p1], occupied, dm, exchange)  # (b, N, N) G_P, symmetric
+            slices = (0, mol.nbas, 0, mol.nbas, first, last)
+            bra = df.incore.aux_e2(orbitals, auxmol, intor="int3c2e_ip1", aosym="s1", comp=3, shls_slice=slices)
+            bra = bra.transpose(0, 3, 2, 1)  # (3, b, N, N): (nabla i j|P) at [x, P, j, i], contiguous
+            by_ao += np.einsum("xpji,pji->xi", bra, weights)
+            by_aux[:, p0:p1] = -2.0 * np.einsum("xpji,pji->xp", bra, weights)
+            del bra, weights
+        metric_weights = -0.5 * np.outer(fitted, fitted)  # (Q, Q)
+        if exchange:
+            flat = x.reshape(len(x), -1)
+            metric_weights += exchange * flat @ flat.T  # tr X_P X_Q (X symmetric)
+        metric_derivative = auxmol.intor("int2c2e_ip1", comp=3)  # (3, Q, Q): (nabla P|Q)
+        by_aux += 2.0 * np.einsum("xpq,pq->xp", metric_derivative, metric_weights)
+    # d/dR_A of a function on A is minus its gradient in the electron's coordinate; i and j alike
+    gradient = np.zeros((mol.natm, 3))
+    np.add.at(gradient, function_atoms(mol), -2.0 * by_ao.T)
+    np.add.at(gradient, function_atoms(auxmol), -by_aux.T)
+    return gradient
+
+
+def _weights(fitted: np.ndarray, x: np.ndarray, occupied: np.ndarray, dm: np.ndarray, exchange: float
+             ) -> np.ndarray:  # fmt: skip
+    """(b, N, N) G_P = c_P D - 2 a_x C X_P C^T for a block of fitting functions: ``fitted`` (b,),
+    ``x`` (b, nocc, nocc), as two matrix products over the whole block."""
+    weights = fitted[:, None, None] * dm
+    if exchange:
+        (b, nocc, _), n = x.shape, len(dm)
+        cx = occupied @ x.transpose(1, 0, 2).reshape(nocc, b * nocc)  # (N, b nocc): C X_P side by side
+        cx = cx.reshape(n, b, nocc).transpose(1, 0, 2).reshape(b * n, nocc)
+        weights -= 2.0 * exchange * (cx @ occupied.T).reshape(b, n, n)
+    return weights
+
+
+def fitted_intermediates(three: np.ndarray, metric: np.ndarray, occupied: np.ndarray, dm: np.ndarray,
+                         exchange: float) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The fitted density c = M^-1 T D (Q,) and, for exact exchange, X_P = C^T (M^-1 T)_P C
+    (Q, nocc, nocc) (empty without), from the 3-centre integrals ``three`` (npair, Q) packed as
+    libcint's ``s2ij`` packs them (pairs i >= j), the metric M (Q, Q), the occupied orbitals C
+    (N, nocc) and their density D = 2 C C^T (N, N).
+
+    X_P = sum_Q (M^-1)_PQ C^T T_Q C is formed from the small C^T T_Q C, so that M^-1 T, as large as
+    T, is never made; T_Q is unpacked a block of fitting functions at a time."""
+    import scipy.linalg
+    from pyscf import lib
+
+    n, nocc = occupied.shape
+    i, j = np.tril_indices(n)
+    factor = scipy.linalg.cho_factor(metric, lower=True)
+    fitted = scipy.linalg.cho_solve(factor, three.T @ (dm[i, j] * np.where(i == j, 1.0, 2.0)))  # (Q,)
+    if not exchange:
+        return fitted, np.zeros((len(fitted), 0, 0))
+    projected = np.empty((len(fitted), nocc, nocc))  # C^T T_Q C
+    for q0 in range(0, len(fitted), FITTED_BLOCK):
+        rows = lib.unpack_tril(np.ascontiguousarray(three[:, q0 : q0 + FITTED_BLOCK].T))  # (b, N, N)
+        b = len(rows)
+        half = (rows.reshape(b * n, n) @ occupied).reshape(b, n, nocc).transpose(1, 0, 2)  # (N, b, nocc) T_Q C
+        both = occupied.T @ half.reshape(n, b * nocc)  # (nocc, b nocc): one product for the block
+        projected[q0 : q0 + b] = both.reshape(nocc, b, nocc).transpose(1, 0, 2)
+    x = scipy.linalg.cho_solve(factor, projected.reshape(len(fitted), -1))
+    return fitted, x.reshape(len(fitted), nocc, nocc)
+
+
+def function_atoms(mol) -> np.ndarray:
+    """(nao,) the atom of each of ``mol``'s basis functions."""
+    slices = mol.aoslice_by_atom()  # (natm, 4): shells, then functions, [first, last)
+    return np.repeat(np.arange(mol.natm), slices[:, 3] - slices[:, 2])
+
+
+FITTED_BLOCK_FUNCTIONS = 256  # fitting functions whose derivative integrals (3 N^2 each) are held at once
+
+
+def _shell_blocks(offsets: np.ndarray, most: int) -> list[tuple[int, int]]:
+    """Consecutive shell ranges [first, last) of at most ``most`` functions each (one shell at least),
+    from the shells' function offsets (S + 1,)."""
+    blocks, first = [], 0
+    for last in range(1, len(offsets)):
+        if offsets[last] - offsets[first] > most and last - 1 > first:
+            blocks.append((first, last - 1))
+            first = last - 1
+    blocks.append((first, len(offsets) - 1))
+    return blocks
+
+
+FITTED_BLOCK = 128  # fitting functions whose (N, N) matrices are unpacked at once

@@ -1,0 +1,93 @@
+"""The ledger: the one place a run's outcomes go. Each labelled batch becomes records or failures
+(:func:`labelled`), is handed to the commit thread (:func:`committer` writes it to the shard),
+counted in the summary, shown on the progress bar and judged by the convergence watch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from pyscf_ipu.results import SCFResult
+
+from .batching import Batch, Settled
+from .pipeline import CommitThread
+from .schema import Failure, RecordBatch
+from .store import ShardWriter
+from .summary import Summary
+from .watch import ConvergenceWatch
+
+
+def labelled(batch: Batch, results: list[SCFResult], gradients: list[np.ndarray] | None, drop_unconverged: bool
+              ) -> tuple[list[tuple], list[np.ndarray] | None, list[Failure]]:  # fmt: skip
+    """The batch's conformers that become records, each (SMILES, molecule id, conformer id, conformer,
+    result), with their gradients; failures for NaN labels or forces, and for dropped ones."""
+    rows, kept_gradients, failures = [], [], []
+    for k, ((entry, cid, molecule), r) in enumerate(zip(batch.members, results)):
+        labels = np.array([r.energy, r.homo, r.lumo, r.gap, r.energy_std_ev])
+        if gradients is not None and not np.all(np.isfinite(gradients[k])):
+            failures.append(Failure(entry.description, "NaN force", entry.molecule_id, cid))
+        elif not np.all(np.isfinite(labels)):
+            failures.append(Failure(entry.description, "NaN label", entry.molecule_id, cid))
+        elif drop_unconverged and not r.converged:
+            failures.append(Failure(entry.description, "not converged (--drop-unconverged)", entry.molecule_id, cid))
+        else:
+            rows.append((entry.smiles, entry.molecule_id, cid, molecule, r))
+            if gradients is not None:
+                kept_gradients.append(gradients[k])
+    return rows, None if gradients is None else kept_gradients, failures
+
+
+@dataclass
+class Ledger:
+    """The one place a run's outcomes go: committed to the shard (by the commit thread), counted in the
+    summary, shown on the progress bar and judged by the convergence watch."""
+
+    commits: CommitThread  # of (records' rows, their seconds, gradients, failures)
+    summary: Summary
+    bar: object  # a tqdm progress bar
+    watch: ConvergenceWatch
+    drop_unconverged: bool  # unconverged conformers become failures instead of records
+    last_commit: float  # when the last batch was handed over: a record's seconds are its share since
+
+    def settle(self, settled: Settled) -> None:
+        if settled.failures:
+            self.commits.put(([], 0.0, None, settled.failures))
+        self.summary.failures += len(settled.failures)
+        self.summary.skipped += settled.skipped
+        self.summary.timings["conformers"] += settled.seconds
+        self.bar.update(settled.progress)
+
+    def label(self, batch: Batch, results: list[SCFResult], gradients: list[np.ndarray] | None,
+              forces_seconds: float, steady: bool) -> None:  # fmt: skip
+        """Hand a labelled batch to the commit thread: its records (their seconds the generator's wall
+        time since the last batch, failed conformers' time included) and its failures. ``steady``:
+        that time holds no program loading or compiling (the summary's steady rate counts it)."""
+        for result in results:  # host preparation, transfer, waiting for the device, finalisation
+            self.summary.timings.update(result.timings)
+        if gradients is not None:
+            self.summary.timings["forces"] += forces_seconds
+        now = time.perf_counter()
+        rows, gradients, failures = labelled(batch, results, gradients, self.drop_unconverged)
+        self.commits.put((rows, now - self.last_commit, gradients, failures))
+        if steady:
+            self.summary.steady_conformers += len(batch.members)
+            self.summary.steady_seconds += now - self.last_commit
+        self.last_commit = now
+        self.summary.conformers += len(rows)
+        self.summary.converged += sum(bool(r.converged) for *_, r in rows)
+        self.summary.labelled += len(results)
+        self.summary.failures += len(failures)
+        self.bar.update(len(batch.members))
+        self.watch.add(len(results), sum(r.converged and np.isfinite(r.energy) for r in results))
+
+
+def committer(writer: ShardWriter):
+    """The commit thread's work: a batch's records built from its rows, and committed with its failures."""
+    def commit(item) -> None:
+        rows, seconds, gradients, failures = item
+        writer.commit(RecordBatch.from_results(rows, seconds, gradients) if rows else None, failures)
+
+    return commit
