@@ -59,6 +59,10 @@ def test_a_batch_fills_from_several_molecules_of_one_bucket_and_a_new_bucket_sta
     keys = [item for item in items if isinstance(item, list)]
     assert keys == [[(0, 0), (0, 1)], [(0, 2), (1, 0)], [(1, 1), (1, 2)],  # bucket a in twos, across molecules
                     [(2, 0), (2, 1), (2, 2), (3, 0)], [(3, 1), (3, 2)]]  # bucket b in fours, the rest short
+    buckets = {0: "a", 1: "b", 2: "b", 3: "b"}  # a's leftover conformer goes short, not into b's batch
+    keys = [item for item in run(INPUTS, buckets, made, {"a": 2, "b": 4}) if isinstance(item, list)]
+    assert keys == [[(0, 0), (0, 1)], [(0, 2)], [(1, 0), (1, 1), (1, 2), (2, 0)], [(2, 1), (2, 2), (3, 0), (3, 1)],
+                    [(3, 2)]]  # fmt: skip
     settled = [item for item in items if isinstance(item, Settled)]
     assert [s.progress for s in settled] == [0, 0, 0, 0] and all(not s.failures for s in settled)
 
