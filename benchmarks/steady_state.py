@@ -71,8 +71,10 @@ def worker(args: argparse.Namespace) -> None:
     dft = RKSConfig(integrals=args.integrals, xc=args.xc)
     for window, _ in enumerate(sys.stdin):
         wall, cpu, faults = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        summary = run_shard(GenerateConfig(smiles=str(smiles), out=str(work / f"w{window}"),
-                                           conformers=args.conformers, progress=False).resolved(dft))  # fmt: skip
+        gen = GenerateConfig(smiles=str(smiles), out=str(work / f"w{window}"), conformers=args.conformers,
+                             progress=False)  # fmt: skip
+        # a tree before the settings were resolved once takes the two configs (--against)
+        summary = run_shard(gen.resolved(dft)) if hasattr(gen, "resolved") else run_shard(gen, dft)
         print(json.dumps({"conformers": summary.conformers, "wall": time.perf_counter() - wall,
                           "cpu": time.process_time() - cpu,
                           "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,

@@ -97,7 +97,7 @@ def check_memory(bucket: SizeBucket, method: Method, conformers: int, budget_gb:
         return
     fits = largest_batch(bucket, method, conformers - 1, budget_gb, ahead=False)
     advice = (f"--batch-size {fits} fits" if fits else
-              f"not even a batch of one fits: try {method.backend.memory_advice}a smaller basis or, where the "
+              f"not even one conformer fits: try {method.backend.memory_advice}a smaller basis or, where the "
               "machine has the memory, a larger --memory-budget")  # fmt: skip
     raise MemoryBudgetError(
         f"{what} ({bucket.nao_padded} AOs, J-K backend {method.config.jk}) needs about {estimate.total / GB:.1f} GB "

@@ -72,12 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _generate(args) -> int:
     reuse_freed_memory()  # first: before JAX runs anything
+    from pyscf_ipu.method import resolve
+
     from .generate import generate
     from .settings import GenerateConfig
 
     try:
         gen = config_from_arguments(args, GenerateConfig)
         dft = config_from_arguments(args, RKSConfig)
+        resolve(dft)  # the names and their combinations (e.g. screening with density fitting), before any input is read
     except ValueError as err:
         raise ConfigError(str(err)) from None
     summary = generate(gen, dft)

@@ -119,7 +119,7 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
                 bucket = buckets[item.members[0][0].molecule_id]
                 if inflight is not None and not ahead.get(bucket, True):  # the two would not fit together
                     ledger.label(inflight[0], *_results(*inflight[:2], method, gen.forces, clock), steady=not inflight[2])
-                    inflight = prepared = run = None  # its arrays freed before the next batch's are made
+                    inflight = prepared = dispatched = None  # its arrays freed before the next batch's are made
                 try:  # a short batch is filled up: every batch of a size bucket then runs the same programs
                     with clock.stage("inputs"):
                         molecules = fill_batch(item.molecules, sizes[bucket] if bucket is not None else len(item.members))
@@ -132,11 +132,11 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
                 first = bucket not in started  # its programs are loaded or compiled as it is dispatched
                 started.add(bucket)
                 with clock.stage("dispatch"):
-                    run = submit_batch(prepared, method)
+                    dispatched = submit_batch(prepared, method)
                 if inflight is not None:  # the device worked on it while this batch was prepared
                     ledger.label(inflight[0], *_results(*inflight[:2], method, gen.forces, clock),
                                  steady=not (first or inflight[2]))  # fmt: skip
-                inflight = (item, run, first)
+                inflight = (item, dispatched, first)
             if inflight is not None:
                 ledger.label(inflight[0], *_results(*inflight[:2], method, gen.forces, clock), steady=not inflight[2])
         except NotConvergingError as err:

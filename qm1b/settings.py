@@ -100,8 +100,7 @@ class GenerateConfig:
 
     def resolved(self, dft: RKSConfig) -> Run:
         """These settings and the DFT settings ``dft`` resolved once (:class:`Run`)."""
-        return Run(self, dft.for_forces() if self.forces else dft, self.source, parse_shard(self.shard),
-                   self.memory_budget or default_budget())  # fmt: skip
+        return Run(self, dft.for_forces() if self.forces else dft, self.source, parse_shard(self.shard))
 
 
 def provenance() -> dict[str, str]:
@@ -125,7 +124,12 @@ class Run:
     dft: RKSConfig  # as given, with --forces' float64 refinement made explicit (:meth:`RKSConfig.for_forces`)
     source: ConformerSource
     shard: tuple[int, int]  # (i, n): shard i of n
-    budget_gb: float  # --memory-budget, or the default share of this machine's memory
+
+    @property
+    def budget_gb(self) -> float:
+        """--memory-budget, or the default share of the memory of the machine this runs on (each Ray
+        task's own node)."""
+        return self.gen.memory_budget or default_budget()
 
     def inputs(self) -> list[Input]:
         """The molecules of this shard, selected by --heavy-atoms and --limit."""

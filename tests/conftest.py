@@ -1,8 +1,9 @@
 """Shared fixtures: the persistent compilation cache, test molecules and cached PySCF references.
 
 PySCF float64 references are computed in the test run (tightly converged) and cached on disk,
-keyed by the geometry, the settings, PySCF's version and the code that makes the reference, so a
-second run does not repeat them and a change to either computes them again.
+keyed by the geometry, the settings, PySCF's version and the code that builds the reference
+(:func:`reference_key`), so a second run does not repeat them and a change to either computes them
+again.
 Set PYSCF_IPU_CACHE to move the cache (default ~/.cache/pyscf-ipu).
 """
 
@@ -59,15 +60,20 @@ def host_of(qm9_nine_heavy):
 def reference_key(molecule: Molecule, config: RKSConfig) -> str:
     """The cache key of PySCF's reference for ``molecule`` under ``config``: the geometry, the settings
     PySCF sees, the PySCF method it runs (e.g. ``RKS`` or its density-fitted class), PySCF's version and
-    the source of the code that builds the reference (``pyscf_ipu.reference`` and the J-K backend's
-    ``pyscf_counterpart``)."""
+    the source of the code that builds the reference: ``pyscf_ipu.reference``, the J-K backend's
+    ``pyscf_counterpart``, the molecule's PySCF form (``pyscf_ipu.pyscf_mole``), the functionals' libxc
+    codes (``pyscf_ipu.xc.functionals``) and the fitting basis (``buckets.auxiliary_basis``)."""
     import pyscf
 
+    import pyscf_ipu.pyscf_mole
     import pyscf_ipu.reference
+    import pyscf_ipu.xc.functionals
+    from pyscf_ipu.buckets import auxiliary_basis
 
     method = resolve(config)
-    counterpart = type(method.backend).pyscf_counterpart
-    code = inspect.getsource(pyscf_ipu.reference) + inspect.getsource(counterpart)
+    sources = (pyscf_ipu.reference, type(method.backend).pyscf_counterpart, pyscf_ipu.pyscf_mole,
+               pyscf_ipu.xc.functionals, auxiliary_basis)  # fmt: skip
+    code = "".join(inspect.getsource(source) for source in sources)
     payload = {
         "z": molecule.atomic_numbers.tolist(),
         "pos": np.round(molecule.positions, 10).tolist(),

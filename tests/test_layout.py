@@ -51,22 +51,25 @@ def test_only_the_resolver_reads_a_registry(registry):
 
 
 def _names_jk(node: ast.AST) -> bool:
-    """Whether ``node`` is a name or attribute such as ``jk``, ``config.jk`` or ``args.jk_name``."""
+    """Whether ``node`` names a backend: a name or attribute such as ``jk``, ``config.jk`` or
+    ``args.jk_name``, or a backend's ``name`` (``method.backend.name``, ``type(backend).__name__``)."""
     name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+    if isinstance(node, ast.Attribute) and name in ("name", "__name__"):
+        return "backend" in ast.unparse(node.value)
     return "jk" in name.split("_")
 
 
 def _backend_names(node: ast.AST) -> bool:
-    """Whether ``node`` is a J-K backend's name as a string, or a tuple, list or set of them."""
+    """Whether ``node`` is a J-K backend's name (or class name) as a string, or a tuple, list or set of them."""
     if isinstance(node, ast.Constant):
-        return node.value in BACKEND_NAMES
+        return node.value in BACKEND_NAMES | BACKEND_CLASSES
     return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(map(_backend_names, node.elts))
 
 
 def backend_branches(path: str, tree: ast.AST) -> list[str]:
     """Where ``tree`` asks which J-K backend a run uses, instead of asking the backend: the
-    ``density_fitted`` flag, a comparison of a ``jk`` setting with a backend's name, or an
-    ``isinstance`` test against a backend class."""
+    ``density_fitted`` flag, a comparison of a ``jk`` setting or a backend's ``name`` with a backend's
+    name, a ``match`` on a ``jk`` setting, or an ``isinstance`` test against a backend class."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr == "density_fitted":
@@ -75,8 +78,12 @@ def backend_branches(path: str, tree: ast.AST) -> list[str]:
             operands = [node.left, *node.comparators]
             if any(map(_names_jk, operands)) and any(map(_backend_names, operands)):
                 found.append(f"{path}:{node.lineno} compares a jk setting with a backend's name")
+        elif isinstance(node, ast.Match) and _names_jk(node.subject):
+            found.append(f"{path}:{node.lineno} matches a jk setting")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
-            if any(isinstance(n, ast.Name) and n.id in BACKEND_CLASSES for n in ast.walk(node.args[-1])):
+            classes = [n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node.args[-1])
+                       if isinstance(n, (ast.Name, ast.Attribute))]  # fmt: skip
+            if BACKEND_CLASSES.intersection(classes):
                 found.append(f"{path}:{node.lineno} isinstance of a backend class")
     return found
 
@@ -90,17 +97,28 @@ def test_no_module_but_the_backends_asks_which_backend_a_run_uses():
 
 
 def test_the_backend_check_finds_each_kind_of_branch():
-    """The check above fails on a probe module that asks in each of the three ways (and not on one
-    that asks the backend)."""
+    """The check above fails on a probe module that asks in each of the ways it knows (and not on
+    the lines that ask the backend, or compare other names)."""
     probe = ast.parse(
-        "def f(config, method, backend):\n"
+        "def f(config, method, backend, fitted, strategy):\n"
         "    if config.density_fitted:\n"
         "        return 1\n"
         "    if config.jk == 'df' or method.config.jk in ('ipu', 's8'):\n"
         "        return 2\n"
-        "    if isinstance(backend, FittedJK):\n"
+        "    if isinstance(backend, FittedJK) or isinstance(backend, (fitted.FittedJK, int)):\n"
         "        return 3\n"
+        "    if method.backend.name == 'df' or type(backend).__name__ == 'IPUJK':\n"
+        "        return 4\n"
+        "    match config.jk:\n"
+        "        case 'df':\n"
+        "            return 5\n"
+        "    if strategy.name == 's8' or config.xc == 'hf':\n"
+        "        return 6\n"
         "    return method.backend.cpu_batch\n")  # fmt: skip
     found = sorted(backend_branches("probe.py", probe))
-    assert found == ["probe.py:2 density_fitted", "probe.py:4 compares a jk setting with a backend's name",
-                     "probe.py:4 compares a jk setting with a backend's name", "probe.py:6 isinstance of a backend class"]
+    assert found == ["probe.py:10 matches a jk setting", "probe.py:2 density_fitted",
+                     "probe.py:4 compares a jk setting with a backend's name",
+                     "probe.py:4 compares a jk setting with a backend's name",
+                     "probe.py:6 isinstance of a backend class", "probe.py:6 isinstance of a backend class",
+                     "probe.py:8 compares a jk setting with a backend's name",
+                     "probe.py:8 compares a jk setting with a backend's name"]

@@ -1,7 +1,7 @@
 """The unit conversions against PySCF's own constants (``pyscf.data.nist``), an independent table.
 
 Ours are CODATA 2018; PySCF 2.x keeps older recommended values (the Bohr radius of CODATA 2010, the
-Hartree in eV of CODATA 2014). Between those revisions the Bohr radius moved by 3.2e-10 of itself and
+Hartree in eV of CODATA 2014). Between those revisions the Bohr radius moved by 3.2e-11 of itself and
 the Hartree in eV by 8.3e-9, so each tolerance is a little above its revision's change: a wrong digit
 in the first nine fails."""
 

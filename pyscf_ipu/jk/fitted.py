@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from ..config import RKSConfig
     from ..method import Method
 
-# ... but density fitting's loop keeps a CPU's cores busy with one conformer: a batch would multiply
-# the memory, not the speed (docs/decisions/jk-auto.md)
+# density fitting's loop keeps a CPU's cores busy with one conformer: a batch would multiply the
+# memory, not the speed (docs/decisions/jk-auto.md)
 AUTO_FITTED_BATCH_ON_A_CPU = 1
 
 
