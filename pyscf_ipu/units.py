@@ -1,4 +1,7 @@
-"""Physical constants and unit conversions: CODATA 2018 (PySCF keeps older revisions, within 1e-8; tests/test_units.py)."""
+"""Physical constants and unit conversions: CODATA 2018.
+
+PySCF keeps older revisions, within 1e-8 of these (tests/test_units.py).
+"""
 
 BOHR_RADIUS_ANGSTROM = 0.529177210903
 BOHR_PER_ANGSTROM = 1.0 / BOHR_RADIUS_ANGSTROM  # 1.8897261246...

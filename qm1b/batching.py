@@ -25,8 +25,8 @@ from .settings import Run
 
 def batch_sizes(run: Run, method: Method, inputs: list[Input], buckets: dict) -> dict[SizeBucket, int]:
     """The batch size of each size bucket of ``buckets`` (by molecule id): ``--batch-size``, or auto:
-    the J-K backend's ``cpu_batch`` on a CPU; on an accelerator the largest power of two, up to the bucket's conformers rounded up to one, whose
-    arrays (with the next batch's beside them) fit :data:`~pyscf_ipu.memory.DEVICE_SHARE` of its
+    the J-K backend's ``cpu_batch`` on a CPU; on an accelerator the largest power of two, up to the
+    bucket's conformers rounded up to one, whose arrays (with the next batch's beside them) fit :data:`~pyscf_ipu.memory.DEVICE_SHARE` of its
     memory. Auto never goes above the largest batch that fits the memory budget (nor below one:
     :func:`check_memory` then says what would fit)."""
     conformers = Counter()
@@ -62,6 +62,7 @@ def check_memory(run: Run, method: Method, sizes: dict[SizeBucket, int]) -> None
         size = sizes[largest]
         check_batch(largest, method, size, run.budget_gb,
                     f"a batch of {size} conformers of the largest molecules, {largest.label()}")
+
 
 def chosen(dft: RKSConfig, sizes: dict[SizeBucket, int]) -> str:
     """What ``--jk auto`` and ``--batch-size auto`` picked, e.g. ``def2-svp, jk df, batch 1``: the

@@ -154,12 +154,12 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
     return summary
 
 
-def _results(batch: Batch, run: BatchRun, method: Method, forces: bool, clock: HostClock
+def _results(batch: Batch, dispatched: BatchRun, method: Method, forces: bool, clock: HostClock
              ) -> tuple[list[SCFResult], list[np.ndarray] | None, float]:  # fmt: skip
     """The batch's results (its filling members' dropped), the gradients where ``forces`` asks for
     them (with the grid's response: the exact derivative of the stored energy), and their seconds."""
     with clock.stage("results"):
-        results = run.results()[: len(batch.members)]
+        results = dispatched.results()[: len(batch.members)]
     if not forces:
         return results, None, 0.0
     t = time.perf_counter()

@@ -10,6 +10,7 @@ Set PYSCF_IPU_CACHE to move the cache (default ~/.cache/pyscf-ipu).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import inspect
 import json
@@ -57,6 +58,20 @@ def host_of(qm9_nine_heavy):
     return get
 
 
+@functools.lru_cache(maxsize=None)
+def _reference_code(backend: type) -> str:
+    """A hash of the source that builds PySCF's reference under a J-K backend of class ``backend``
+    (read once per class and process, not on every lookup)."""
+    import pyscf_ipu.pyscf_mole
+    import pyscf_ipu.reference
+    import pyscf_ipu.xc.functionals
+    from pyscf_ipu.buckets import auxiliary_basis
+
+    sources = (pyscf_ipu.reference, backend.pyscf_counterpart, pyscf_ipu.pyscf_mole, pyscf_ipu.xc.functionals,
+               auxiliary_basis)  # fmt: skip
+    return hashlib.sha256("".join(inspect.getsource(source) for source in sources).encode()).hexdigest()
+
+
 def reference_key(molecule: Molecule, config: RKSConfig) -> str:
     """The cache key of PySCF's reference for ``molecule`` under ``config``: the geometry, the settings
     PySCF sees, the PySCF method it runs (e.g. ``RKS`` or its density-fitted class), PySCF's version and
@@ -65,15 +80,8 @@ def reference_key(molecule: Molecule, config: RKSConfig) -> str:
     codes (``pyscf_ipu.xc.functionals``) and the fitting basis (``buckets.auxiliary_basis``)."""
     import pyscf
 
-    import pyscf_ipu.pyscf_mole
-    import pyscf_ipu.reference
-    import pyscf_ipu.xc.functionals
-    from pyscf_ipu.buckets import auxiliary_basis
-
     method = resolve(config)
-    sources = (pyscf_ipu.reference, type(method.backend).pyscf_counterpart, pyscf_ipu.pyscf_mole,
-               pyscf_ipu.xc.functionals, auxiliary_basis)  # fmt: skip
-    code = "".join(inspect.getsource(source) for source in sources)
+    code = _reference_code(type(method.backend))
     payload = {
         "z": molecule.atomic_numbers.tolist(),
         "pos": np.round(molecule.positions, 10).tolist(),
@@ -83,7 +91,7 @@ def reference_key(molecule: Molecule, config: RKSConfig) -> str:
         "grid_level": config.grid_level,
         "pyscf_method": type(pyscf_method(molecule, method)).__name__,
         "pyscf": pyscf.__version__,
-        "code": hashlib.sha256(code.encode()).hexdigest(),
+        "code": code,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 

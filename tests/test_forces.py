@@ -92,7 +92,10 @@ def test_two_electron_coefficients_give_the_coulomb_and_exchange_energies():
         assert np.dot(two_electron_coefficients(dm, exchange), eri) == pytest.approx(expected, rel=1e-12)
 
 
-@pytest.mark.parametrize("name", ["benzene", *(pytest.param(name, marks=pytest.mark.slow) for name in ["methane", *QM9[:2]])])
+SLOW_FORCES = [pytest.param(name, marks=pytest.mark.slow) for name in ["methane", *QM9[:2]]]
+
+
+@pytest.mark.parametrize("name", ["benzene", *SLOW_FORCES])
 def test_gradient_matches_pyscf_at_qm1b_settings(qm9_nine_heavy, name):
     """The default float32 run (B3LYP/STO-3G, grid level 0, at most 20 iterations) against PySCF;
     benzene in every run of the suite, the rest with ``--slow``."""

@@ -30,7 +30,7 @@ def test_the_reference_cache_key_follows_pyscf_the_reference_code_and_the_method
 
     import pyscf
 
-    from .conftest import reference_key
+    from .conftest import _reference_code, reference_key
 
     water, config = from_name("water"), RKSConfig(basis="6-31g", xc="b3lyp")
     key = reference_key(water, config)
@@ -42,4 +42,7 @@ def test_the_reference_cache_key_follows_pyscf_the_reference_code_and_the_method
     monkeypatch.undo()
     source = inspect.getsource
     monkeypatch.setattr(inspect, "getsource", lambda obj: source(obj) + "# a changed line")
+    _reference_code.cache_clear()  # the source is read once per process: read it again, changed
     assert reference_key(water, config) != key
+    monkeypatch.undo()
+    _reference_code.cache_clear()
