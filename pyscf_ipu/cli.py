@@ -21,17 +21,22 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .config import AUTO, COMMAND_LINE_DEFAULTS, ConfigError, RKSConfig, add_config_arguments, config_from_arguments
+import numpy as np
+
+from .config import (
+    AUTO, COMMAND_LINE_DEFAULTS, MAX_STEPS, ConfigError, Criteria, RKSConfig, add_config_arguments, config_from_arguments,
+)
 from .runtime import disable_numpy_huge_pages, enable_compilation_cache, reuse_freed_memory
 from .ipu.plan import TileMemoryError
 from .geometries import parse_molecule
 from .molecule import NAMED_MOLECULES, Molecule, MoleculeError
-from .units import HARTREE_TO_EV, HARTREE_TO_MEV
+from .units import BOHR_PER_ANGSTROM, HARTREE_TO_EV, HARTREE_TO_MEV
 
 if TYPE_CHECKING:  # the module itself is imported only where a run needs JAX
     from .method import Method
 
 EXIT_BAD_INPUT = 2
+EXIT_NOT_CONVERGED = 3
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader went away
 
 
@@ -80,17 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="pyscf-ipu", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="one restricted Kohn-Sham single point")
-    source = run.add_argument_group("molecule (give exactly one)")
-    source.add_argument("--xyz", metavar="FILE", help="XYZ file, Angstrom")
-    source.add_argument("--atoms", metavar="STR", help='atom string, e.g. "O 0 0 0; H 0 0.76 0.59"')
-    source.add_argument("--mol", metavar="NAME", help=f"a named molecule: {', '.join(NAMED_MOLECULES)}")
-    source.add_argument("--unit", default="angstrom", choices=("angstrom", "bohr"), help="unit of --atoms")
-    source.add_argument("--charge", type=int, default=0, help="total charge (default: 0)")
-    source.add_argument("--spin", type=int, default=0, help="2S; restricted Kohn-Sham needs 0")
-    add_config_arguments(run.add_argument_group("settings"), RKSConfig, COMMAND_LINE_DEFAULTS)
-    run.add_argument("--memory-budget", type=float, metavar="GB",
-                     help="refuse a run whose estimated peak memory is above this (default: 80%% of this machine's "
-                          "memory)")
+    _molecule_and_settings(run)
     output = run.add_argument_group("output")
     output.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     output.add_argument("--check", action="store_true", help="also run PySCF in float64 and print the differences")
@@ -104,7 +99,32 @@ def build_parser() -> argparse.ArgumentParser:
     output.add_argument("--profile", metavar="FILE.json",
                         help="profile the simulated IPU (--jk ipu): write its report and print its summary")
     output.add_argument("--profile-plot", metavar="FILE.png", help="profile the simulated IPU and draw its tile memory map")
+    optimize = commands.add_parser("optimize", help="relax one molecule to a minimum of its energy (geomeTRIC's "
+                                   "optimiser, forces with the grid's response)")  # fmt: skip
+    _molecule_and_settings(optimize)
+    steps = optimize.add_argument_group("optimiser")
+    steps.add_argument("--max-steps", type=int, default=MAX_STEPS,
+                       help=f"steps after the start before giving up (default: {MAX_STEPS}); it converges when "
+                            f"{Criteria().describe()} (geomeTRIC's defaults)")  # fmt: skip
+    steps.add_argument("--out", metavar="FILE.xyz", help="where the relaxed geometry goes (default: NAME_relaxed.xyz)")
+    steps.add_argument("--trajectory", metavar="FILE.xyz",
+                       help="also write every step as extended XYZ, with its energy (eV) and forces (eV/Angstrom)")
     return parser
+
+
+def _molecule_and_settings(command: argparse.ArgumentParser) -> None:
+    """The options that give a command its molecule and its DFT settings."""
+    source = command.add_argument_group("molecule (give exactly one)")
+    source.add_argument("--xyz", metavar="FILE", help="XYZ file, Angstrom")
+    source.add_argument("--atoms", metavar="STR", help='atom string, e.g. "O 0 0 0; H 0 0.76 0.59"')
+    source.add_argument("--mol", metavar="NAME", help=f"a named molecule: {', '.join(NAMED_MOLECULES)}")
+    source.add_argument("--unit", default="angstrom", choices=("angstrom", "bohr"), help="unit of --atoms")
+    source.add_argument("--charge", type=int, default=0, help="total charge (default: 0)")
+    source.add_argument("--spin", type=int, default=0, help="2S; restricted Kohn-Sham needs 0")
+    add_config_arguments(command.add_argument_group("settings"), RKSConfig, COMMAND_LINE_DEFAULTS)
+    command.add_argument("--memory-budget", type=float, metavar="GB",
+                         help="refuse a run whose estimated peak memory is above this (default: 80%% of this "
+                              "machine's memory)")  # fmt: skip
 
 
 def summary(molecule: Molecule, result, config: RKSConfig, chosen: bool = False) -> str:
@@ -233,12 +253,96 @@ def run_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def optimize_command(args: argparse.Namespace) -> int:
+    """Relax one molecule, printing each step; the relaxed geometry as XYZ (exit 3 if it did not converge)."""
+    reuse_freed_memory()
+    from .memory import default_budget
+    from .method import resolve
+    from .optimize import relax
+
+    molecule = parse_molecule(
+        xyz=args.xyz, atoms=args.atoms, mol=args.mol, unit=args.unit, charge=args.charge, spin=args.spin
+    )
+    name = molecule.name or molecule.formula
+    out = Path(args.out or f"{name}_relaxed.xyz")
+    try:
+        if args.max_steps < 1:
+            raise ValueError(f"--max-steps must be at least 1, got {args.max_steps}")
+        if molecule.natom < 2:
+            raise ValueError("a geometry optimisation needs at least two atoms")
+        method = resolve(config_from_arguments(args, RKSConfig).for_forces())
+        if args.memory_budget is not None and args.memory_budget <= 0:
+            raise ValueError(f"--memory-budget is in GB and must be positive, got {args.memory_budget}")
+        check_memory(molecule, method, args.memory_budget or default_budget())
+        for path in [out] + ([Path(args.trajectory)] if args.trajectory else []):
+            if not path.parent.is_dir():
+                raise ValueError(f"cannot write {path}: no directory {str(path.parent)!r}")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    enable_compilation_cache()
+    disable_numpy_huge_pages()
+    frames: list[str] = []
+    start = time.perf_counter()
+    print(f"{name}: {molecule.natom} atoms, {method.config.xc}/{method.config.basis}, grid level "
+          f"{method.config.grid_level}; gradient in Hartree/Bohr", flush=True)  # fmt: skip
+    print(f"{'step':>4s} {'energy / Hartree':>18s} {'change':>10s} {'grad rms':>9s} {'grad max':>9s} {'seconds':>8s}")
+    previous = [None]
+
+    def on_step(_, frame) -> None:
+        gradient = frame.gradient
+        change = "" if previous[0] is None else f"{frame.energy - previous[0]:+10.2e}"
+        previous[0] = frame.energy
+        print(f"{frame.step:4d} {frame.energy:18.10f} {change:>10s} {np.sqrt(np.mean(gradient**2)):9.2e} "
+              f"{np.abs(gradient).max():9.2e} {time.perf_counter() - start:8.2f}", flush=True)  # fmt: skip
+        if args.trajectory:
+            frames.append(frame_text(frame, name))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        (relaxation,) = relax([molecule], method, max_steps=args.max_steps, on_step=on_step)
+    final = relaxation.final
+    if final is not None:
+        write_text(out, frame_text(final, name))
+    if args.trajectory:
+        write_text(Path(args.trajectory), "".join(frames))
+    if not relaxation.converged:
+        print(f"pyscf-ipu: not converged: {relaxation.failure}"
+              + (f"; the last geometry is in {out}" if final is not None else ""), file=sys.stderr)  # fmt: skip
+        return EXIT_NOT_CONVERGED
+    print(f"converged in {relaxation.steps} steps, {time.perf_counter() - start:.1f}s: energy "
+          f"{final.energy:.10f} Hartree; relaxed geometry in {out}")  # fmt: skip
+    return 0
+
+
+def frame_text(frame, name: str) -> str:
+    """One optimisation frame as extended XYZ (energy in eV, forces in eV/Angstrom)."""
+    from .geometries import extxyz_frame
+
+    molecule = frame.molecule
+    return extxyz_frame(molecule.symbols, molecule.positions / BOHR_PER_ANGSTROM, energy_ev=frame.energy * HARTREE_TO_EV,
+                        forces_ev_per_angstrom=-frame.gradient * HARTREE_TO_EV * BOHR_PER_ANGSTROM,
+                        info={"name": name, "step": frame.step})  # fmt: skip
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a temporary file renamed over it)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"cannot write {path}: {err.strerror}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
         if args.command == "run":
             return run_command(args)
+        if args.command == "optimize":
+            return optimize_command(args)
     except (MoleculeError, ConfigError, TileMemoryError) as err:
         print(f"pyscf-ipu: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -30,6 +30,29 @@ class ConfigError(ValueError):
     """A bad setting; the message names it and the allowed values."""
 
 
+MAX_STEPS = 100  # a geometry optimisation's steps after the start (PySCF's geomeTRIC driver's default)
+
+
+@dataclass(frozen=True)
+class Criteria:
+    """When a conformer has converged: every one of these holds at once (geomeTRIC's default set,
+    ``GAU``: Gaussian's, with an energy criterion added)."""
+
+    energy: float = 1e-6  # Hartree, the last step's energy change
+    grms: float = 3e-4  # Hartree/Bohr, root mean square of the gradient
+    gmax: float = 4.5e-4  # Hartree/Bohr, largest gradient component
+    drms: float = 1.2e-3  # Angstrom, root mean square of the last step
+    dmax: float = 1.8e-3  # Angstrom, largest displacement of the last step
+
+    def params(self) -> dict:
+        return {f"convergence_{f.name}": getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def describe(self) -> str:
+        return (f"energy change < {self.energy:g} Hartree, gradient rms < {self.grms:g} and max < {self.gmax:g} "
+                f"Hartree/Bohr, step rms < {self.drms:g} and max < {self.dmax:g} Angstrom")  # fmt: skip
+
+
+
 def option(default, help: str, choices=None, metavar=None, renamed: dict[str, str] | None = None, auto: bool = False):
     """A config field whose metadata becomes its command-line option (see :func:`add_config_arguments`);
     ``renamed`` maps old spellings of its values to the current ones; with ``auto``, the value

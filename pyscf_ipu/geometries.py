@@ -336,3 +336,21 @@ def parse_molecule(
     if charge or spin:
         return validate(Molecule(named.atomic_numbers, named.positions, charge, spin, named.name))
     return named
+
+
+def extxyz_frame(symbols, positions_angstrom: np.ndarray, *, energy_ev: float | None = None,
+                 forces_ev_per_angstrom: np.ndarray | None = None, info: dict | None = None) -> str:  # fmt: skip
+    """One frame of extended XYZ (the ASE and MLIP trainers' format): the atom count, a comment line of
+    ``key=value`` pairs (``Properties`` describes the atom columns; ``energy`` in eV; ``info``'s items,
+    strings quoted), then one line per atom: symbol, position (Angstrom) and, where given, the force
+    (eV/Angstrom, -dE/dR). Ends with a newline."""
+    properties = "species:S:1:pos:R:3" + (":forces:R:3" if forces_ev_per_angstrom is not None else "")
+    pairs = {"Properties": properties, **({"energy": f"{energy_ev:.10f}"} if energy_ev is not None else {})}
+    for key, value in (info or {}).items():
+        pairs[key] = '"' + str(value).replace('"', "'") + '"' if isinstance(value, str) else str(value)
+    pairs["pbc"] = '"F F F"'
+    columns = [positions_angstrom] + ([forces_ev_per_angstrom] if forces_ev_per_angstrom is not None else [])
+    rows = np.concatenate(columns, axis=1)  # (natm, 3 or 6)
+    lines = [str(len(symbols)), " ".join(f"{k}={v}" for k, v in pairs.items())]
+    lines += [f"{s:2s} " + " ".join(f"{x:16.10f}" for x in row) for s, row in zip(symbols, rows)]
+    return "\n".join(lines) + "\n"

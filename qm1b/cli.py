@@ -53,9 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     info = commands.add_parser("info", help="counts, failures, convergence, throughput, label statistics")
     info.add_argument("directory")
     info.add_argument("--json", action="store_true")
-    export = commands.add_parser("export", help="one Parquet file with the QM1B columns")
+    export = commands.add_parser("export", help="one Parquet file with the QM1B columns, or extended XYZ for "
+                                 "ASE and machine-learned potentials")  # fmt: skip
     export.add_argument("directory")
-    export.add_argument("--parquet", required=True, metavar="FILE")
+    form = export.add_mutually_exclusive_group(required=True)
+    form.add_argument("--parquet", metavar="FILE")
+    form.add_argument("--extxyz", metavar="FILE", help="extended XYZ: positions in Angstrom, energy in eV and (where "
+                      "the dataset has them) forces in eV/Angstrom, as ASE, MACE and NequIP read them")  # fmt: skip
+    export.add_argument("--frames", action="store_true",
+                        help="with --extxyz: the relaxations' trajectory frames (generate --relax dft --trajectory) "
+                             "instead of the records")  # fmt: skip
     val = commands.add_parser("validate", help="recompute a random sample with PySCF float64")
     val.add_argument("directory")
     val.add_argument("--sample", type=int, default=10, metavar="K")
@@ -119,9 +126,12 @@ def _format(value) -> str:
 
 
 def _export(args) -> int:
-    from .store import export_parquet
+    from .store import export_extxyz, export_parquet
 
-    print(export_parquet(args.directory, args.parquet))
+    if args.frames and not args.extxyz:
+        raise ValueError("--frames describes the --extxyz export")
+    print(export_parquet(args.directory, args.parquet) if args.parquet else
+          export_extxyz(args.directory, args.extxyz, frames=args.frames))  # fmt: skip
     return 0
 
 

@@ -34,6 +34,7 @@ from pyscf_ipu.config import IPUConfig, RKSConfig
 from pyscf_ipu.forces import nuclear_gradient
 from pyscf_ipu.method import Method, resolve
 from pyscf_ipu.molecule import MoleculeError
+from pyscf_ipu.optimize import relax
 from pyscf_ipu.padding import fill_batch
 from pyscf_ipu.problem import prepare_batch
 from pyscf_ipu.results import SCFResult
@@ -98,8 +99,8 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
     versions = provenance()
     watch = convergence_watch(run, max(sizes.values(), default=1), versions["device"])
     stop = None
-    with ShardWriter(gen.out, shard, num_shards, settings=run.label_settings(), versions=versions,
-                     resume=resume, ignored_settings=IPUConfig.PLACEMENT) as writer:  # fmt: skip
+    with ShardWriter(gen.out, shard, num_shards, settings=run.label_settings(), versions=versions, resume=resume,
+                     ignored_settings=IPUConfig.PLACEMENT, layout=gen.layout) as writer:  # fmt: skip
         for path, aside in writer.set_aside:
             print(f"qm1b: {path} could not be read; set aside as {aside.name}, its rows are computed again",
                   file=sys.stderr)
@@ -117,6 +118,16 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
                     ledger.settle(item)
                     continue
                 bucket = buckets[item.members[0][0].molecule_id]
+                if gen.relaxes:  # relaxed to their minima batch by batch, and labelled there
+                    try:
+                        with clock.stage("relaxation"):
+                            relaxations = relax(item.molecules, method, max_steps=gen.max_steps)
+                    except MoleculeError as err:
+                        ledger.settle(_molecules_failed(item, err))
+                        continue
+                    ledger.relaxed(item, relaxations, gen.trajectory, steady=bucket in started)
+                    started.add(bucket)
+                    continue
                 if inflight is not None and not ahead.get(bucket, True):  # the two would not fit together
                     ledger.label(inflight[0], *_results(*inflight[:2], method, gen.forces, clock), steady=not inflight[2])
                     inflight = prepared = dispatched = None  # its arrays freed before the next batch's are made
@@ -125,9 +136,7 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
                         molecules = fill_batch(item.molecules, sizes[bucket] if bucket is not None else len(item.members))
                         prepared = prepare_batch(molecules, method)
                 except MoleculeError as err:  # e.g. an element the basis lacks: the whole molecule fails
-                    entries = {e.molecule_id: e for e, _, _ in item.members}
-                    ledger.settle(Settled([Failure(e.description, str(err), e.molecule_id, -1) for e in entries.values()],
-                                           0, len(item.members)))  # fmt: skip
+                    ledger.settle(_molecules_failed(item, err))
                     continue
                 first = bucket not in started  # its programs are loaded or compiled as it is dispatched
                 started.add(bucket)
@@ -152,6 +161,12 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
     if stop is not None:
         raise stop
     return summary
+
+
+def _molecules_failed(batch: Batch, err: MoleculeError) -> Settled:
+    """Each molecule of ``batch`` failed as a whole, for ``err`` (e.g. an element the basis lacks)."""
+    entries = {e.molecule_id: e for e, _, _ in batch.members}
+    return Settled([Failure(e.description, str(err), e.molecule_id, -1) for e in entries.values()], 0, len(batch.members))
 
 
 def _results(batch: Batch, dispatched: BatchRun, method: Method, forces: bool, clock: HostClock

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pyscf_ipu.optimize import Relaxation
 from pyscf_ipu.results import SCFResult
 
 from .batching import Batch, Settled
@@ -45,7 +46,7 @@ class Ledger:
     """The one place a run's outcomes go: committed to the shard (by the commit thread), counted in the
     summary, shown on the progress bar and judged by the convergence watch."""
 
-    commits: CommitThread  # of (records' rows, their seconds, gradients, failures)
+    commits: CommitThread  # of Commit
     summary: Summary
     bar: object  # a tqdm progress bar
     watch: ConvergenceWatch
@@ -54,7 +55,7 @@ class Ledger:
 
     def settle(self, settled: Settled) -> None:
         if settled.failures:
-            self.commits.put(([], 0.0, None, settled.failures))
+            self.commits.put(Commit([], 0.0, None, settled.failures))
         self.summary.failures += len(settled.failures)
         self.summary.skipped += settled.skipped
         self.summary.timings["conformers"] += settled.seconds
@@ -71,7 +72,7 @@ class Ledger:
             self.summary.timings["forces"] += forces_seconds
         now = time.perf_counter()
         rows, gradients, failures = labelled(batch, results, gradients, self.drop_unconverged)
-        self.commits.put((rows, now - self.last_commit, gradients, failures))
+        self.commits.put(Commit(rows, now - self.last_commit, gradients, failures))
         if steady:
             self.summary.steady_conformers += len(batch.members)
             self.summary.steady_seconds += now - self.last_commit
@@ -84,10 +85,68 @@ class Ledger:
         self.watch.add(len(results), sum(r.converged and np.isfinite(r.energy) for r in results))
 
 
+    def relaxed(self, batch: Batch, relaxations: list[Relaxation], trajectory: bool, steady: bool) -> None:
+        """Hand a relaxed batch to the commit thread: a record at each converged conformer's minimum
+        (its seconds its whole relaxation's, its ``optimizer_steps`` the optimiser's evaluations), a
+        failure with the reason for each other one, and with ``trajectory`` every step of each as a
+        frame. ``steady`` as for :meth:`label`."""
+        rows, gradients, steps, seconds, failures = [], [], [], [], []
+        frames: list[tuple] = []
+        for (entry, cid, _), relaxation in zip(batch.members, relaxations):
+            if trajectory:
+                frames += [(entry.smiles, entry.molecule_id, cid, f) for f in relaxation.frames]
+            if relaxation.converged:
+                final = relaxation.final
+                rows.append((entry.smiles, entry.molecule_id, cid, final.molecule, final.result))
+                gradients.append(final.gradient)
+                steps.append(relaxation.steps)
+                seconds.append(relaxation.seconds)
+            else:
+                failures.append(Failure(entry.description, f"relaxation: {relaxation.failure}", entry.molecule_id, cid))
+        now = time.perf_counter()
+        self.commits.put(Commit(rows, seconds, gradients, failures, {"optimizer_steps": steps}, frames))
+        if steady:
+            self.summary.steady_conformers += len(batch.members)
+            self.summary.steady_seconds += now - self.last_commit
+        self.last_commit = now
+        converged = sum(bool(r.converged) for *_, r in rows)
+        self.summary.conformers += len(rows)
+        self.summary.converged += converged
+        # the convergence share and its watch judge the SCF of the records (a broken setup), not the
+        # optimisations: one that stops unconverged is a failure with its reason
+        self.summary.labelled += len(rows)
+        self.summary.failures += len(failures)
+        self.summary.optimizer_steps += sum(r.steps for r in relaxations)
+        self.summary.timings["relaxation"] += sum(r.seconds for r in relaxations)
+        self.bar.update(len(batch.members))
+        self.watch.add(len(rows), converged)
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What the commit thread writes as one part: records' rows (with their seconds, shared or each
+    its own, their gradients and optional columns), failures, and trajectory frames, each (SMILES,
+    molecule id, conformer id, :class:`~pyscf_ipu.optimize.Frame`)."""
+
+    rows: list[tuple]
+    seconds: float | list[float]
+    gradients: list[np.ndarray] | None
+    failures: list[Failure]
+    optional: dict | None = None
+    frames: list[tuple] | None = None
+
+
 def committer(writer: ShardWriter):
-    """The commit thread's work: a batch's records built from its rows, and committed with its failures."""
-    def commit(item) -> None:
-        rows, seconds, gradients, failures = item
-        writer.commit(RecordBatch.from_results(rows, seconds, gradients) if rows else None, failures)
+    """The commit thread's work: a batch's records built from its rows, and committed with its failures
+    and frames."""
+    def commit(item: Commit) -> None:
+        records = RecordBatch.from_results(item.rows, item.seconds, item.gradients, item.optional) if item.rows else None
+        frames = None
+        if item.frames:
+            rows = [(smiles, mid, cid, f.molecule, f.result) for smiles, mid, cid, f in item.frames]
+            frames = RecordBatch.from_results(rows, [f.result.seconds for *_, f in item.frames],
+                                              [f.gradient for *_, f in item.frames],
+                                              {"step": [f.step for *_, f in item.frames]})  # fmt: skip
+        writer.commit(records, item.failures, frames)
 
     return commit

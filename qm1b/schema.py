@@ -62,6 +62,12 @@ SCALAR_COLUMNS: dict[str, np.dtype] = {
     "conformer_id": np.dtype(np.int32),
 }
 
+# Optional per-record columns, present in a dataset only where its settings ask for them:
+# optimizer_steps (generate --relax dft): the geometry optimiser's gradient evaluations, the start's
+# included (``iterations`` stays the last SCF's); step (the trajectory frames of --trajectory): the
+# frame's place in its conformer's optimisation, 0 the start.
+OPTIONAL_COLUMNS: dict[str, np.dtype] = {"optimizer_steps": np.dtype(np.int16), "step": np.dtype(np.int16)}
+
 # Per-atom columns: z (natoms,) int8, pos (natoms, 3) float32.
 ATOM_COLUMNS: dict[str, np.dtype] = {"z": np.dtype(np.int8), "pos": np.dtype(np.float32)}
 # Optional per-atom column (generate --forces): forces (natoms, 3) float32, eV/Bohr, = -dE/dR.
@@ -127,7 +133,7 @@ class RecordBatch:
         """A batch of array-likes cast to the schema's dtypes ('same_kind'), not yet validated."""
         cast = {}
         for name, value in columns.items():
-            dtype = SCALAR_COLUMNS.get(name)
+            dtype = SCALAR_COLUMNS.get(name, OPTIONAL_COLUMNS.get(name))
             cast[name] = _as_strings(value) if name in STRING_COLUMNS else _cast(name, value, dtype)
         return cls(
             cast,
@@ -138,12 +144,14 @@ class RecordBatch:
         )
 
     @classmethod
-    def from_results(cls, labelled: Sequence[tuple[str, int, int, Molecule, SCFResult]], seconds: float,
-                     gradients: Sequence[np.ndarray] | None = None) -> RecordBatch:  # fmt: skip
+    def from_results(cls, labelled: Sequence[tuple[str, int, int, Molecule, SCFResult]], seconds: float | Sequence[float],
+                     gradients: Sequence[np.ndarray] | None = None, optional: Mapping[str, Sequence] | None = None
+                     ) -> RecordBatch:  # fmt: skip
         """Records of labelled conformers, each (SMILES, molecule id, conformer id, conformer, result),
-        with every energy converted from Hartree to eV; ``seconds`` is shared equally among them, and
-        ``gradients`` (dE/dR, (natoms, 3) Hartree/Bohr each) are stored as forces in eV/Bohr. Not
-        validated here: ``ShardWriter.commit`` validates every batch it writes."""
+        with every energy converted from Hartree to eV; ``seconds`` is shared equally among them (or
+        given per record), ``gradients`` (dE/dR, (natoms, 3) Hartree/Bohr each) are stored as forces in
+        eV/Bohr, and ``optional`` adds :data:`OPTIONAL_COLUMNS`. Not validated here:
+        ``ShardWriter.commit`` validates every batch it writes."""
         smiles, molecule_ids, conformer_ids, molecules, results = zip(*labelled)
         columns = {
             "smile": smiles,
@@ -156,9 +164,10 @@ class RecordBatch:
             "std": [r.energy_std_ev for r in results],  # computed in eV by the loop
             "converged": [r.converged for r in results],
             "iterations": [r.iterations for r in results],
-            "seconds": [seconds / len(results)] * len(results),
+            "seconds": [seconds / len(results)] * len(results) if np.isscalar(seconds) else seconds,
             "molecule_id": molecule_ids,
             "conformer_id": conformer_ids,
+            **(optional or {}),
         }
         forces = None if gradients is None else -HARTREE_TO_EV * np.concatenate(gradients)
         z = np.concatenate([m.atomic_numbers for m in molecules])
@@ -170,7 +179,10 @@ class RecordBatch:
         batches = list(batches)
         if not batches:
             return cls.empty()
-        columns = {k: np.concatenate([b.columns[k] for b in batches]) for k in SCALAR_COLUMNS}
+        names = [set(b.columns) for b in batches]
+        if any(n != names[0] for n in names):
+            raise ValueError("columns: the batches have different optional columns")
+        columns = {k: np.concatenate([b.columns[k] for b in batches]) for k in batches[0].columns}
         with_forces = [b.forces is not None for b in batches]
         if any(with_forces) and not all(with_forces):
             raise ValueError("forces: some batches have them and some do not (generated with and without --forces)")
@@ -202,6 +214,11 @@ class RecordBatch:
             None if self.forces is None else self.forces[atom_index].reshape(-1, 3),
         )
 
+    @property
+    def layout(self) -> frozenset[str]:
+        """The optional columns this batch has: of :data:`OPTIONAL_COLUMNS`, and ``forces``."""
+        return frozenset([k for k in self.columns if k in OPTIONAL_COLUMNS] + (["forces"] if self.forces is not None else []))
+
     def keys(self) -> list[tuple[int, int]]:
         """(molecule_id, conformer_id) of every record, in order."""
         mol = self.columns["molecule_id"].tolist()
@@ -212,15 +229,15 @@ class RecordBatch:
         """Raise ValueError, naming the column, unless the batch is consistent and its labels finite."""
         self._validate_column_names()
         n = self._validate_natoms()
-        for name, dtype in SCALAR_COLUMNS.items():
-            _check_column(name, self.columns[name], dtype, n)
+        for name, value in self.columns.items():
+            _check_column(name, value, SCALAR_COLUMNS.get(name, OPTIONAL_COLUMNS.get(name)), n)
         self._validate_atoms()
         self._validate_labels()
         self._validate_keys()
 
     def _validate_column_names(self) -> None:
         missing = [k for k in SCALAR_COLUMNS if k not in self.columns]
-        extra = [k for k in self.columns if k not in SCALAR_COLUMNS]
+        extra = [k for k in self.columns if k not in SCALAR_COLUMNS and k not in OPTIONAL_COLUMNS]
         if missing:
             raise ValueError(f"RecordBatch: missing column(s) {missing}")
         if extra:
@@ -262,6 +279,8 @@ class RecordBatch:
         if len(self) and self.columns["conformer_id"].min() < 0:
             raise ValueError("conformer_id: records need conformer_id >= 0 (-1 is for failures)")
         keys = self.keys()
+        if "step" in self.columns:  # trajectory frames: a conformer's frames differ in their step
+            keys = list(zip(keys, self.columns["step"].tolist()))
         if len(set(keys)) != len(keys):
             raise ValueError("molecule_id/conformer_id: duplicate (molecule_id, conformer_id) in batch")
 

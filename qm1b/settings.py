@@ -11,7 +11,7 @@ import importlib.metadata
 import platform
 from dataclasses import dataclass
 
-from pyscf_ipu.config import COMMAND_LINE_DEFAULTS, IPUConfig, RKSConfig, option
+from pyscf_ipu.config import COMMAND_LINE_DEFAULTS, MAX_STEPS, Criteria, IPUConfig, RKSConfig, option
 from pyscf_ipu.memory import default_budget
 from pyscf_ipu.method import Method
 from pyscf_ipu.programs import MATMUL_PRECISION, device_description
@@ -53,7 +53,16 @@ class GenerateConfig:
                                     auto=True)  # fmt: skip
     limit: int | None = option(None, "at most this many molecules (of this shard, after filtering)")
     heavy_atoms: str | None = option(None, "keep molecules with this many heavy atoms, e.g. 9-11")
-    relax: str | None = option(None, "force-field relaxation of the conformers (QM1B: none)", choices=("mmff",))
+    relax: str | None = option(None, "relax the conformers before labelling them (QM1B: none): mmff, MMFF94 (SMILES "
+                               "input); dft, at the run's own functional, basis and grid, many conformers at once, each "
+                               "with its own geomeTRIC optimiser (TRIC coordinates) and forces with the grid's response, "
+                               f"converged when {Criteria().describe()} (geomeTRIC's defaults); a conformer that does "
+                               "not converge, or whose atoms collide or fly apart, is recorded as a failure",
+                               choices=("mmff", "dft"))  # fmt: skip
+    max_steps: int = option(MAX_STEPS, "--relax dft: optimiser steps after the start before a conformer counts as "
+                            "not converged")  # fmt: skip
+    trajectory: bool = option(False, "--relax dft: also store every step of each relaxation (its geometry, labels and "
+                              "forces) as frames, linked to the conformer by molecule_id, conformer_id and step")  # fmt: skip
     shard: str = option("0/1", "process shard i of n (i/n), e.g. for job arrays")
     resume: bool = option(False, "continue an interrupted run in --out")
     drop_unconverged: bool = option(False, "drop conformers that did not converge (recorded as failures)")
@@ -87,20 +96,40 @@ class GenerateConfig:
             parse_range(self.heavy_atoms)
         if not 0 <= self.min_converged <= 1:
             raise ValueError(f"--min-converged is a share of conformers, in [0, 1]; got {self.min_converged}")
-        if self.geometries is not None and (self.smiles is not None or self.relax is not None):
+        if self.geometries is not None and (self.smiles is not None or self.relax == "mmff"):
             raise ValueError("--geometries labels the file's own geometries: it does not combine with "
-                             f"{'--smiles' if self.smiles is not None else '--relax'}")  # fmt: skip
+                             f"{'--smiles' if self.smiles is not None else '--relax mmff'}")  # fmt: skip
+        if self.trajectory and self.relax != "dft":
+            raise ValueError("--trajectory stores the steps of --relax dft: add --relax dft")
+        if self.max_steps < 1:
+            raise ValueError(f"--max-steps must be at least 1, got {self.max_steps}")
 
     @property
     def source(self) -> ConformerSource:
         """Where the conformers come from: the geometry file, or RDKit embeddings of the SMILES."""
         if self.geometries is not None:
             return FileConformers(self.geometries)
-        return EmbeddedConformers(self.smiles, self.conformers, self.seed, self.relax)
+        return EmbeddedConformers(self.smiles, self.conformers, self.seed, "mmff" if self.relax == "mmff" else None)
+
+    @property
+    def relaxes(self) -> bool:
+        """Whether each conformer is relaxed at the run's own level before it is labelled (--relax dft)."""
+        return self.relax == "dft"
+
+    @property
+    def stores_forces(self) -> bool:
+        """--forces, or --relax dft, whose relaxed geometries come with their forces."""
+        return self.forces or self.relaxes
+
+    @property
+    def layout(self) -> frozenset[str]:
+        """The dataset's optional columns and groups (:func:`qm1b.store.layout.create_layout`)."""
+        return frozenset((["forces"] if self.stores_forces else []) + (["optimizer_steps"] if self.relaxes else [])
+                         + (["frames"] if self.trajectory else []))  # fmt: skip
 
     def resolved(self, dft: RKSConfig) -> Run:
         """These settings and the DFT settings ``dft`` resolved once (:class:`Run`)."""
-        return Run(self, dft.for_forces() if self.forces else dft, self.source, parse_shard(self.shard))
+        return Run(self, dft.for_forces() if self.stores_forces else dft, self.source, parse_shard(self.shard))
 
 
 def provenance() -> dict[str, str]:
@@ -121,7 +150,7 @@ class Run:
     reads these, none parses or rebuilds them again."""
 
     gen: GenerateConfig
-    dft: RKSConfig  # as given, with --forces' float64 refinement made explicit (:meth:`RKSConfig.for_forces`)
+    dft: RKSConfig  # as given, with the forces' float64 refinement made explicit (:meth:`RKSConfig.for_forces`)
     source: ConformerSource
     shard: tuple[int, int]  # (i, n): shard i of n
 
@@ -152,8 +181,10 @@ class Run:
             "stop_threshold": dft.stop_threshold,
             **self.source.settings(),
             "drop_unconverged": gen.drop_unconverged,
-            "forces": gen.forces,
+            "forces": gen.stores_forces,
             "heavy_atoms": gen.heavy_atoms,
+            # only where relaxed: the settings of datasets made without are unchanged
+            **({"relax": "dft", "max_steps": gen.max_steps, "trajectory": gen.trajectory} if gen.relaxes else {}),
         }
 
 

@@ -30,6 +30,7 @@ class Summary:
     steady_conformers: int = 0
     steady_seconds: float = 0.0
     method: str = ""  # the basis, J-K backend and batch sizes the run used (:func:`chosen`)
+    optimizer_steps: int = 0  # --relax dft: the relaxations' gradient evaluations, summed
 
     @property
     def where(self) -> str:
@@ -49,7 +50,7 @@ class Summary:
         """Add a shard's or Ray task's counts and times to these (the steady rate so summed is a task's,
         not the cluster's)."""
         for name in ("molecules", "conformers", "converged", "labelled", "failures", "skipped", "steady_conformers",
-                     "steady_seconds"):  # fmt: skip
+                     "steady_seconds", "optimizer_steps"):  # fmt: skip
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.timings.update(other.timings)
         self.host.update(other.host)
@@ -60,7 +61,7 @@ class Summary:
         labelled = self.conformers + self.failures
         steady = sum(v for k, v in self.host.items() if k not in ONCE_PER_RUN)
         return {**{k: getattr(self, k) for k in ("out", "shard", "method", "molecules", "conformers", "converged",
-                                                   "failures", "skipped", "seconds", "tasks")},
+                                                   "failures", "skipped", "seconds", "tasks", "optimizer_steps")},
                 "conformers_per_hour": self.conformers_per_hour,
                 "steady_conformers_per_hour": self.steady_conformers_per_hour, "timings": dict(self.timings),
                 "host": dict(self.host), "host_ms_per_conformer": 1000 * steady / labelled if labelled else None,
@@ -78,6 +79,10 @@ class Summary:
             + f"; time: {split}",
         ]
         labelled = self.conformers + self.failures
+        if self.optimizer_steps:
+            relaxed = self.conformers + self.failures
+            lines.append(f"relaxed: {self.optimizer_steps / relaxed:.1f} optimiser steps per conformer, "
+                         f"{self.timings['relaxation'] / relaxed:.2f}s each")  # fmt: skip
         if labelled and self.host:
             per = {k: 1000 * v / labelled for k, v in self.host.items()}
             steady = sum(v for k, v in per.items() if k not in ONCE_PER_RUN)

@@ -47,7 +47,7 @@ def plan_values(plan: EriPlan, conformers: int) -> ShellValues:
 
 
 def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
-           values: ShellValues | None = None) -> jax.Array:  # fmt: skip
+           values: ShellValues | None = None, share: tuple[int, int] = (0, 1)) -> jax.Array:  # fmt: skip
     """The ERIs packed as PySCF's s8, (C, size), of C conformers at atom positions ``coords``
     (C, natm, 3) in Bohr, computed as one batch under ``plan``; positions beyond the plan's atoms are
     ignored. ``values`` (default: the plan's own) are each conformer's shells and one-centre
@@ -62,7 +62,9 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
     thread's keeps large freed blocks for the next batch (``docs/decisions/memory-reuse.md``).
 
     Traced positions are differenced in ``dtype`` and the whole computation is one program (no
-    threads), so the result can be differentiated with respect to them (the forces do, in float64).
+    threads), so the result can be differentiated with respect to them (the forces do). ``share``
+    (k, n) then computes only the k-th of n shares of the quartets (zeros elsewhere), so that n
+    threads can each differentiate one.
     """
     if coords.ndim != 3 or coords.shape[-1] != 3 or not plan.natm <= coords.shape[-2] <= plan.padded_natm:
         raise ValueError(f"coords has shape {coords.shape}: expected (conformers, {plan.natm}, 3)")
@@ -76,7 +78,7 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
         coords = jnp.pad(coords, extra_atoms)
         data, shifts = pair_program(static[0], eri_structure(plan), (exponents, coefficients), coords, values.present,
                                     dtype.name)  # fmt: skip
-        index, selection, arrays = _shares(plan, 1)[0]
+        index, selection, arrays = _shares(plan, share[1])[share[0]]
         return quartet_program(static, arrays, (index, selection, one_centre), data, shifts)[..., : plan.size]
     workers = default_workers() if workers is None else workers
     if workers < 1:
@@ -103,6 +105,14 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
     with ThreadPoolExecutor(workers - 1) as pool:  # the first share on this thread
         others = pool.map(in_thread, range(1, workers))
         return _combine((run(0).block_until_ready(), *others), plan.size)
+
+
+def device_tables(plan: EriPlan, workers: int) -> None:
+    """Build, outside any trace, the device tables :func:`eri_s8` keeps for ``plan`` and its quartets
+    in ``workers`` shares: made inside a ``jax.jit`` trace, the cache would keep that trace's values."""
+    static_tables(plan)
+    eri_structure(plan)
+    _shares(plan, workers)
 
 
 def _padded_shells(plan: EriPlan, values):

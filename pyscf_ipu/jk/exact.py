@@ -77,7 +77,7 @@ class ExactERIs:
 
     def two_electron_gradient(self, mol, config: RKSConfig, occupied: np.ndarray, exchange: float) -> np.ndarray:
         """(natm, 3) the exact two-electron energy's derivative at the orbitals ``occupied`` (N, nocc)."""
-        return exact_two_electron_gradient(mol, config.basis, occupied, exchange)
+        return exact_two_electron_gradient(mol, config.basis, occupied, exchange, config.precision)
 
 
 @dataclass(frozen=True)

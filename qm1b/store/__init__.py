@@ -43,13 +43,17 @@ Layout (shard file and part files alike)
 ``records/``: one chunked, gzip-compressed, resizable 1-D dataset per scalar column of
 :data:`~qm1b.schema.SCALAR_COLUMNS`, plus ``natoms`` (n,) int32, ``atom_offset`` (n,) int64 (start
 of each record's atoms), ``z`` (M,) int8 and ``pos`` (M, 3) float32, M = sum(natoms), and with
-``--forces`` ``forces`` (M, 3) float32 (eV/Bohr).
+``--forces`` (or ``--relax dft``) ``forces`` (M, 3) float32 (eV/Bohr); with ``--relax dft`` also
+``optimizer_steps`` (n,) int16.
+``frames/`` (``--relax dft --trajectory``): every evaluated geometry of each relaxation, laid out as
+``records/``, with ``step`` (n,) int16 (0: the start) and ``forces``; ``molecule_id`` and
+``conformer_id`` link a frame to its conformer's record or failure.
 ``failures/``: ``input``, ``reason`` (str), ``molecule_id`` (int64), ``conformer_id`` (int32).
 File attributes: ``schema_version``, ``settings`` and ``versions`` (JSON strings given by the
 caller) and ``merged_parts`` (JSON list of the part numbers merged into this file).
 """
 
-from .export import export_parquet
+from .export import export_extxyz, export_parquet
 from .files import CORRUPT_SUFFIX, CorruptFileError, ShardChangedError, StorageError, part_path, shard_count, shard_path
 from .info import info
 from .reader import Dataset, open_dataset
@@ -57,5 +61,6 @@ from .writer import ShardWriter, compact, set_aside_corrupt
 
 __all__ = [
     "CORRUPT_SUFFIX", "CorruptFileError", "Dataset", "ShardChangedError", "ShardWriter", "StorageError",
-    "compact", "export_parquet", "info", "open_dataset", "part_path", "set_aside_corrupt", "shard_count", "shard_path",
+    "compact", "export_extxyz", "export_parquet", "info", "open_dataset", "part_path", "set_aside_corrupt", "shard_count",
+    "shard_path",
 ]

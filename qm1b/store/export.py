@@ -1,4 +1,4 @@
-"""Parquet export of a dataset, with the QM1B column names."""
+"""Exports of a dataset: Parquet with the QM1B column names, and extended XYZ for ASE and the MLIP trainers."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ import json
 from pathlib import Path
 
 import numpy as np
+
+from pyscf_ipu.geometries import extxyz_frame
+from pyscf_ipu.units import BOHR_PER_ANGSTROM
 
 from ..schema import QM1B_COLUMNS, RecordBatch
 from .files import discard, publish, temporary, writing
@@ -57,6 +60,41 @@ def export_parquet(directory: Path | str, path: Path | str) -> Path:
                 for batch in ds.iter_batches():
                     if len(batch):
                         out.write_table(_to_arrow(batch, schema, pa))
+        with writing(path.parent):
+            publish(tmp, path)
+    except BaseException:
+        discard(tmp)
+        raise
+    return path
+
+
+def export_extxyz(directory: Path | str, path: Path | str, frames: bool = False) -> Path:
+    """Write the records (or, with ``frames``, the trajectory frames) as one extended XYZ file
+    (atomically): positions in Angstrom; ``energy`` (eV) and ``forces`` (eV/Angstrom, where the dataset
+    has them) under the keys ASE reads as a calculator's results and MACE and NequIP train on; the
+    SMILES, ids, step, HOMO, LUMO and gap (eV) beside them. ValueError where ``frames`` asks for
+    frames a dataset does not have."""
+    from pyscf.data.elements import ELEMENTS
+
+    path = Path(path)
+    tmp = temporary(path)
+    written = 0
+    try:
+        with open_dataset(directory) as ds, writing(path.parent), open(tmp, "w") as out:
+            for batch in ds.frames() if frames else ds.iter_batches():
+                off, cols = batch.atom_offsets(), batch.columns
+                for i in range(len(batch)):
+                    atoms = slice(off[i], off[i + 1])
+                    info = {"smiles": cols["smile"][i], "molecule_id": int(cols["molecule_id"][i]),
+                            "conformer_id": int(cols["conformer_id"][i]),
+                            **({"step": int(cols["step"][i])} if "step" in cols else {}),
+                            **{k: float(cols[k][i]) for k in ("homo", "lumo", "y")}}  # fmt: skip
+                    forces = None if batch.forces is None else batch.forces[atoms].astype(float) * BOHR_PER_ANGSTROM
+                    out.write(extxyz_frame([ELEMENTS[z] for z in batch.z[atoms]], batch.pos[atoms] / BOHR_PER_ANGSTROM,
+                                           energy_ev=float(cols["energy"][i]), forces_ev_per_angstrom=forces, info=info))
+                    written += 1
+        if frames and not written:
+            raise ValueError(f"{directory} holds no trajectory frames: generate them with --relax dft --trajectory")
         with writing(path.parent):
             publish(tmp, path)
     except BaseException:

@@ -156,15 +156,16 @@ def discard(tmp: Path) -> None:
         pass
 
 
-def write_atomically(final: Path, attrs: dict, fill: Callable[[h5py.File], None], sizes, forces: bool) -> None:
-    """Build a whole HDF5 file with fill(file) in memory, write it to final + '.tmp', then publish it.
+def write_atomically(final: Path, attrs: dict, fill: Callable[[h5py.File], None], sizes, layout: frozenset[str]) -> None:
+    """Build a whole HDF5 file (its optional datasets ``layout``: :func:`~qm1b.store.layout.create_layout`)
+    with fill(file) in memory, write it to final + '.tmp', then publish it.
 
     HDF5 never writes to the disk itself: when a write fails (a full disk), HDF5 keeps the
     half-written file open, reports the failure again whenever one of its objects is freed, and
     crashed the process at exit; a failed ``write`` of the finished image fails cleanly instead.
     """
     with h5py.File(f"{final}.image", "w", driver="core", backing_store=False, libver=LIBVER) as f:
-        create_layout(f, *sizes, forces=forces)
+        create_layout(f, *sizes, layout)
         f.attrs.update(attrs)
         fill(f)
         f.flush()

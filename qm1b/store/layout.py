@@ -10,7 +10,7 @@ import numpy as np
 
 from pyscf_ipu.config import ADDED_SETTINGS, RENAMED_VALUES
 
-from ..schema import SCALAR_COLUMNS, FORCES_DTYPE, SCHEMA_VERSION, STRING_DTYPE, Failure, RecordBatch
+from ..schema import FORCES_DTYPE, OPTIONAL_COLUMNS, SCALAR_COLUMNS, SCHEMA_VERSION, STRING_DTYPE, Failure, RecordBatch
 
 
 FAILURE_COLUMNS: dict[str, np.dtype] = {
@@ -28,20 +28,38 @@ GZIP_LEVEL = 4
 LIBVER = ("v108", "latest")  # v1.8+ object headers: attributes (merged_parts) may exceed 64 KiB
 
 
-def create_layout(f: h5py.File, n_records: int, n_atoms: int, n_failures: int, forces: bool = False) -> None:
-    """Empty resizable datasets (``forces`` too if asked); the sizes only choose the chunk shapes."""
-    rec = f.create_group("records")
+def create_layout(f: h5py.File, n_records: int, n_atoms: int, n_failures: int, layout: frozenset[str] = frozenset()
+                  ) -> None:  # fmt: skip
+    """Empty resizable datasets; ``layout`` names the optional ones (:data:`~qm1b.schema.OPTIONAL_COLUMNS`,
+    ``forces``) and ``frames``, a group of trajectory frames laid out as records with a ``step``
+    column and forces. The sizes only choose the chunk shapes."""
+    _create_records(f.create_group("records"), n_records, n_atoms, layout - {"frames", "step"})
+    fail = f.create_group("failures")
+    for name, dtype in FAILURE_COLUMNS.items():
+        _create(fail, name, dtype, min(n_failures, RECORD_CHUNK))
+    if "frames" in layout:
+        _create_records(f.create_group("frames"), n_records, n_atoms, frozenset({"step", "forces"}))
+
+
+def _create_records(rec: h5py.Group, n_records: int, n_atoms: int, layout: frozenset[str]) -> None:
     for name, dtype in SCALAR_COLUMNS.items():
         _create(rec, name, dtype, min(n_records, RECORD_CHUNK))
+    for name, dtype in OPTIONAL_COLUMNS.items():
+        if name in layout:
+            _create(rec, name, dtype, min(n_records, RECORD_CHUNK))
     _create(rec, "natoms", np.dtype(np.int32), min(n_records, RECORD_CHUNK))
     _create(rec, "atom_offset", np.dtype(np.int64), min(n_records, RECORD_CHUNK))
     _create(rec, "z", np.dtype(np.int8), min(n_atoms, ATOM_CHUNK))
     _create(rec, "pos", np.dtype(np.float32), min(n_atoms, ATOM_CHUNK), width=3)
-    if forces:
+    if "forces" in layout:
         _create(rec, "forces", FORCES_DTYPE, min(n_atoms, ATOM_CHUNK), width=3)
-    fail = f.create_group("failures")
-    for name, dtype in FAILURE_COLUMNS.items():
-        _create(fail, name, dtype, min(n_failures, RECORD_CHUNK))
+
+
+def file_layout(f: h5py.File) -> frozenset[str]:
+    """The optional datasets of a shard or part file (:func:`create_layout`'s ``layout``)."""
+    rec = f["records"]
+    names = [k for k in OPTIONAL_COLUMNS if k in rec] + (["forces"] if "forces" in rec else [])
+    return frozenset(names + (["frames"] if "frames" in f else []))
 
 
 def _create(group: h5py.Group, name: str, dtype, chunk_rows: int, width: int | None = None):
@@ -66,15 +84,19 @@ def _extend(ds: h5py.Dataset, values: np.ndarray) -> None:
 
 
 def append_records(rec: h5py.Group, batch: RecordBatch) -> None:
+    if not len(batch):
+        return
+    stored = frozenset([k for k in OPTIONAL_COLUMNS if k in rec] + (["forces"] if "forces" in rec else []))
+    if batch.layout != stored:
+        raise ValueError(f"{rec.name}: the file has the optional columns {sorted(stored)}, the records "
+                         f"{sorted(batch.layout)} (generated with other settings)")  # fmt: skip
     first_atom = rec["z"].shape[0]
-    for name in SCALAR_COLUMNS:
-        _extend(rec[name], batch.columns[name])
+    for name, values in batch.columns.items():
+        _extend(rec[name], values)
     _extend(rec["natoms"], batch.natoms.astype(np.int32))
     _extend(rec["atom_offset"], first_atom + batch.atom_offsets()[:-1])
     _extend(rec["z"], batch.z)
     _extend(rec["pos"], batch.pos)
-    if ("forces" in rec) != (batch.forces is not None):
-        raise ValueError("forces: a file with a forces column takes only records with forces, and vice versa")
     if batch.forces is not None:
         _extend(rec["forces"], batch.forces)
 
@@ -106,15 +128,18 @@ def _read_records(rec: h5py.Group, start: int, stop: int) -> RecordBatch:
     natoms = rec["natoms"][start:stop]  # (n,) int32
     a0 = int(rec["atom_offset"][start]) if stop > start else 0
     a1 = a0 + int(natoms.sum(dtype=np.int64))
-    columns = {name: read_column(rec[name], start, stop) for name in SCALAR_COLUMNS}
+    columns = {name: read_column(rec[name], start, stop) for name in [*SCALAR_COLUMNS, *OPTIONAL_COLUMNS] if name in rec}
     forces = rec["forces"][a0:a1] if "forces" in rec else None
     return RecordBatch(columns, natoms, rec["z"][a0:a1], rec["pos"][a0:a1], forces)
 
 
-def iter_blocks(f: h5py.File, block: int = READ_BLOCK) -> Iterator[RecordBatch]:
-    n = f["records/natoms"].shape[0]
+def iter_blocks(f: h5py.File, block: int = READ_BLOCK, group: str = "records") -> Iterator[RecordBatch]:
+    """The records (or the trajectory ``frames``) of a file, at most ``block`` at a time."""
+    if group not in f:
+        return
+    n = f[group]["natoms"].shape[0]
     for start in range(0, n, block):
-        yield _read_records(f["records"], start, min(start + block, n))
+        yield _read_records(f[group], start, min(start + block, n))
 
 
 def read_failures(f: h5py.File) -> list[Failure]:

@@ -144,6 +144,13 @@ class Dataset:
             with reading(Path(f.filename)):
                 yield from iter_blocks(f, block)
 
+    def frames(self, block: int = READ_BLOCK) -> Iterator[RecordBatch]:
+        """The trajectory frames (``generate --relax dft --trajectory``), at most block at a time:
+        records of their own, with a ``step`` column and forces; none for other datasets."""
+        for f in self._files():
+            with reading(Path(f.filename)):
+                yield from iter_blocks(f, block, group="frames")
+
     def arrays(self) -> RecordBatch:
         """Every record, concatenated."""
         return RecordBatch.concat(self.iter_batches())
@@ -194,7 +201,7 @@ class Dataset:
         if batch.forces is not None:
             data["forces"] = list(np.split(batch.forces, split)) if len(batch) else []
         frame = pd.DataFrame(data)
-        ordered = list(QM1B_COLUMNS) + [k for k in SCALAR_COLUMNS if k not in QM1B_COLUMNS]
+        ordered = list(QM1B_COLUMNS) + [k for k in batch.columns if k not in QM1B_COLUMNS]
         return frame[ordered + (["forces"] if batch.forces is not None else [])]
 
 

@@ -19,7 +19,7 @@ from .files import (
 )
 from .files import write_atomically, writing, part_path, parts_dir, shard_path
 from .layout import (
-    append_failures, append_records, read_attrs, differing_keys, new_attrs, normalized, iter_blocks,
+    append_failures, append_records, file_layout, read_attrs, differing_keys, new_attrs, normalized, iter_blocks,
     read_merged_parts, read_failures, read_sizes,
 )
 
@@ -32,7 +32,7 @@ def _verify(path: Path) -> None:
     """Read every dataset and attribute of one shard or part file; :class:`CorruptFileError` if any fails."""
     with reading(path), h5py.File(path, "r") as f:
         read_attrs(f)
-        for group in ("records", "failures"):
+        for group in f:
             for name in f[group]:
                 f[group][name][...]
 
@@ -108,7 +108,7 @@ def _merge_shard(shard: Path, fallback_attrs: dict | None = None) -> None:
         sources = state.files
         attrs = _source_attrs(sources[0]) if sources else dict(fallback_attrs)
         attrs["merged_parts"] = json.dumps(sorted(state.merged | {k for k, _ in state.parts}))
-        write_atomically(shard, attrs, lambda f: _copy_all(f, sources), _total_sizes(sources), _has_forces(sources))
+        write_atomically(shard, attrs, lambda f: _copy_all(f, sources), _total_sizes(sources), _layout(sources))
         _on_merge_replaced(shard)
         state = _shard_state(shard)
     _delete_stale_parts(state)
@@ -127,15 +127,14 @@ def _total_sizes(paths: list[Path]) -> tuple[int, int, int]:
     return tuple(int(x) for x in total)
 
 
-def _has_forces(paths: list[Path]) -> bool:
-    """True if the files have a forces column (all of them or none: one shard, one setting)."""
-    found = set()
+def _layout(paths: list[Path]) -> frozenset[str]:
+    """The optional datasets of any of the files (those of one shard share them; a file of failures
+    alone may lack one, and copying records into a file that lacks their columns fails)."""
+    found: frozenset[str] = frozenset()
     for path in paths:
         with h5py.File(path, "r") as f:
-            found.add("forces" in f["records"])
-    if len(found) > 1:
-        raise ValueError(f"{paths[0].parent}: some files have forces and some do not")
-    return found == {True}
+            found |= file_layout(f)
+    return found
 
 
 def _copy_all(dst: h5py.File, sources: list[Path]) -> None:
@@ -144,6 +143,8 @@ def _copy_all(dst: h5py.File, sources: list[Path]) -> None:
             for batch in iter_blocks(src):
                 append_records(dst["records"], batch)
             append_failures(dst["failures"], read_failures(src))
+            for batch in iter_blocks(src, group="frames"):
+                append_records(dst["frames"], batch)
 
 
 def _scan_keys(paths: list[Path]) -> tuple[set[tuple[int, int]], int, int]:
@@ -186,6 +187,7 @@ class ShardWriter:
         versions: dict,
         resume: bool = False,
         ignored_settings: tuple[str, ...] = (),
+        layout: frozenset[str] = frozenset(),
     ):
         if not 0 <= shard < num_shards:
             raise ValueError(f"shard {shard} is not in [0, {num_shards})")
@@ -194,6 +196,7 @@ class ShardWriter:
         self.settings = normalized(settings)
         self.versions = normalized(versions)
         self.ignored_settings = frozenset(ignored_settings)  # stored by older versions; never define a label
+        self.layout = frozenset(layout)  # the optional datasets of every file it writes (layout.create_layout)
         self.set_aside: list[tuple[Path, Path]] = []  # unreadable files renamed by --resume: redone
         with writing(self.directory):
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -250,19 +253,23 @@ class ShardWriter:
         """Records and failures in the shard, including those of earlier (resumed) runs."""
         return {"records": self._n_records, "failures": self._n_failures}
 
-    def commit(self, records: RecordBatch | None, failures: Iterable[Failure] = ()) -> None:
-        """Validate, then write records and failures as one atomic part file."""
+    def commit(self, records: RecordBatch | None, failures: Iterable[Failure] = (), frames: RecordBatch | None = None
+               ) -> None:  # fmt: skip
+        """Validate, then write records, failures and trajectory frames (records with a ``step``
+        column and forces) as one atomic part file."""
         if self._closed:
             raise RuntimeError(f"commit on closed ShardWriter of {self.path}")
         records = RecordBatch.empty() if records is None else records
         records.validate()
+        if frames is not None:
+            frames.validate()
         failures = list(failures)
         _check_failures(failures)
         keys = records.keys() + [f.key for f in failures]
         self._check_new(keys)
-        if keys:
+        if keys or (frames is not None and len(frames)):
             with writing(self.directory):
-                self._write_part(records, failures)
+                self._write_part(records, failures, frames)
             self._done.update(keys)
             self._n_records += len(records)
             self._n_failures += len(failures)
@@ -301,7 +308,7 @@ class ShardWriter:
         if again := [k for k in keys if k in self._done]:
             raise ValueError(f"commit: already committed (molecule_id, conformer_id): {again[:5]}")
 
-    def _write_part(self, records: RecordBatch, failures: list[Failure]) -> None:
+    def _write_part(self, records: RecordBatch, failures: list[Failure], frames: RecordBatch | None) -> None:
         folder = parts_dir(self.path)
         if not folder.is_dir():
             folder.mkdir()
@@ -311,9 +318,13 @@ class ShardWriter:
         def fill(f: h5py.File) -> None:
             append_records(f["records"], records)
             append_failures(f["failures"], failures)
+            if frames is not None:
+                append_records(f["frames"], frames)
 
         sizes = (len(records), len(records.z), len(failures))
-        write_atomically(part_path(self.path, self._next_part), attrs, fill, sizes, records.forces is not None)
+        layout = self.layout | (records.layout if len(records) else frozenset()) | (
+            {"frames"} if frames is not None else frozenset())  # fmt: skip
+        write_atomically(part_path(self.path, self._next_part), attrs, fill, sizes, layout)
         self._next_part += 1
 
 

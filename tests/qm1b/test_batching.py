@@ -12,7 +12,7 @@ import pytest
 from qm1b.batching import Batch, Settled, batches
 from qm1b.conformers import ConformerError
 from qm1b.inputs import MoleculeInput
-from qm1b.ledger import Ledger, labelled
+from qm1b.ledger import Commit, Ledger, labelled
 from qm1b.pipeline import Supplied
 from qm1b.schema import Failure
 from qm1b.summary import Summary
@@ -132,11 +132,34 @@ def test_the_ledger_commits_counts_and_judges_each_batch():
     ledger.settle(Settled([Failure("CC", "bad SMILES", 8, -1)], skipped=2, progress=5, seconds=1.5))
     ledger.label(batch, results, gradients, forces_seconds=2.0, steady=True)
     (first, second) = commits.items
-    assert first == ([], 0.0, None, [Failure("CC", "bad SMILES", 8, -1)])
-    assert [row[2] for row in second[0]] == [0, 4] and len(second[3]) == 3
+    assert first == Commit([], 0.0, None, [Failure("CC", "bad SMILES", 8, -1)])
+    assert [row[2] for row in second.rows] == [0, 4] and len(second.failures) == 3 and second.frames is None
     assert (summary.conformers, summary.converged, summary.labelled, summary.failures, summary.skipped) == (2, 2, 5, 4, 2)
     assert summary.steady_conformers == 5 and summary.timings == Counter({"scf": 5.0, "forces": 2.0, "conformers": 1.5})
     assert bar.n == 10
+
+
+def test_the_ledger_records_relaxations_at_their_minima_and_failures_with_their_frames():
+    """A converged relaxation becomes a record at its last frame, with its steps and its own seconds;
+    one that stopped becomes a failure with the reason; with a trajectory every frame of both goes to
+    the commit; the convergence share counts the records' SCF only."""
+    from pyscf_ipu.optimize import Frame, Relaxation
+
+    entry = MoleculeInput(3, "CO")
+    batch = Batch([(entry, 0, "start 0"), (entry, 1, "start 1")])
+    frames = [tuple(Frame(step, f"m{cid}.{step}", result(-10.0 - step), np.zeros((2, 3))) for step in range(steps))
+              for cid, steps in ((0, 3), (1, 2))]  # fmt: skip
+    relaxations = [Relaxation(frames[0], "", 4.0), Relaxation(frames[1], "not converged in 1 steps", 3.0)]
+    commits, summary = Commits(), Summary(out="x", shard="0/1")
+    ledger = Ledger(commits, summary, Bar(), ConvergenceWatch(0.5, 32, "the setup"), False, last_commit=0.0)
+    ledger.relaxed(batch, relaxations, trajectory=True, steady=True)
+    (commit,) = commits.items
+    (row,) = commit.rows
+    assert row[2:4] == (0, "m0.2") and commit.seconds == [4.0] and commit.optional == {"optimizer_steps": [3]}
+    assert [(f.conformer_id, f.reason) for f in commit.failures] == [(1, "relaxation: not converged in 1 steps")]
+    assert [(cid, f.step) for _, _, cid, f in commit.frames] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    assert (summary.conformers, summary.converged, summary.labelled, summary.failures, summary.optimizer_steps) == (
+        1, 1, 1, 1, 5)
 
 
 def test_the_watch_stops_a_run_that_mostly_fails_to_converge():

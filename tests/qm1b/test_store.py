@@ -99,13 +99,16 @@ def keys_of(batch: RecordBatch, failures: list[Failure]) -> set[tuple[int, int]]
 
 
 def assert_batches_equal(a: RecordBatch, b: RecordBatch) -> None:
-    assert len(a) == len(b)
-    for name in SCALAR_COLUMNS:
+    assert len(a) == len(b) and set(a.columns) == set(b.columns) >= set(SCALAR_COLUMNS)
+    for name in a.columns:
         assert a.columns[name].dtype == b.columns[name].dtype, name
         np.testing.assert_array_equal(a.columns[name], b.columns[name], err_msg=name)
     np.testing.assert_array_equal(a.natoms, b.natoms)
     np.testing.assert_array_equal(a.z, b.z)
     np.testing.assert_array_equal(a.pos, b.pos)
+    assert (a.forces is None) == (b.forces is None)
+    if a.forces is not None:
+        np.testing.assert_array_equal(a.forces, b.forces)
 
 
 def sort_by_key(batch: RecordBatch) -> RecordBatch:
@@ -666,3 +669,36 @@ def test_corrupt_file_is_named_by_readers_and_redone_by_resume(tmp_path, damaged
     writer.close()
     with open_dataset(tmp_path) as ds:
         assert_batches_equal(sort_by_key(ds.arrays()), sort_by_key(expected(range(4))[0]))
+
+
+def with_optional(records: RecordBatch, k: int) -> tuple[RecordBatch, RecordBatch]:
+    """``records`` with forces and an optimizer_steps column, and two trajectory frames of each."""
+    rng = np.random.default_rng(100 + k)
+    forces = rng.normal(size=records.pos.shape).astype(np.float32)
+    relaxed = RecordBatch({**records.columns, "optimizer_steps": np.full(len(records), 2, np.int16)}, records.natoms,
+                          records.z, records.pos, forces)  # fmt: skip
+    both = RecordBatch.concat([records, records])
+    frames = RecordBatch({**both.columns, "step": np.repeat([0, 1], len(records)).astype(np.int16)}, both.natoms,
+                         both.z, both.pos, np.concatenate([forces, forces]))  # fmt: skip
+    return relaxed, frames
+
+
+def test_optional_columns_and_frames_survive_failure_only_parts_and_the_merge(tmp_path):
+    """A shard laid out with forces, optimizer_steps and frames: a part of failures alone (a bad
+    input) merges with parts of records (the layout is the writer's, not each batch's), and the
+    records and frames read back as committed."""
+    layout = frozenset({"forces", "optimizer_steps", "frames"})
+    writer = ShardWriter(tmp_path, settings=SETTINGS, versions=VERSIONS, layout=layout)
+    _, failures = make_batch(0)
+    writer.commit(None, failures)
+    committed = []
+    for k in (1, 2):
+        records, _ = make_batch(k)
+        relaxed, frames = with_optional(records, k)
+        writer.commit(relaxed, [], frames)
+        committed.append((relaxed, frames))
+    writer.close()
+    with open_dataset(tmp_path) as ds:
+        assert_batches_equal(ds.arrays(), RecordBatch.concat([r for r, _ in committed]))
+        assert_batches_equal(RecordBatch.concat(list(ds.frames())), RecordBatch.concat([f for _, f in committed]))
+        assert len(ds.failures()) == 2

@@ -1,0 +1,256 @@
+"""Batched DFT geometry optimisation against PySCF with geomeTRIC, from the same starting geometries.
+
+    python benchmarks/relax.py [--smiles S ...] [--conformers 2] [--basis sto-3g] [--out DIR] [--sides pyscf ours]
+
+Each molecule's ETKDG conformers (the generator's embedding, seed 1) are the starting geometries of
+both sides, written to ``DIR/start.xyz``. At B3LYP5, grid level 0, STO-3G (or ``--basis``, where both
+sides fit the density: PySCF's ``density_fit()``, and our ``--jk auto``):
+
+- PySCF: each conformer in a fresh process, ``dft.RKS`` (``conv_tol`` its default) and its gradient
+  with ``grid_response = True``, relaxed by ``pyscf.geomopt.geometric_solver`` at geomeTRIC's default
+  criteria and step limit (100). The process's wall time is the conformer's.
+- ours: one fresh ``qm1b generate --geometries DIR/start.xyz --relax dft --trajectory`` for all of
+  them, every other option at the generator's default; a conformer's time is the process's wall time
+  over the conformers.
+
+Each side's results are kept in ``DIR`` as it finishes a conformer, and a later run with the same
+``DIR`` reuses them (``--sides`` picks what runs). Reported per conformer: converged, steps, final
+energy, the energy difference and the RMSD after alignment (where both reach the same minimum:
+the same bonds), and seconds. Threads: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=2 for both.
+``--profile K`` instead times the parts of a step of ours on the first K conformers.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+# two QM9 molecules with 9 heavy atoms (indices 120000 and 120003) and paracetamol (11)
+MOLECULES = ("CC1CC(=O)N1CCO", "CC1OC(=O)C1CCO", "CC(=O)Nc1ccc(O)cc1")
+HARTREE_EV = 27.211386245988
+BOHR_ANGSTROM = 0.529177210903
+
+
+def starting_geometries(smiles: list[str], conformers: int) -> list:
+    from qm1b.conformers import embed_conformers
+
+    return [c for i, s in enumerate(smiles) for c in embed_conformers(s, conformers, 1, i)]
+
+
+def write_xyz(molecules, path: Path) -> None:
+    lines = []
+    for m in molecules:
+        lines += [str(m.natom), m.name]
+        lines += [f"{s} {x:.10f} {y:.10f} {z:.10f}" for s, (x, y, z) in zip(m.symbols, m.positions * BOHR_ANGSTROM)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def pyscf_side(xyz_frame: str, basis: str) -> dict:
+    """A child process: one conformer relaxed by PySCF with geomeTRIC (density fitted, as ours is by
+    default, at a basis beyond the minimal ones)."""
+    import logging
+
+    from pyscf import dft, gto
+    from pyscf.geomopt import geometric_solver
+
+    logging.getLogger("geometric").setLevel(logging.ERROR)
+    mol = gto.M(atom=xyz_frame, basis=basis, unit="Angstrom", verbose=0)
+    mf = dft.RKS(mol, xc="b3lyp5")
+    if not basis.lower().replace("-", "").startswith("sto"):
+        mf = mf.density_fit()
+    mf.grids.level = 0
+    gradient = mf.nuc_grad_method()
+    gradient.grid_response = True
+    steps = []
+    conv, final = geometric_solver.kernel(gradient, maxsteps=100, callback=lambda env: steps.append(env["energy"]))
+    return {"converged": bool(conv), "steps": len(steps), "energy": float(steps[-1]),
+            "positions_angstrom": final.atom_coords(unit="Angstrom").tolist()}  # fmt: skip
+
+
+def child(side: str, argument: str, basis: str) -> dict:
+    """Run ``side`` in a fresh process; its JSON answer and wall seconds."""
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, __file__, "--child", side, argument, basis], capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if out.returncode:
+        raise RuntimeError(f"{side} failed:\n{out.stderr[-3000:]}")
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), "seconds": seconds}
+
+
+def ours_side(directory: Path, count: int, basis: str) -> list[dict]:
+    """One fresh generator run over every starting geometry (the file's frames in order are its
+    conformers in (molecule id, conformer id) order); per conformer its relaxed record, or for a
+    failure its last frame."""
+    from qm1b.store import open_dataset
+
+    out = directory / "ours"
+    if out.exists():
+        shutil.rmtree(out)
+    start = time.perf_counter()
+    command = [sys.executable, "-m", "qm1b.cli", "generate", "--geometries", str(directory / "start.xyz"),
+               "--relax", "dft", "--trajectory", "--out", str(out), "--no-progress", "--basis", basis]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode:
+        raise RuntimeError(f"ours failed:\n{done.stderr[-3000:]}")
+    print(done.stdout.strip(), flush=True)
+    rows: dict[tuple, dict] = {}
+    with open_dataset(out) as ds:
+        for batch in ds.frames():  # the last frame of each conformer: its final geometry
+            off = batch.atom_offsets()
+            for i in range(len(batch)):
+                key = (int(batch.columns["molecule_id"][i]), int(batch.columns["conformer_id"][i]))
+                step = int(batch.columns["step"][i])
+                if key not in rows or step >= rows[key]["steps"]:
+                    rows[key] = {"converged": False, "steps": step + 1,
+                                 "energy": float(batch.columns["energy"][i]) / HARTREE_EV,
+                                 "positions_angstrom": (batch.pos[off[i]:off[i + 1]] * BOHR_ANGSTROM).tolist()}  # fmt: skip
+        records = ds.arrays()
+        for i, key in enumerate(records.keys()):
+            rows[key]["converged"] = True
+            assert rows[key]["steps"] == int(records.columns["optimizer_steps"][i])
+    keys = sorted(rows)
+    if len(keys) != count:
+        raise RuntimeError(f"ours relaxed {len(keys)} conformers of {count}")
+    return [{**rows[k], "seconds": seconds / count} for k in keys]
+
+
+def profile(molecules, basis: str, count: int) -> None:
+    """Where a step's time goes: ``relax`` on the first ``count`` conformers in this process, each part
+    of a step timed (run it after the benchmark, whose compilation cache it then finds)."""
+    import collections
+
+    from pyscf_ipu import forces, optimize
+    from pyscf_ipu.config import RKSConfig
+    from pyscf_ipu.jk import exact
+    from pyscf_ipu.method import resolve
+    from pyscf_ipu.runtime import default_cache_dir, enable_compilation_cache
+
+    enable_compilation_cache(default_cache_dir() / "jax")
+    seconds = collections.Counter()
+
+    def timed(module, name, label):
+        function = getattr(module, name)
+
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            out = function(*args, **kwargs)
+            seconds[label] += time.perf_counter() - start
+            return out
+
+        setattr(module, name, run)
+
+    timed(optimize, "_scf", "SCF (integrals, loop, refinement, finalisation)")
+    timed(exact, "exact_two_electron_gradient", "two-electron gradient")
+    timed(forces, "one_electron_gradient", "one-electron gradient")
+    timed(forces, "grid_and_nuclei_gradient", "XC and nuclear-repulsion gradient")
+    timed(optimize.ConformerOptimizer, "tell", "geomeTRIC's step")
+    method = resolve(RKSConfig(basis=basis, xc="b3lyp5", jk="auto", integrals="auto").for_forces())
+    start = time.perf_counter()
+    relaxations = optimize.relax(molecules[:count], method)
+    wall = time.perf_counter() - start
+    steps = sum(r.steps for r in relaxations)
+    print(f"{count} conformers, {steps} steps, {wall:.1f} s: {wall / steps:.2f} s per conformer and step")
+    for label, value in seconds.most_common():
+        print(f"  {label:50s} {value / steps:6.3f} s per conformer and step")
+
+
+def rmsd_after_alignment(a: np.ndarray, b: np.ndarray) -> float:
+    """Kabsch: the RMSD of ``a`` and ``b`` (n, 3) after the best rotation and translation."""
+    a, b = a - a.mean(0), b - b.mean(0)
+    u, _, vt = np.linalg.svd(a.T @ b)
+    d = np.sign(np.linalg.det(u @ vt))
+    rotation = u @ np.diag([1.0, 1.0, d]) @ vt
+    return float(np.sqrt(np.mean(np.sum((a @ rotation - b) ** 2, axis=1))))
+
+
+def same_bonds(numbers, a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether the two geometries (Angstrom) have the same bonds: both reached the same minimum's
+    basin (1.2 times the sum of RDKit's covalent radii)."""
+    from rdkit import Chem
+
+    table = Chem.GetPeriodicTable()
+    radii = np.array([table.GetRcovalent(int(z)) for z in numbers])
+    limit = 1.2 * (radii[:, None] + radii[None, :])
+
+    def bonds(x):
+        return np.linalg.norm(x[:, None] - x[None], axis=-1) < limit
+
+    return bool(np.array_equal(bonds(a), bonds(b)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smiles", nargs="+", default=list(MOLECULES))
+    parser.add_argument("--conformers", type=int, default=2)
+    parser.add_argument("--out", default="/tmp/relax_benchmark")
+    parser.add_argument("--sides", nargs="+", default=["pyscf", "ours"], choices=["pyscf", "ours"])
+    parser.add_argument("--basis", default="sto-3g")
+    parser.add_argument("--profile", type=int, metavar="K", help="time the parts of a step on the first K conformers")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _, argument, basis = args.child
+        print(json.dumps(pyscf_side(argument, basis)))
+        return
+    directory = Path(args.out)
+    directory.mkdir(parents=True, exist_ok=True)
+    molecules = starting_geometries(args.smiles, args.conformers)
+    if args.profile:
+        return profile(molecules, args.basis, args.profile)
+    write_xyz(molecules, directory / "start.xyz")
+    results_file = directory / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.exists() else {"pyscf": {}, "ours": None}
+    if "pyscf" in args.sides:
+        for i, m in enumerate(molecules):
+            if str(i) in results["pyscf"]:
+                continue
+            frame = "; ".join(f"{s} {x} {y} {z}" for s, (x, y, z) in zip(m.symbols, m.positions * BOHR_ANGSTROM))
+            results["pyscf"][str(i)] = child("pyscf", frame, args.basis)
+            print(f"pyscf {i}: {results['pyscf'][str(i)]['steps']} steps, {results['pyscf'][str(i)]['seconds']:.1f} s",
+                  flush=True)  # fmt: skip
+            results_file.write_text(json.dumps(results))
+    if "ours" in args.sides:
+        results["ours"] = ours_side(directory, len(molecules), args.basis)
+        results_file.write_text(json.dumps(results))
+    report(molecules, results)
+
+
+def report(molecules, results: dict) -> None:
+    print("| conformer | atoms | PySCF converged | steps | ours converged | steps | E ours - PySCF meV | RMSD A | "
+          "PySCF s | ours s | ratio |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    ratios = []
+    for i, m in enumerate(molecules):
+        theirs, ours = results["pyscf"].get(str(i)), (results["ours"] or [None] * len(molecules))[i]
+        if theirs is None or ours is None:
+            continue
+        a, b = np.array(ours["positions_angstrom"]), np.array(theirs["positions_angstrom"])
+        same = same_bonds(m.atomic_numbers, a, b)
+        rmsd = f"{rmsd_after_alignment(a, b):.4f}" if same else "other minimum"
+        ratio = theirs["seconds"] / ours["seconds"]
+        ratios.append(ratio)
+        print(f"| {m.name} | {m.natom} | {theirs['converged']} | {theirs['steps']} | {ours['converged']} | "
+              f"{ours['steps']} | {(ours['energy'] - theirs['energy']) * HARTREE_EV * 1e3:+.3f} | {rmsd} | "
+              f"{theirs['seconds']:.1f} | {ours['seconds']:.1f} | {ratio:.1f}x |")  # fmt: skip
+    if ratios:
+        print(f"median ratio PySCF / ours: {statistics.median(ratios):.1f}x; "
+              f"total {sum(r['seconds'] for r in results['pyscf'].values()):.0f} s against "
+              f"{sum(r['seconds'] for r in results['ours']):.0f} s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
