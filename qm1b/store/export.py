@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,20 @@ def _to_arrow(batch: RecordBatch, schema, pa):
     return pa.Table.from_arrays([arrays[n] for n in QM1B_COLUMNS], schema=schema)
 
 
+@contextmanager
+def _published(path: Path):
+    """The temporary path to write ``path``'s content to; published as ``path`` when the block ends
+    without an error, discarded otherwise."""
+    tmp = temporary(path)
+    try:
+        yield tmp
+        with writing(path.parent):
+            publish(tmp, path)
+    except BaseException:
+        discard(tmp)
+        raise
+
+
 def export_parquet(directory: Path | str, path: Path | str) -> Path:
     """Write one Parquet file with exactly the QM1B columns, in order (atomically); the schema's
     metadata holds the dataset's settings and versions as JSON (``qm1b.settings``, ``qm1b.versions``)."""
@@ -50,21 +65,14 @@ def export_parquet(directory: Path | str, path: Path | str) -> Path:
     import pyarrow.parquet as pq
 
     path = Path(path)
-    tmp = temporary(path)
-    try:
-        with open_dataset(directory) as ds:
-            # the labels' settings (functional, basis, grid, ...) and versions travel with the columns
-            schema = _parquet_schema(pa).with_metadata(
-                {f"qm1b.{key}": json.dumps(ds.attrs[key], sort_keys=True) for key in ("settings", "versions")})
-            with writing(path.parent), pq.ParquetWriter(tmp, schema, compression="zstd") as out:
-                for batch in ds.iter_batches():
-                    if len(batch):
-                        out.write_table(_to_arrow(batch, schema, pa))
-        with writing(path.parent):
-            publish(tmp, path)
-    except BaseException:
-        discard(tmp)
-        raise
+    with _published(path) as tmp, open_dataset(directory) as ds:
+        # the labels' settings (functional, basis, grid, ...) and versions travel with the columns
+        schema = _parquet_schema(pa).with_metadata(
+            {f"qm1b.{key}": json.dumps(ds.attrs[key], sort_keys=True) for key in ("settings", "versions")})
+        with writing(path.parent), pq.ParquetWriter(tmp, schema, compression="zstd") as out:
+            for batch in ds.iter_batches():
+                if len(batch):
+                    out.write_table(_to_arrow(batch, schema, pa))
     return path
 
 
@@ -77,27 +85,20 @@ def export_extxyz(directory: Path | str, path: Path | str, frames: bool = False)
     from pyscf.data.elements import ELEMENTS
 
     path = Path(path)
-    tmp = temporary(path)
     written = 0
-    try:
-        with open_dataset(directory) as ds, writing(path.parent), open(tmp, "w") as out:
-            for batch in ds.frames() if frames else ds.iter_batches():
-                off, cols = batch.atom_offsets(), batch.columns
-                for i in range(len(batch)):
-                    atoms = slice(off[i], off[i + 1])
-                    info = {"smiles": cols["smile"][i], "molecule_id": int(cols["molecule_id"][i]),
-                            "conformer_id": int(cols["conformer_id"][i]),
-                            **({"step": int(cols["step"][i])} if "step" in cols else {}),
-                            **{k: float(cols[k][i]) for k in ("homo", "lumo", "y")}}  # fmt: skip
-                    forces = None if batch.forces is None else batch.forces[atoms].astype(float) * BOHR_PER_ANGSTROM
-                    out.write(extxyz_frame([ELEMENTS[z] for z in batch.z[atoms]], batch.pos[atoms] / BOHR_PER_ANGSTROM,
-                                           energy_ev=float(cols["energy"][i]), forces_ev_per_angstrom=forces, info=info))
-                    written += 1
+    with _published(path) as tmp, open_dataset(directory) as ds, writing(path.parent), open(tmp, "w") as out:
+        for batch in ds.frames() if frames else ds.iter_batches():
+            off, cols = batch.atom_offsets(), batch.columns
+            for i in range(len(batch)):
+                atoms = slice(off[i], off[i + 1])
+                info = {"smiles": cols["smile"][i], "molecule_id": int(cols["molecule_id"][i]),
+                        "conformer_id": int(cols["conformer_id"][i]),
+                        **({"step": int(cols["step"][i])} if "step" in cols else {}),
+                        **{k: float(cols[k][i]) for k in ("homo", "lumo", "y")}}  # fmt: skip
+                forces = None if batch.forces is None else batch.forces[atoms].astype(float) * BOHR_PER_ANGSTROM
+                out.write(extxyz_frame([ELEMENTS[z] for z in batch.z[atoms]], batch.pos[atoms] / BOHR_PER_ANGSTROM,
+                                       energy_ev=float(cols["energy"][i]), forces_ev_per_angstrom=forces, info=info))
+                written += 1
         if frames and not written:
             raise ValueError(f"{directory} holds no trajectory frames: generate them with --relax dft --trajectory")
-        with writing(path.parent):
-            publish(tmp, path)
-    except BaseException:
-        discard(tmp)
-        raise
     return path

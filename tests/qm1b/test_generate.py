@@ -471,13 +471,27 @@ def test_a_lost_raylet_is_one_line_and_resume_completes(tmp_path):
     assert set(committed) <= set(rows)
 
 
+def pyscf_gradient(record: dict, xc: str) -> tuple[float, np.ndarray]:
+    """PySCF's energy and gradient (grid response on, STO-3G, grid level 0, float64) at a stored
+    record's geometry (``z``, ``pos`` in Bohr)."""
+    from pyscf import dft
+
+    from pyscf_ipu.pyscf_mole import build_mole
+
+    molecule = Molecule(np.asarray(record["z"], int), np.asarray(record["pos"], float))
+    mf = dft.RKS(build_mole(molecule, "sto-3g"), xc=xc)
+    mf.grids.level = 0
+    mf.conv_tol = 1e-11
+    mf.kernel()
+    gradient = mf.nuc_grad_method()
+    gradient.grid_response = True
+    return mf.e_tot, gradient.kernel()
+
+
 def test_forces_column_matches_pyscf_and_survives_resume_and_merge(tmp_path):
     """--forces: a forces column (eV/Bohr, = -dE/dR) per atom, equal to PySCF's analytic gradient
     with grid response (the generator's forces are the exact derivative of its energy) within 1e-4
     Hartree/Bohr; stored, merged and read back intact; a resume with different --forces is refused."""
-    from pyscf import dft
-
-    from pyscf_ipu.pyscf_mole import build_mole
     from pyscf_ipu.units import HARTREE_TO_EV
 
     smiles = write_smiles(tmp_path / "in.smi", ["O", "CO"])
@@ -487,14 +501,7 @@ def test_forces_column_matches_pyscf_and_survives_resume_and_merge(tmp_path):
     rows = list(open_dataset(gen.out).records())  # read from the merged shard file
     assert len(rows) == 4 and all(r["forces"].shape == (len(r["z"]), 3) for r in rows)
     for rec in rows[::3]:  # one conformer of each molecule
-        molecule = Molecule(np.asarray(rec["z"], int), np.asarray(rec["pos"], float))
-        mf = dft.RKS(build_mole(molecule, "sto-3g"), xc="b3lyp")
-        mf.grids.level = 0
-        mf.conv_tol = 1e-11
-        mf.kernel()
-        grad = mf.nuc_grad_method()
-        grad.grid_response = True
-        ref = grad.kernel()
+        _, ref = pyscf_gradient(rec, "b3lyp")
         np.testing.assert_allclose(-np.asarray(rec["forces"], float) / HARTREE_TO_EV, ref, rtol=0, atol=1e-4)
     assert "forces" in open_dataset(gen.out).to_pandas().columns
     with pytest.raises(ValueError, match="forces"):
