@@ -59,6 +59,7 @@ def exact_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange:
 
     plan = eri_plan(basis, tuple(mol.elements))
     workers = min(usable_cores(), 8)
+    device_tables(plan, workers)  # before any trace: the caches may have let this plan's tables go
     with jax.enable_x64(True):
         coefficients = jnp.asarray(two_electron_coefficients(2.0 * occupied @ occupied.T, exchange), dtype)
         coords = jnp.asarray(mol.atom_coords(), dtype)
@@ -74,8 +75,7 @@ def exact_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange:
 @lru_cache(maxsize=64)
 def _share_gradient(plan, k: int, workers: int):
     """The compiled gradient, in the positions, of the dot product of coefficients with the k-th of
-    ``workers`` shares of ``plan``'s s8 ERIs."""
-    device_tables(plan, workers)
+    ``workers`` shares of ``plan``'s s8 ERIs; its caller builds the plan's device tables first."""
 
     def energy(coefficients, coords):
         return jnp.dot(coefficients, eri_s8(plan, coords[None], coefficients.dtype, share=(k, workers))[0])

@@ -209,3 +209,23 @@ def test_float32_forces_are_refined_in_float64_to_pyscfs():
     assert 0 < refined.refined and refined.refined_commutator < 5e-7
     assert errors[5e-7] < 3e-7
     assert errors[5e-7] < errors[0.0] / 5  # the refinement did the work, not the loop
+
+
+def test_the_exact_two_electron_gradient_survives_its_plans_tables_leaving_the_cache():
+    """The compiled gradient outlives the ERI plan's device tables in their small caches: once other
+    plans have pushed them out, a new trace (another precision) must not build them inside itself,
+    where the cache would keep that trace's values for every later use of the plan."""
+    from pyscf_ipu.integral_sources import eri_plan
+    from pyscf_ipu.integrals.eri import eri_s8, eri_structure
+    from pyscf_ipu.molecule import from_name
+    from pyscf_ipu.pyscf_mole import build_mole
+    from pyscf_ipu.two_electron_gradient import exact_two_electron_gradient
+
+    mol = build_mole(from_name("water"), "sto-3g")
+    occupied = np.linalg.qr(np.random.default_rng(0).normal(size=(7, 5)))[0]
+    single = exact_two_electron_gradient(mol, "sto-3g", occupied, 0.2, "float32")
+    for elements in (("C", "H"), ("N", "H"), ("O", "O"), ("C", "O"), ("N", "N")):
+        eri_structure(eri_plan("sto-3g", elements))
+    double = exact_two_electron_gradient(mol, "sto-3g", occupied, 0.2, "float64")
+    assert np.abs(single - double).max() < 1e-6  # float32 against float64 (measured 2.3e-7)
+    eri_s8(eri_plan("sto-3g", tuple(mol.elements)), mol.atom_coords()[None])  # the plan's tables still usable
