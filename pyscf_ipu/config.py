@@ -52,7 +52,6 @@ class Criteria:
                 f"Hartree/Bohr, step rms < {self.drms:g} and max < {self.dmax:g} Angstrom")  # fmt: skip
 
 
-
 def option(default, help: str, choices=None, metavar=None, renamed: dict[str, str] | None = None, auto: bool = False):
     """A config field whose metadata becomes its command-line option (see :func:`add_config_arguments`);
     ``renamed`` maps old spellings of its values to the current ones; with ``auto``, the value

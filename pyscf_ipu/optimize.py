@@ -282,4 +282,4 @@ def _scf(molecules: list[Molecule], densities: list[np.ndarray | None], method: 
     return submit_batch(batch_of(integrals, members, timings, bucket, method), method).results()[: len(molecules)]
 
 
-__all__ = ["MAX_STEPS", "ConformerOptimizer", "Criteria", "Frame", "Relaxation", "relax", "structure_problem"]
+__all__ = ["ConformerOptimizer", "Frame", "Relaxation", "relax", "structure_problem"]

@@ -72,18 +72,8 @@ class Ledger:
             self.summary.timings["forces"] += forces_seconds
         now = time.perf_counter()
         rows, gradients, failures = labelled(batch, results, gradients, self.drop_unconverged)
-        self.commits.put(Commit(rows, now - self.last_commit, gradients, failures))
-        if steady:
-            self.summary.steady_conformers += len(batch.members)
-            self.summary.steady_seconds += now - self.last_commit
-        self.last_commit = now
-        self.summary.conformers += len(rows)
-        self.summary.converged += sum(bool(r.converged) for *_, r in rows)
-        self.summary.labelled += len(results)
-        self.summary.failures += len(failures)
-        self.bar.update(len(batch.members))
-        self.watch.add(len(results), sum(r.converged and np.isfinite(r.energy) for r in results))
-
+        self._hand_over(batch, Commit(rows, now - self.last_commit, gradients, failures), now, steady,
+                        len(results), sum(r.converged and np.isfinite(r.energy) for r in results))  # fmt: skip
 
     def relaxed(self, batch: Batch, relaxations: list[Relaxation], trajectory: bool, steady: bool) -> None:
         """Hand a relaxed batch to the commit thread: a record at each converged conformer's minimum
@@ -103,23 +93,28 @@ class Ledger:
                 seconds.append(relaxation.seconds)
             else:
                 failures.append(Failure(entry.description, f"relaxation: {relaxation.failure}", entry.molecule_id, cid))
-        now = time.perf_counter()
-        self.commits.put(Commit(rows, seconds, gradients, failures, {"optimizer_steps": steps}, frames))
+        self.summary.optimizer_steps += sum(r.steps for r in relaxations)
+        self.summary.timings["relaxation"] += sum(r.seconds for r in relaxations)
+        # the convergence share and its watch judge the SCF of the records (a broken setup), not the
+        # optimisations: one that stops unconverged is a failure with its reason
+        commit = Commit(rows, seconds, gradients, failures, {"optimizer_steps": steps}, frames)
+        self._hand_over(batch, commit, time.perf_counter(), steady, len(rows), sum(bool(r.converged) for *_, r in rows))
+
+    def _hand_over(self, batch: Batch, commit: Commit, now: float, steady: bool, judged: int, converged: int) -> None:
+        """Put ``commit`` (made at ``now``) on the commit thread and count it: in the summary, on the
+        bar, and in the convergence watch, which judges ``judged`` conformers' SCF, ``converged`` of
+        them converged."""
+        self.commits.put(commit)
         if steady:
             self.summary.steady_conformers += len(batch.members)
             self.summary.steady_seconds += now - self.last_commit
         self.last_commit = now
-        converged = sum(bool(r.converged) for *_, r in rows)
-        self.summary.conformers += len(rows)
-        self.summary.converged += converged
-        # the convergence share and its watch judge the SCF of the records (a broken setup), not the
-        # optimisations: one that stops unconverged is a failure with its reason
-        self.summary.labelled += len(rows)
-        self.summary.failures += len(failures)
-        self.summary.optimizer_steps += sum(r.steps for r in relaxations)
-        self.summary.timings["relaxation"] += sum(r.seconds for r in relaxations)
+        self.summary.conformers += len(commit.rows)
+        self.summary.converged += sum(bool(r.converged) for *_, r in commit.rows)
+        self.summary.labelled += judged
+        self.summary.failures += len(commit.failures)
         self.bar.update(len(batch.members))
-        self.watch.add(len(rows), converged)
+        self.watch.add(judged, converged)
 
 
 @dataclass(frozen=True)

@@ -57,9 +57,12 @@ def _create_records(rec: h5py.Group, n_records: int, n_atoms: int, layout: froze
 
 def file_layout(f: h5py.File) -> frozenset[str]:
     """The optional datasets of a shard or part file (:func:`create_layout`'s ``layout``)."""
-    rec = f["records"]
-    names = [k for k in OPTIONAL_COLUMNS if k in rec] + (["forces"] if "forces" in rec else [])
-    return frozenset(names + (["frames"] if "frames" in f else []))
+    return _group_layout(f["records"]) | (frozenset({"frames"}) if "frames" in f else frozenset())
+
+
+def _group_layout(rec: h5py.Group) -> frozenset[str]:
+    """The optional datasets of one group of records (:attr:`RecordBatch.layout`'s names)."""
+    return frozenset([k for k in OPTIONAL_COLUMNS if k in rec] + (["forces"] if "forces" in rec else []))
 
 
 def _create(group: h5py.Group, name: str, dtype, chunk_rows: int, width: int | None = None):
@@ -86,7 +89,7 @@ def _extend(ds: h5py.Dataset, values: np.ndarray) -> None:
 def append_records(rec: h5py.Group, batch: RecordBatch) -> None:
     if not len(batch):
         return
-    stored = frozenset([k for k in OPTIONAL_COLUMNS if k in rec] + (["forces"] if "forces" in rec else []))
+    stored = _group_layout(rec)
     if batch.layout != stored:
         raise ValueError(f"{rec.name}: the file has the optional columns {sorted(stored)}, the records "
                          f"{sorted(batch.layout)} (generated with other settings)")  # fmt: skip
