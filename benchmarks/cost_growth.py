@@ -59,7 +59,7 @@ from throughput import LABELS, pyscf_labels  # noqa: E402
 
 from pyscf_ipu.config import IPUConfig, RKSConfig  # noqa: E402
 from pyscf_ipu.geometries import read_frames  # noqa: E402
-from pyscf_ipu.method import resolve  # noqa: E402
+from pyscf_ipu.resolution import resolve  # noqa: E402
 from pyscf_ipu.memory import largest_batch  # noqa: E402
 from pyscf_ipu.pyscf_mole import build_mole  # noqa: E402
 from pyscf_ipu.units import BOHR_RADIUS_ANGSTROM  # noqa: E402

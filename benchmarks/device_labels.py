@@ -29,7 +29,7 @@ from cost_growth import XC, largest_difference, ours, pyscf_timed
 from throughput import LABELS
 
 from pyscf_ipu.config import RKSConfig
-from pyscf_ipu.method import resolve
+from pyscf_ipu.resolution import resolve
 from pyscf_ipu.reference import pyscf_method
 from pyscf_ipu.geometries import read_frames
 from pyscf_ipu.memory import default_budget

@@ -2,7 +2,7 @@
 inside a time budget: conformers per hour, the host's work beside the device's, the device's busy
 share, PySCF on every host core, and the labels against PySCF.
 
-    python benchmarks/gpu.py [--budget 480] [--size full|tiny] [--phases ...] [--json FILE]
+    python benchmarks/gpu.py [--budget 480] [--size full|tiny] [--phases a,b,...] [--json FILE]
 
 Phases, in this order, each skipped (and said so) where the time left cannot hold it:
 
@@ -25,11 +25,24 @@ Phases, in this order, each skipped (and said so) where the time left cannot hol
 - ``jk``: the STO-3G run again with each other J-K backend that suits STO-3G (cold, then restarted),
   its rate beside the default's and its labels against the same PySCF sample: which backend should
   be a device's default.
+- ``forces``: single points with forces (``--forces``), cold then restarted, at STO-3G on the STO-3G
+  phase's molecules and at def2-SVP on the def2-SVP molecule: the batch's gradients as one device
+  program.
+- ``relax``: ``--relax dft --trajectory`` over at least 64 conformers of 9-11 heavy atoms (cold, then
+  restarted): relaxed conformers per hour, steps, the host's CPU per step in the main process and in
+  geomeTRIC's workers; then PySCF with geomeTRIC (its gradient with grid response, one process per
+  host core) on a sample of the same starting conformers, for the ratio.
+- ``gpu4pyscf``: where GPU4PySCF imports, its SCF plus gradient (B3LYP5, grid level 0, one conformer
+  at a time on the same GPU) on a sample of the forces phases' conformers at STO-3G and def2-SVP
+  (density fitted): seconds per conformer beside ours, and the largest force difference. Its wheels
+  are larger than one call's carry: ``benchmarks/gpu4pyscf_deps.sh`` packs them in parts, one per
+  call, and says how to put them together there.
 
 It needs JAX, PySCF, RDKit and h5py, and nothing from the network: on a machine without PySCF and
 RDKit, unpack the archive that ``benchmarks/gpu_deps.sh`` makes and put it on ``PYTHONPATH`` (that
 script's header says how). ``--size tiny`` runs two molecules of two conformers each, the STO-3G,
-PySCF and labels phases only: the test suite's smoke test.
+PySCF and labels phases only (the test suite's smoke test), unless ``--phases`` names others: each
+then runs at its tiny size.
 """
 
 from __future__ import annotations
@@ -49,9 +62,11 @@ from multiprocessing import TimeoutError as PoolTimeout
 from multiprocessing import get_context
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 LABELS = ("energy", "homo", "lumo", "y")
-PHASES = ("sto3g", "pyscf", "labels", "def2svp", "jk")
+PHASES = ("sto3g", "pyscf", "labels", "def2svp", "jk", "forces", "relax", "gpu4pyscf")
 # def2-SVP: a molecule of 20 to 30 atoms, aspirin (21 atoms, 13 heavy); each more costs a compile
 DEF2SVP_SMILES = ["CC(=O)Oc1ccccc1C(=O)O"]
 OTHER_JK = ("dense",)  # the J-K backends besides the default that suit STO-3G (s8 gathers, df fits)
@@ -59,9 +74,11 @@ OTHER_JK = ("dense",)  # the J-K backends besides the default that suit STO-3G (
 # def2-SVP conformers per molecule and their PySCF sample (one process per conformer, so a sample no
 # larger than the host's cores costs one conformer's time)
 SIZES = {"full": {"phases": PHASES, "molecules": 64, "conformers": 64, "sample": 128, "def2svp": 32,
-                  "def2svp_sample": 8},
+                  "def2svp_sample": 8, "forces": 16, "relax_molecules": 32, "relax_conformers": 2, "relax_sample": 16,
+                  "relax_steps": 100, "gpu4pyscf_sample": 4},
          "tiny": {"phases": ("sto3g", "pyscf", "labels"), "molecules": 2, "conformers": 2, "sample": 4, "def2svp": 0,
-                  "def2svp_sample": 0}}  # fmt: skip
+                  "def2svp_sample": 0, "forces": 2, "relax_molecules": 1, "relax_conformers": 2, "relax_sample": 1,
+                  "relax_steps": 2, "gpu4pyscf_sample": 1}}  # fmt: skip
 
 
 class Budget:
@@ -202,16 +219,19 @@ def conformers_of(directory: Path) -> list[dict]:
     return [{"z": r["z"], "pos": r["pos"].astype(float), **{q: float(r[q]) for q in LABELS}} for r in records]
 
 
-def pyscf_on_every_core(records: list[dict], basis: str, fitted: bool, timeout: float) -> tuple[list[dict], float] | None:
+def pyscf_on_every_core(records: list[dict], basis: str, fitted: bool, timeout: float, relax: bool = False
+                        ) -> tuple[list[dict], float] | None:  # fmt: skip
     """PySCF over ``records``, one single-threaded process per host core: (labels, wall seconds), or
-    None past ``timeout`` (the workers are then terminated)."""
+    None past ``timeout`` (the workers are then terminated); with ``relax``, each relaxed by geomeTRIC
+    instead (converged, steps, seconds)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
     os.environ.update(dict.fromkeys(saved, "1"))  # the workers inherit it before they import numpy
     pool = get_context("spawn").Pool(min(cores, len(records)))
     try:
         start = time.perf_counter()
-        work = pool.map_async(pyscf_one, [(r["z"], r["pos"], basis, fitted) for r in records], chunksize=1)
+        work = pool.map_async(pyscf_relax_one if relax else pyscf_one, [(r["z"], r["pos"], basis, fitted) for r in records],
+                              chunksize=1)  # fmt: skip
         labels = work.get(timeout=max(1.0, timeout))
         return labels, time.perf_counter() - start
     except PoolTimeout:
@@ -276,16 +296,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", type=float, default=480.0, help="seconds the whole run may take (default: 480)")
     parser.add_argument("--size", choices=tuple(SIZES), default="full")
-    parser.add_argument("--phases", default=",".join(PHASES), help=f"of {', '.join(PHASES)} (default: all)")
+    parser.add_argument("--phases", help=f"of {', '.join(PHASES)} (default: all the size's)")
     parser.add_argument("--json", metavar="FILE", help="also write every figure here")
     parser.add_argument("--work", metavar="DIR", help="keep the datasets and caches here (default: a temporary folder)")
     args = parser.parse_args()
     budget = Budget(args.budget)
-    phases = set(args.phases.split(","))
+    size = SIZES[args.size]
+    phases = set(args.phases.split(",")) if args.phases else set(size["phases"])  # named ones run at any size
     if phases - set(PHASES):
         parser.error(f"unknown phases {sorted(phases - set(PHASES))}: choose from {', '.join(PHASES)}")
-    size = SIZES[args.size]
-    phases &= set(size["phases"])
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gpu-benchmark-"))
     work.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))
@@ -355,6 +374,122 @@ def run_phases(phases: set[str], size: dict, work: Path, budget: Budget, results
                     records = spread(conformers_of(work / f"{phase.name}-restarted"), size["sample"])
                     results[f"labels_{phase.name}_mev"] = compare(records, reference, f"  --jk {jk} labels, ours - "
                                                                   "PySCF float64")  # fmt: skip
+
+    if "forces" in phases:
+        extra = ["--conformers", str(size["forces"]), "--integrals", "jax", "--forces"]
+        cold_then_restarted(Phase("forces-sto3g", "STO-3G forces", 30, 20), sto3g, extra, work, budget, results)
+        smiles = write_smiles(work / "def2svp.smi", DEF2SVP_SMILES)
+        extra = ["--conformers", str(size["forces"]), "--basis", "def2-svp", "--jk", "df", "--integrals", "jax",
+                 "--forces"]  # fmt: skip
+        cold_then_restarted(Phase("forces-def2svp", "def2-SVP forces", 60, 30), smiles, extra, work, budget, results)
+
+    if "relax" in phases:
+        relaxed = write_smiles(work / "relax.smi", sample[: size["relax_molecules"]])
+        extra = ["--conformers", str(size["relax_conformers"]), "--integrals", "jax", "--relax", "dft", "--trajectory",
+                 "--max-steps", str(size["relax_steps"])]  # fmt: skip
+        cold_then_restarted(Phase("relax", "relaxation, STO-3G", 60, 30), relaxed, extra, work, budget, results)
+        summary = results.get("relax_restarted", {}).get("summary")
+        if summary and budget.left > 60:
+            starts = spread(first_frames(work / "relax-restarted"), size["relax_sample"])
+            done = pyscf_on_every_core(starts, "sto-3g", False, budget.left - 10, relax=True)
+            if done is not None:
+                rate = 3600 * len(starts) / done[1]
+                results["pyscf_relax"] = {"conformers_per_hour": rate, "seconds": done[1], "count": len(starts),
+                                          "converged": sum(r["converged"] for r in done[0])}  # fmt: skip
+                print(f"PySCF with geomeTRIC, one process per host core, {len(starts)} of those starts: {rate:,.0f} "
+                      f"relaxed per hour; ours restarted {summary['conformers_per_hour'] / rate:.2f}x that",
+                      flush=True)  # fmt: skip
+
+    if "gpu4pyscf" in phases:
+        gpu4pyscf_phase(size, work, budget, results)
+
+
+def first_frames(directory: Path) -> list[dict]:
+    """Each relaxed conformer's starting geometry (its trajectory's step 0), ordered by key."""
+    from qm1b.store import open_dataset
+
+    out = []
+    with open_dataset(directory) as dataset:
+        for batch in dataset.frames():
+            offsets = batch.atom_offsets()
+            for i in np.flatnonzero(np.asarray(batch.columns["step"]) == 0):
+                out.append({"z": batch.z[offsets[i]:offsets[i + 1]], "pos": batch.pos[offsets[i]:offsets[i + 1]].astype(float),
+                            "key": (int(batch.columns["molecule_id"][i]), int(batch.columns["conformer_id"][i]))})  # fmt: skip
+    return sorted(out, key=lambda r: r["key"])
+
+
+def pyscf_relax_one(task: tuple) -> dict:
+    """One conformer relaxed by PySCF with geomeTRIC (B3LYP5/STO-3G, grid level 0, its gradient with
+    grid response, geomeTRIC's defaults)."""
+    import logging
+
+    from pyscf import dft, gto
+    from pyscf.geomopt import geometric_solver
+
+    numbers, positions, basis, _ = task
+    logging.getLogger("geometric").setLevel(logging.ERROR)
+    start = time.perf_counter()
+    mol = gto.M(atom=[(int(z), tuple(p)) for z, p in zip(numbers, positions)], unit="Bohr", basis=basis, verbose=0)
+    mf = dft.RKS(mol, xc="b3lyp5")
+    mf.grids.level = 0
+    gradient = mf.nuc_grad_method()
+    gradient.grid_response = True
+    steps = []
+    converged, _ = geometric_solver.kernel(gradient, maxsteps=100, callback=lambda env: steps.append(env["energy"]))
+    return {"converged": bool(converged), "steps": len(steps), "seconds": time.perf_counter() - start}
+
+
+def forces_of(directory: Path) -> list[dict]:
+    """The dataset's records with their forces (eV/Bohr), ordered by key."""
+    from qm1b.store import open_dataset
+
+    with open_dataset(directory) as dataset:
+        records = sorted(dataset.records(), key=lambda r: (r["molecule_id"], r["conformer_id"]))
+    return [{"z": r["z"], "pos": r["pos"].astype(float), "forces": r["forces"].astype(float)} for r in records]
+
+
+def gpu4pyscf_phase(size: dict, work: Path, budget: Budget, results: dict) -> None:
+    """GPU4PySCF's SCF plus gradient, one conformer at a time, on a sample of each forces phase's
+    conformers: seconds per conformer beside ours, and the largest force difference (Hartree/Bohr)."""
+    try:
+        import gpu4pyscf  # noqa: F401
+    except ImportError as err:
+        print(f"gpu4pyscf: skipped, it does not import here ({err})")
+        return
+    from pyscf import gto
+
+    from pyscf_ipu.units import HARTREE_TO_EV
+
+    for basis, phase in (("sto-3g", "forces-sto3g"), ("def2-svp", "forces-def2svp")):
+        ours = results.get(f"{phase}_restarted", {}).get("summary")
+        if not ours or budget.left < 60:
+            print(f"gpu4pyscf {basis}: skipped ({'no run of ours' if not ours else 'the budget ran out'})")
+            continue
+        records = spread(forces_of(work / f"{phase}-restarted"), size["gpu4pyscf_sample"])
+        seconds, worst = [], 0.0
+        for record in records:
+            from gpu4pyscf import dft as gpu_dft
+
+            mol = gto.M(atom=[(int(z), tuple(p)) for z, p in zip(record["z"], record["pos"])], unit="Bohr",
+                        basis=basis, verbose=0)  # fmt: skip
+            start = time.perf_counter()
+            mf = gpu_dft.RKS(mol, xc="b3lyp5")
+            mf.grids.level = 0
+            if basis != "sto-3g":
+                mf = mf.density_fit()
+            mf.kernel()
+            gradient = mf.nuc_grad_method()
+            gradient.grid_response = True
+            theirs = np.asarray(gradient.kernel())
+            seconds.append(time.perf_counter() - start)
+            worst = max(worst, float(np.abs(-record["forces"] / HARTREE_TO_EV - theirs).max()))
+        per = statistics.median(seconds[1:] or seconds)  # the first call compiles GPU4PySCF's kernels
+        ours_per = ours["seconds"] / max(1, ours["conformers"])
+        results[f"gpu4pyscf_{phase}"] = {"seconds_per_conformer": per, "ours_seconds_per_conformer": ours_per,
+                                         "largest_force_difference": worst, "count": len(records)}  # fmt: skip
+        print(f"GPU4PySCF {basis}, SCF and gradient: {per:.2f} s per conformer (median of {len(seconds)}); ours "
+              f"{ours_per:.3f} s: {per / ours_per:.1f}x; forces within {worst:.1e} Hartree/Bohr", flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -17,9 +17,8 @@ python="${PY:-.venv/bin/python}"
 version() { "$python" -c "import importlib.metadata as m; print(m.version('$1'))"; }
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-"$python" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d "$work/wheels" "pyscf==$(version pyscf)" "rdkit==$(version rdkit)"
+source benchmarks/cp312_wheels.sh
+cp312_wheels "$work/wheels" "pyscf==$(version pyscf)" "rdkit==$(version rdkit)"
 mkdir -p "$work/site"
 for wheel in "$work"/wheels/*.whl; do
     "$python" -m zipfile -e "$wheel" "$work/site"

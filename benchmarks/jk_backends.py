@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pyscf_ipu.config import RKSConfig
-from pyscf_ipu.method import resolve
+from pyscf_ipu.resolution import resolve
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.ipu import IPUJK, ipu_model
 from pyscf_ipu.molecule import from_name

@@ -46,7 +46,7 @@ from common import SUMMARY, median_range, print_label_differences  # noqa: E402
 from throughput import LABELS, pyscf_labels  # noqa: E402
 
 from pyscf_ipu.config import RKSConfig  # noqa: E402
-from pyscf_ipu.method import resolve  # noqa: E402
+from pyscf_ipu.resolution import resolve  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
 from qm1b.generate import GENERATOR_DFT_DEFAULTS, GenerateConfig  # noqa: E402
 from qm1b.inputs import builtin_sample  # noqa: E402

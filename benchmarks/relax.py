@@ -129,14 +129,15 @@ def ours_side(directory: Path, count: int, basis: str) -> list[dict]:
 
 
 def profile(molecules, basis: str, count: int) -> None:
-    """Where a step's time goes: ``relax`` on the first ``count`` conformers in this process, each part
-    of a step timed (run it after the benchmark, whose compilation cache it then finds)."""
+    """Where a step's time goes: ``relax`` on the first ``count`` conformers in this process, geomeTRIC
+    in it too, each part of a step timed (run it after the benchmark, whose compilation cache it then
+    finds)."""
     import collections
 
     from pyscf_ipu import forces, optimize
     from pyscf_ipu.config import RKSConfig
     from pyscf_ipu.jk import exact
-    from pyscf_ipu.method import resolve
+    from pyscf_ipu.resolution import resolve
     from pyscf_ipu.runtime import default_cache_dir, enable_compilation_cache
 
     enable_compilation_cache(default_cache_dir() / "jax")
@@ -153,14 +154,15 @@ def profile(molecules, basis: str, count: int) -> None:
 
         setattr(module, name, run)
 
-    timed(optimize, "_scf", "SCF (integrals, loop, refinement, finalisation)")
+    timed(optimize, "_dispatch", "dispatch (integrals, SCF, gradients)")
+    timed(optimize, "_collect", "waiting for the SCF, finalisation and gradients")
     timed(exact, "exact_two_electron_gradient", "two-electron gradient")
     timed(forces, "one_electron_gradient", "one-electron gradient")
     timed(forces, "grid_and_nuclei_gradient", "XC and nuclear-repulsion gradient")
     timed(optimize.ConformerOptimizer, "tell", "geomeTRIC's step")
     method = resolve(RKSConfig(basis=basis, xc="b3lyp5", jk="auto", integrals="auto").for_forces())
     start = time.perf_counter()
-    relaxations = optimize.relax(molecules[:count], method)
+    relaxations = optimize.relax(molecules[:count], method, workers=0)  # geomeTRIC here, where it can be timed
     wall = time.perf_counter() - start
     steps = sum(r.steps for r in relaxations)
     print(f"{count} conformers, {steps} steps, {wall:.1f} s: {wall / steps:.2f} s per conformer and step")

@@ -51,7 +51,7 @@ import jax  # noqa: E402
 from pyscf_ipu.config import RKSConfig  # noqa: E402
 from pyscf_ipu.programs import precision_scope  # noqa: E402
 from pyscf_ipu.runtime import reuse_freed_memory  # noqa: E402
-from pyscf_ipu.method import resolve  # noqa: E402
+from pyscf_ipu.resolution import resolve  # noqa: E402
 from pyscf_ipu.reference import pyscf_method  # noqa: E402
 from pyscf_ipu.finalisation import dispatch_finalisation, finalise  # noqa: E402
 from pyscf_ipu.padding import fill_batch  # noqa: E402

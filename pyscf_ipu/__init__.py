@@ -11,7 +11,8 @@ Batches of conformers (of molecules of one size bucket): ``method = resolve(conf
 """
 
 from .config import RKSConfig
-from .method import Method, resolve
+from .method import Method
+from .resolution import resolve
 from .geometries import from_xyz, parse_molecule
 from .molecule import Molecule, MoleculeError, from_atom_string, from_name
 from .results import SCFResult

@@ -181,7 +181,7 @@ def run_command(args: argparse.Namespace) -> int:
     reuse_freed_memory()  # first: before JAX runs anything
     from .ipu.profile import plot_tile_map, summary_lines  # imported here: importing JAX takes a moment
     from .memory import default_budget
-    from .method import resolve
+    from .resolution import resolve
     from .problem import prepare_batch
     from .rks import submit_batch
 
@@ -257,7 +257,7 @@ def optimize_command(args: argparse.Namespace) -> int:
     """Relax one molecule, printing each step; the relaxed geometry as XYZ (exit 3 if it did not converge)."""
     reuse_freed_memory()
     from .memory import default_budget
-    from .method import resolve
+    from .resolution import resolve
     from .optimize import relax
 
     molecule = parse_molecule(
@@ -299,7 +299,7 @@ def optimize_command(args: argparse.Namespace) -> int:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        (relaxation,) = relax([molecule], method, max_steps=args.max_steps, on_step=on_step)
+        (relaxation,) = relax([molecule], method, max_steps=args.max_steps, width=1, workers=0, on_step=on_step)
     final = relaxation.final
     if final is not None:
         write_text(out, frame_text(final, name))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 PRECISIONS = ("float32", "float64")
-AUTO = "auto"  # picked for the run: an integral source by the platform (method.resolve), a J-K backend by the basis
+AUTO = "auto"  # picked for the run: an integral source by the platform (resolution.resolve), a J-K backend by the basis
 INTEGRALS = ("libcint", "jax", AUTO)
 # Old spellings of renamed option values, still accepted (and read in stored settings) as the new ones.
 RENAMED_VALUES: dict[str, dict[str, str]] = {"integrals": {"host": "libcint", "device": "jax"}}

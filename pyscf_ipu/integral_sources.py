@@ -1,7 +1,7 @@
 """Integral sources: where a batch's integrals, grid and guess come from.
 
 Two strategies behind one interface (:class:`IntegralSource`), registered by name in
-:data:`INTEGRAL_SOURCES` (``RKSConfig.integrals``; :func:`pyscf_ipu.method.resolve` picks one):
+:data:`INTEGRAL_SOURCES` (``RKSConfig.integrals``; :func:`pyscf_ipu.resolution.resolve` picks one):
 :class:`LibcintIntegrals` (PySCF's libcint on the host, float64, conformer by conformer: the
 reference, :mod:`pyscf_ipu.prepare`) and :class:`JaxIntegrals` (the JAX kernels, assembled on the
 device for a whole batch from its size bucket's template, :mod:`pyscf_ipu.assembly`). Both hand
@@ -16,7 +16,6 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
-from typing import TYPE_CHECKING, Protocol
 
 import jax
 import numpy as np
@@ -29,42 +28,9 @@ from .padding import aligned_empty, pad_into, stack_padded
 from .prepare import PreparedProblem, fitted_eri, prepare
 from .programs import on_device
 from .pyscf_mole import build_mole, placeholder_mole
+from .strategies import IntegralSource
 from .templates import bucket_template, element_data, element_grid
 
-if TYPE_CHECKING:
-    from .method import Method
-
-
-class IntegralSource(Protocol):
-    """Where a batch's integrals and grid come from: one object per source, chosen by name
-    (``RKSConfig.integrals``, resolved by :func:`pyscf_ipu.method.resolve`)."""
-
-    name: str
-
-    def integrals(self, molecules: list[Molecule], bucket: SizeBucket, method: Method,
-                  shapes: tuple[int, int] | None = None) -> tuple[BatchIntegrals, list[BatchMember], dict[str, float]]:  # fmt: skip
-        """(the batch's integrals on the device, its members, the host's seconds per conformer by
-        stage) of conformers ``molecules`` of ``bucket``; ``shapes`` (Np, Gp) pads further than the
-        bucket where the source can."""
-
-    def prepare_buckets(self, buckets, symbols) -> None:
-        """Build, ahead of a run, what the source keeps per size bucket in ``buckets`` and per element
-        in ``symbols`` (so that a run's first batches do not pay for it)."""
-
-    eris_on_device: bool
-    """Whether the source computes the ERIs on the device, where the float64 finalisation then
-    contracts them as computed; else it contracts the host's float64 ERIs."""
-
-    def eri_plan(self, basis: str, elements: tuple[str, ...]):
-        """The ERI plan that spreads the integrals over tiles (for the IPU profile), or None."""
-
-    def held_bytes(self, nao: int, grid_points: int, value_bytes: int) -> dict[str, int]:
-        """What one conformer's preparation holds on the host: {"eris": bytes, "ao_values": bytes}
-        for ``nao`` AOs and ``grid_points`` points, the loop in ``value_bytes`` floats."""
-
-    fitting_bytes: int
-    """Bytes per value of a density-fitted factor that making it holds beside the factor itself (the
-    float64 3-centre integrals, and the triangular solve's output where it is not in place)."""
 
 
 @lru_cache(maxsize=64)
@@ -132,6 +98,7 @@ class LibcintIntegrals:
     loop holds these integrals rounded, so the finalisation contracts the host's float64 ERIs."""
 
     name: str = "libcint"
+    gradients: str = "host"  # a host preparation's labels are formed on the host: so are its gradients
 
     def integrals(self, molecules, bucket, method, shapes=None):
         start = time.perf_counter()
@@ -161,6 +128,18 @@ def placement(bucket: SizeBucket, symbols: tuple[str, ...], grid: bool) -> tuple
     rows, atoms = bucket.place(symbols)
     points = sum(len(element_grid(s, bucket.grid_level)[1]) for s in symbols) if grid else 0
     return rows, atoms, bucket_template(bucket).aos(atoms), points
+
+
+def bucket_inputs(molecules: list[Molecule], bucket: SizeBucket, grid: bool) -> tuple[np.ndarray, np.ndarray, list]:
+    """What the device reads of conformers ``molecules`` of ``bucket``: each slot's element row (C, natm),
+    each slot's position (C, natm, 3) Bohr (absent slots at the origin), and each one's
+    :func:`placement`."""
+    placed = [placement(bucket, m.symbols, grid) for m in molecules]
+    elements = np.stack([rows for rows, *_ in placed])
+    # a zero row past each molecule's atoms: where its absent slots read their position
+    coords = np.stack([np.concatenate([m.positions, np.zeros((1, 3))])[atoms] for m, (_, atoms, *_) in
+                       zip(molecules, placed)])  # fmt: skip
+    return elements, coords, placed
 
 
 @dataclass(frozen=True)
@@ -278,17 +257,14 @@ class JaxIntegrals:
     name: str = "jax"
     factor: DeviceFactor | LibcintFactor = DeviceFactor()
     eri_precision: str = "float64"
+    gradients: str = "device"  # the nuclear gradients' strategy (pyscf_ipu.gradients)
 
     def integrals(self, molecules, bucket, method, shapes=None):
         if shapes is not None and tuple(shapes) != bucket.shapes:
             raise ValueError("the JAX integrals take their size bucket's shapes")
         start = time.perf_counter()
         grid = method.needs_grid
-        placed = [placement(bucket, m.symbols, grid) for m in molecules]
-        elements = np.stack([rows for rows, *_ in placed])
-        # each slot's position, absent slots at the origin: a zero row past each molecule's atoms
-        coords = np.stack([np.concatenate([m.positions, np.zeros((1, 3))])[atoms] for m, (_, atoms, *_) in
-                           zip(molecules, placed)])  # fmt: skip
+        elements, coords, placed = bucket_inputs(molecules, bucket, grid)
         occupied = np.array([m.nelectron // 2 for m in molecules])
         present = frozenset(s for m in molecules for s in m.symbols)
         if bucket.occupied:  # density fitted: the factor, not the s8 ERIs
@@ -333,8 +309,9 @@ INTEGRAL_SOURCES: dict[str, IntegralSource] = {source.name: source for source in
 def auto_integrals(platform: str) -> IntegralSource:
     """The ``auto`` integral source on a JAX ``platform``: the JAX integrals. Where the device is the
     CPU, with libcint's density-fitting factor (:class:`LibcintFactor`) and float32 ERIs, whose
-    kernels are much faster there; elsewhere all on the device, the ERIs in float64
-    (``docs/decisions/float64-finalisation.md``)."""
+    kernels are much faster there, and the nuclear gradients conformer by conformer on the host,
+    twice as fast there as the batch's device program (``docs/decisions/device-forces.md``);
+    elsewhere all on the device, the ERIs in float64 (``docs/decisions/float64-finalisation.md``)."""
     if platform == "cpu":
-        return JaxIntegrals(factor=LibcintFactor(), eri_precision="float32")
+        return JaxIntegrals(factor=LibcintFactor(), eri_precision="float32", gradients="host")
     return JaxIntegrals(factor=DeviceFactor())

@@ -1,26 +1,23 @@
-"""A run's settings resolved, once, into the objects that carry them out.
+"""A run's settings resolved into the objects that carry them out: :class:`Method`.
 
-:func:`resolve` is the one place where the names in an :class:`~pyscf_ipu.config.RKSConfig` become
-objects: the functional (:data:`~pyscf_ipu.xc.functionals.FUNCTIONALS`), the J-K backend
-(:data:`~pyscf_ipu.jk.JK_BACKENDS`), the integral source
-(:data:`~pyscf_ipu.integral_sources.INTEGRAL_SOURCES`) and the precision. Every later stage (the
-preparation, the batched loop, the finalisation, the memory estimate, the generator) takes the
-:class:`Method` it returns; none of them looks a name up again.
+:func:`pyscf_ipu.resolution.resolve` makes it, the one place where the names in an
+:class:`~pyscf_ipu.config.RKSConfig` become objects. Every stage (the preparation, the J-K
+backends, the batched loop, the finalisation, the memory estimate, the generator) takes the
+:class:`Method`; none of them looks a name up again. This module sits below all of them: it knows
+the strategies by their interfaces (:mod:`pyscf_ipu.strategies`) only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import jax
 import numpy as np
 
 from .buckets import SizeBucket
-from .config import AUTO, ConfigError, RKSConfig
-from .integral_sources import INTEGRAL_SOURCES, IntegralSource, auto_integrals
-from .jk import JK_BACKENDS, JKBackend
+from .config import RKSConfig
 from .molecule import Molecule
-from .xc.functionals import FUNCTIONALS, Functional
+from .strategies import IntegralSource, JKBackend
+from .xc.functionals import Functional
 
 
 @dataclass(frozen=True)
@@ -70,22 +67,3 @@ class Method:
         config = self.config
         return LoopSettings(self.functional, self.backend, config.max_iterations, config.diis_space,
                             config.stop_threshold, config.convergence_std_ev)  # fmt: skip
-
-
-def resolve(config: RKSConfig) -> Method:
-    """``config``'s functional, J-K backend and integral source as objects; :class:`ConfigError`
-    naming the choices where a name is unknown (functional names are case-insensitive)."""
-    functional = _named(FUNCTIONALS, str(config.xc).strip().lower(), config.xc, "functional")
-    backend = _named(JK_BACKENDS, config.jk, config.jk, "J-K backend")(config)
-    if config.integrals == AUTO:  # by the platform the programs run on
-        integrals = auto_integrals(jax.default_backend())
-    else:
-        integrals = _named(INTEGRAL_SOURCES, config.integrals, config.integrals, "integral source")
-    return Method(config, functional, backend, integrals)
-
-
-def _named(registry: dict, key: str, given, what: str):
-    try:
-        return registry[key]
-    except KeyError:
-        raise ConfigError(f"unknown {what} {given!r}: choose one of {', '.join(sorted(registry))}") from None

@@ -5,12 +5,16 @@ translation-rotation internal coordinates (TRIC), a BFGS Hessian from a model gu
 its own convergence test and step count. geomeTRIC normally drives its own loop and asks an engine
 for one energy at a time; here the loop is turned inside out. Every round, each unfinished
 optimiser proposes a geometry (:meth:`ConformerOptimizer.proposal`), the proposals are computed as
-one batched SCF on the device, each starting from its own previous density, and each optimiser is
-told its energy and gradient (:meth:`ConformerOptimizer.tell`). A finished conformer leaves the
-batch and the next waiting one takes its place (:func:`relax`).
+one batched SCF and one batched gradient program on the device, each starting from its own previous
+density, and each optimiser is told its energy and gradient (:meth:`ConformerOptimizer.tell`).
 
-The gradient includes the grid's response (:func:`~pyscf_ipu.forces.nuclear_gradient` with
-``grid_response=True``): at a coarse grid the energy and a fixed-grid gradient disagree enough to
+The optimisers run in worker processes (:class:`WorkerOptimizers`), beside the device: the batch is
+two halves of fixed width, and while the device evaluates one half the host reads the other's
+results and its workers take their steps. A finished conformer leaves its slot and the next waiting
+one takes it, so the batch never changes shape and each program compiles once per size bucket
+(:func:`relax`).
+
+The gradient includes the grid's response (:mod:`pyscf_ipu.gradients`): at a coarse grid the energy and a fixed-grid gradient disagree enough to
 trap an optimiser. The SCF continues in float64 to converged orbitals (``RKSConfig.for_forces``), so
 that energy differences are meaningful at geomeTRIC's 1e-6 Hartree criterion.
 
@@ -22,22 +26,29 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import socket
+import subprocess
+import sys
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .config import MAX_STEPS, Criteria
-from .forces import nuclear_gradient
+from .gradients import gradient_source
 from .method import Method
 from .molecule import Molecule
-from .padding import fill_batch
 from .problem import batch_of
+from .programs import compiled, usable_cores
 from .pyscf_mole import check_basis
 from .results import SCFResult
-from .rks import submit_batch
+from .rks import BatchRun, submit_batch
 from .units import BOHR_PER_ANGSTROM
 
 COLLIDED_ANGSTROM = 0.5  # two atoms closer than this have collided
@@ -66,6 +77,7 @@ class Relaxation:
     frames: tuple[Frame, ...]
     failure: str  # "" where it converged
     seconds: float  # the conformer's share of the batch's wall time, every step included
+    optimizer_seconds: float = 0.0  # CPU seconds its geomeTRIC optimiser took, in whichever process
 
     @property
     def converged(self) -> bool:
@@ -191,95 +203,330 @@ def _fragments(molecule: Molecule, positions: np.ndarray) -> int:
     return int(connected_components(bonded, directed=False)[0])
 
 
-@dataclass
-class _Member:
-    """A conformer in the batch: its optimiser, its frames so far and its last density."""
 
-    index: int
-    optimizer: ConformerOptimizer
-    frames: list[Frame] = field(default_factory=list)
-    density: np.ndarray | None = None  # (N, N) the last step's converged density: the next SCF's guess
-    seconds: float = 0.0
+@dataclass(frozen=True)
+class Step:
+    """An optimiser's answer after it was started or told an evaluation: the next geometry to
+    compute, or why it stopped (``failure``; "" and no geometry: converged)."""
 
-
-def relax(molecules: list[Molecule], method: Method, *, criteria: Criteria = Criteria(), max_steps: int = MAX_STEPS,
-          width: int | None = None, on_step: Callable[[int, Frame], None] | None = None) -> list[Relaxation]:
-    """Relax conformers ``molecules`` (of one size bucket) under ``method``, ``width`` at a time on the
-    device (default: all), each with its own optimiser (:class:`ConformerOptimizer`). A round computes
-    every unfinished conformer's proposed geometry as one batch, of ``width`` or, once fewer are left,
-    the smallest power of two that holds them (filled up with copies), so that a few programs serve
-    every round; a finished conformer's place goes to the next waiting one.
-    ``on_step(i, frame)`` is called for each computed frame of ``molecules[i]``. Returns one
-    :class:`Relaxation` per molecule, in order."""
-    check_basis({symbol for molecule in molecules for symbol in molecule.symbols}, method.config.basis)
-    width = width or len(molecules)
-    waiting = deque(enumerate(molecules))
-    active: list[_Member] = []
-    out: dict[int, Relaxation] = {}
-    while waiting or active:
-        while waiting and len(active) < width:
-            index, molecule = waiting.popleft()
-            try:
-                active.append(_Member(index, ConformerOptimizer(molecule, criteria, max_steps)))
-            except Exception as err:  # noqa: BLE001 - this conformer fails, the others go on
-                out[index] = Relaxation((), f"geomeTRIC could not set up its coordinates: {err}", 0.0)
-        if not active:
-            continue
-        start = time.perf_counter()
-        proposed = [m.optimizer.start.with_positions(m.optimizer.proposal()) for m in active]
-        # the batch shrinks by halves as conformers finish: fewer copies fill it, few programs serve it
-        results = _scf(proposed, [m.density for m in active], method, min(width, 1 << (len(active) - 1).bit_length()))
-        share = (time.perf_counter() - start) / len(active)
-        for member, molecule, result in zip(active, proposed, results):
-            started = time.perf_counter()
-            _advance(member, molecule, result, method, on_step)
-            member.seconds += share + time.perf_counter() - started
-        for member in [m for m in active if m.optimizer.finished]:
-            active.remove(member)
-            out[member.index] = Relaxation(tuple(member.frames), member.optimizer.failure, member.seconds)
-    return [out[i] for i in range(len(molecules))]
+    proposal: np.ndarray | None  # (natm, 3) Bohr
+    failure: str
+    evaluations: int
+    seconds: float  # CPU seconds the optimiser took for it
 
 
-def _advance(member: _Member, molecule: Molecule, result: SCFResult, method: Method,
-             on_step: Callable[[int, Frame], None] | None) -> None:  # fmt: skip
-    """Tell ``member``'s optimiser its energy and gradient at ``molecule`` (``result``), or stop it."""
-    optimizer = member.optimizer
-    if not (result.converged and np.isfinite(result.energy)):
-        return optimizer.stop(f"SCF not converged at step {optimizer.evaluations}")
-    gradient = nuclear_gradient(molecule, result, method, grid_response=True)
-    if not np.all(np.isfinite(gradient)):
-        return optimizer.stop(f"gradient not finite at step {optimizer.evaluations}")
-    frame = Frame(optimizer.evaluations, molecule, result, gradient)
-    member.frames.append(frame)
-    member.density = result.density
-    if on_step is not None:
-        on_step(member.index, frame)
+def _started(molecule: Molecule, criteria: Criteria, max_steps: int) -> tuple[ConformerOptimizer | None, Step]:
+    start = time.process_time()
     try:
-        optimizer.tell(result.energy, gradient)
+        optimizer = ConformerOptimizer(molecule, criteria, max_steps)
+    except Exception as err:  # noqa: BLE001 - this conformer fails, the others go on
+        return None, Step(None, f"geomeTRIC could not set up its coordinates: {err}", 0, time.process_time() - start)
+    return optimizer, Step(optimizer.proposal(), "", 0, time.process_time() - start)
+
+
+def _told(optimizer: ConformerOptimizer, energy: float, gradient: np.ndarray) -> Step:
+    """Tell ``optimizer`` its evaluation; stop it where geomeTRIC fails or its next geometry is broken."""
+    start = time.process_time()
+    try:
+        optimizer.tell(energy, gradient)
     except Exception as err:  # noqa: BLE001 - geomeTRIC's own failures end this conformer, not the batch
-        return optimizer.stop(f"geomeTRIC failed at step {frame.step}: {type(err).__name__}: {err}".strip())
+        optimizer.stop(f"geomeTRIC failed at step {optimizer.evaluations}: {type(err).__name__}: {err}".strip())
     proposal = optimizer.proposal()
     if proposal is not None and (problem := structure_problem(optimizer.start, proposal)):
         optimizer.stop(problem)
+        proposal = None
+    return Step(proposal, optimizer.failure, optimizer.evaluations, time.process_time() - start)
 
 
-def _scf(molecules: list[Molecule], densities: list[np.ndarray | None], method: Method, width: int
-         ) -> list[SCFResult]:  # fmt: skip
-    """The SCF of conformers ``molecules`` as one batch of ``width`` (filled up), each starting from
-    its density in ``densities`` where it has one (else the run's guess)."""
-    import jax
+class InlineOptimizers:
+    """The conformers' optimisers in this process: for a single conformer, where a worker's start
+    would cost more than it saves."""
 
+    def __init__(self, criteria: Criteria, max_steps: int):
+        self.criteria, self.max_steps = criteria, max_steps
+        self.optimizers: dict[int, ConformerOptimizer] = {}
+        self.answers: dict[int, Step] = {}
+
+    def start(self, key: int, molecule: Molecule) -> None:
+        optimizer, self.answers[key] = _started(molecule, self.criteria, self.max_steps)
+        if optimizer is not None:
+            self.optimizers[key] = optimizer
+
+    def tell(self, key: int, energy: float, gradient: np.ndarray) -> None:
+        self.answers[key] = _told(self.optimizers[key], energy, gradient)
+
+    def answer(self, key: int) -> Step:
+        step = self.answers.pop(key)
+        if step.proposal is None:
+            self.optimizers.pop(key, None)
+        return step
+
+    def stop(self, key: int) -> None:
+        self.optimizers.pop(key, None)
+
+    def close(self) -> None:
+        self.optimizers.clear()
+
+
+def serve(connection) -> None:
+    """A worker process's loop: its settings first, then start and tell the optimisers it holds,
+    answering each message with a :class:`Step`, until told None or its parent is gone."""
+    optimizers = InlineOptimizers(*connection.recv())
+    try:
+        while (message := connection.recv()) is not None:
+            kind, key, *payload = message
+            if kind == "stop":
+                optimizers.stop(key)
+                continue
+            getattr(optimizers, kind)(key, *payload)
+            connection.send((key, optimizers.answer(key)))
+    except EOFError:  # the main process died: nothing left to answer
+        pass
+
+
+class WorkerOptimizers:
+    """The conformers' optimisers spread over worker processes, each conformer's kept in one worker:
+    :meth:`start` and :meth:`tell` send, :meth:`answer` waits for that conformer's reply, so the
+    workers step many conformers at once while the main process goes on.
+
+    A worker is a new interpreter (:mod:`pyscf_ipu.optimizer_worker`; not a fork of a process with JAX's threads,
+    and not multiprocessing's spawn, which would import the caller's own script again), talking
+    over a socket pair; it ends when told to or when the main process's end closes the socket."""
+
+    def __init__(self, criteria: Criteria, max_steps: int, workers: int):
+        package_root = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+               "JAX_PLATFORMS": "cpu"}  # a worker never computes with JAX: it must not take an accelerator's memory
+        self.connections, self.processes = [], []
+        for _ in range(workers):
+            ours, theirs = socket.socketpair()
+            process = subprocess.Popen([sys.executable, "-m", "pyscf_ipu.optimizer_worker", str(theirs.fileno())],
+                                       pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)  # fmt: skip
+            theirs.close()
+            connection = Connection(ours.detach())
+            connection.send((criteria, max_steps))
+            self.connections.append(connection)
+            self.processes.append(process)
+        self.home: dict[int, int] = {}  # each conformer's worker
+        self.load = [0] * workers
+        self.replies: dict[int, Step] = {}
+
+    def start(self, key: int, molecule: Molecule) -> None:
+        worker = int(np.argmin(self.load))
+        self.home[key] = worker
+        self.load[worker] += 1
+        self.connections[worker].send(("start", key, molecule))
+
+    def tell(self, key: int, energy: float, gradient: np.ndarray) -> None:
+        self.connections[self.home[key]].send(("tell", key, energy, gradient))
+
+    def answer(self, key: int) -> Step:
+        connection = self.connections[self.home[key]]
+        while key not in self.replies:
+            try:
+                got, step = connection.recv()
+            except EOFError:
+                raise RuntimeError("a geomeTRIC worker process died") from None
+            self.replies[got] = step
+        step = self.replies.pop(key)
+        if step.proposal is None:
+            self.load[self.home.pop(key)] -= 1
+        return step
+
+    def stop(self, key: int) -> None:
+        worker = self.home.pop(key)
+        self.load[worker] -= 1
+        self.connections[worker].send(("stop", key))
+
+    def close(self) -> None:
+        for connection in self.connections:
+            try:
+                connection.send(None)
+                connection.close()
+            except OSError:  # already gone
+                pass
+        for process in self.processes:
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def default_workers() -> int:
+    """geomeTRIC worker processes: every core but the one the main process dispatches from (one at
+    least), at most 16."""
+    return max(1, min(16, usable_cores() - 1))
+
+
+@dataclass(eq=False)  # compared by identity: the slots hold members, not values
+class _Member:
+    """A conformer in a slot of the batch: its start, its frames so far, its next geometry."""
+
+    index: int
+    start: Molecule
+    proposal: Molecule
+    frames: list[Frame] = field(default_factory=list)
+    evaluations: int = 0
+    seconds: float = 0.0
+    optimizer_seconds: float = 0.0
+    failure: str = ""  # why it stopped in this process (its SCF or its gradient)
+
+
+@dataclass
+class _Half:
+    """One half of the batch: its slots (a member or None), what is in flight for it, and which slots
+    held the same member in the last evaluation (whose density then seeds the next SCF)."""
+
+    slots: list[_Member | None]
+    run: BatchRun | None = None
+    pending: object = None  # the gradients in flight (pyscf_ipu.gradients.PendingGradients)
+    evaluated: list[_Member | None] = field(default_factory=list)  # the members of the run in flight
+
+    @property
+    def active(self) -> list[_Member]:
+        return [m for m in self.slots if m is not None]
+
+
+def relax(molecules: Iterable[Molecule], method: Method, *, criteria: Criteria = Criteria(), max_steps: int = MAX_STEPS,
+          width: int | None = None, workers: int | None = None, on_step: Callable[[int, Frame], None] | None = None,
+          on_done: Callable[[int, Relaxation], None] | None = None) -> list[Relaxation]:  # fmt: skip
+    """Relax conformers ``molecules`` (of one size bucket; an iterable is read as slots free up) under
+    ``method``, ``width`` at a time (default: 2), each with its own geomeTRIC optimiser.
+
+    The batch is two halves of ``width // 2`` slots (one of ``width`` where that is 1), always full:
+    an empty slot computes a copy of a neighbour, so every round runs the same programs. A finished
+    conformer's slot goes to the next waiting one. The optimisers run in ``workers`` processes
+    (default: :func:`default_workers`; 0: in this one). ``on_step(i, frame)`` is called for each
+    computed frame of the i-th conformer, ``on_done(i, relaxation)`` as soon as it finishes. Returns
+    one :class:`Relaxation` per conformer, in order."""
+    width = width or 2
+    if width < 1:
+        raise ValueError(f"width = {width}: need at least 1")
+    workers = default_workers() if workers is None else workers
+    pool = WorkerOptimizers(criteria, max_steps, workers) if workers else InlineOptimizers(criteria, max_steps)
+    halves = [_Half([None] * (width // 2)), _Half([None] * (width - width // 2))] if width > 1 else [_Half([None])]
+    waiting = enumerate(molecules)
+    out: dict[int, Relaxation] = {}
+    last = time.perf_counter()
+
+    def finish(member: _Member, failure: str) -> None:
+        relaxation = Relaxation(tuple(member.frames), failure, member.seconds, member.optimizer_seconds)
+        out[member.index] = relaxation
+        if on_done is not None:
+            on_done(member.index, relaxation)
+
+    def refill(half: _Half) -> None:
+        """Fill ``half``'s empty slots from the waiting conformers, while there are any."""
+        for slot, member in enumerate(half.slots):
+            while member is None:
+                index, molecule = next(waiting, (None, None))
+                if molecule is None:
+                    return
+                check_basis(set(molecule.symbols), method.config.basis)
+                pool.start(index, molecule)
+                step = pool.answer(index)
+                member = _Member(index, molecule, molecule, optimizer_seconds=step.seconds)
+                if step.proposal is None:
+                    finish(member, step.failure)
+                    member = None
+            half.slots[slot] = member
+
+    try:
+        for half in halves:
+            refill(half)
+            _dispatch(half, method)
+        while any(h.run is not None for h in halves):
+            for half in halves:
+                if half.run is None:
+                    continue
+                results, gradients = _collect(half)
+                now = time.perf_counter()
+                told = _tell(half, results, gradients, pool, on_step, (now - last) / max(1, len(half.active)))
+                last = now
+                for member in told:
+                    step = pool.answer(member.index)
+                    member.optimizer_seconds += step.seconds
+                    member.evaluations = step.evaluations
+                    if step.proposal is None:
+                        finish(member, step.failure)
+                        half.slots[half.slots.index(member)] = None
+                    else:
+                        member.proposal = member.start.with_positions(step.proposal)
+                for slot, member in enumerate(half.slots):  # stopped here: an SCF or gradient failure
+                    if member is not None and member.failure:
+                        pool.stop(member.index)
+                        finish(member, member.failure)
+                        half.slots[slot] = None
+                refill(half)
+                _dispatch(half, method)
+    finally:
+        pool.close()
+    return [out[i] for i in sorted(out)]
+
+
+def _dispatch(half: _Half, method: Method) -> None:
+    """Start the SCF and the gradients of ``half``'s proposed geometries on the device (none where it
+    is empty), each SCF from its conformer's last density where the slot held it last time."""
+    active = half.active
+    if not active:
+        half.run = half.pending = None
+        half.evaluated = []
+        return
+    members = [m if m is not None else active[0] for m in half.slots]  # an empty slot copies a neighbour
+    molecules = [m.proposal for m in members]
     bucket = method.bucket(molecules[0])
-    filled = fill_batch(molecules, width)
-    integrals, members, timings = method.integrals.integrals(filled, bucket, method)
-    if any(d is not None for d in densities):
-        with jax.enable_x64(True):
-            guess = np.array(integrals.guess)  # (C, Np, Np) float64
-            for slot, (member, density) in enumerate(zip(members, densities)):
-                if density is not None:
-                    guess[slot][np.ix_(member.aos, member.aos)] = density
-            integrals = dataclasses.replace(integrals, guess=jax.device_put(guess))
-    return submit_batch(batch_of(integrals, members, timings, bucket, method), method).results()[: len(molecules)]
+    integrals, batch_members, timings = method.integrals.integrals(molecules, bucket, method)
+    previous = half.run
+    if previous is not None:
+        keep = np.array([m is not None and m is e for m, e in zip(half.slots, half.evaluated)])
+        if keep.any():
+            integrals = dataclasses.replace(integrals, guess=carried_guess(integrals.guess, previous.final.density, keep))
+    half.run = submit_batch(batch_of(integrals, batch_members, timings, bucket, method), method)
+    half.pending = gradient_source(method).dispatch(half.run, method)
+    half.evaluated = list(half.slots)
 
 
-__all__ = ["ConformerOptimizer", "Frame", "Relaxation", "relax", "structure_problem"]
+@compiled(name="carried_guess", quick_compile=True)
+def _carried_guess(guess, previous, keep):
+    return jnp.where(keep[:, None, None], previous, guess)
+
+
+def carried_guess(guess, previous, keep: np.ndarray):
+    """(C, Np, Np) each slot's initial density: its last converged one where ``keep`` (C,), else ``guess``."""
+    with jax.enable_x64(True):
+        return _carried_guess(guess, previous, keep)
+
+
+def _collect(half: _Half) -> tuple[list[SCFResult], list[np.ndarray | None]]:
+    """Wait for ``half``'s run; its results, and the gradients of its members whose SCF converged."""
+    results = half.run.results()
+    usable = [r if m is not None and r.converged and np.isfinite(r.energy) else None
+              for m, r in zip(half.evaluated, results)]  # fmt: skip
+    return results, half.pending.gradients(usable)
+
+
+def _tell(half: _Half, results: list[SCFResult], gradients: list, pool, on_step, share: float) -> list[_Member]:
+    """Record each evaluated member's frame and send its optimiser the evaluation; returns those told.
+    A member whose SCF failed or whose gradient is not finite is not told: it stops with the reason."""
+    told = []
+    for member, result, gradient in zip(half.evaluated, results, gradients):
+        if member is None or member not in half.slots:
+            continue
+        member.seconds += share
+        step = len(member.frames)
+        if gradient is None:
+            member.failure = f"SCF not converged at step {step}"
+            continue
+        if not np.all(np.isfinite(gradient)):
+            member.failure = f"gradient not finite at step {step}"
+            continue
+        frame = Frame(step, member.proposal, result, gradient)
+        member.frames.append(frame)
+        if on_step is not None:
+            on_step(member.index, frame)
+        pool.tell(member.index, result.energy, gradient)
+        told.append(member)
+    return told
+
+
+__all__ = ["ConformerOptimizer", "Frame", "Relaxation", "default_workers", "relax", "structure_problem"]

@@ -165,7 +165,8 @@ class CompiledFunction:
         self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         self.name = name or f"{fun.__module__}.{fun.__qualname__}"
         self._jitted = jax.jit(self.fun, static_argnums=self.static_argnums)
-        self._programs: dict = {}
+        self._programs: dict = {}  # stable key -> (jitted function, output tree)
+        self._seen: dict = {}  # the same, by the calls' own static values, trees and dtypes
         self._lock = threading.Lock()
         self.traced = 0  # signatures this process traced and exported (not loaded)
         self.loaded = 0  # signatures this process read from disk
@@ -176,18 +177,25 @@ class CompiledFunction:
         leaves, tree = jax.tree.flatten(dynamic)
         if any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):  # inside a transformation: trace through
             return self._jitted(*args)
-        key = (stable_repr(static), str(tree), _signature(leaves), bool(jax.config.jax_enable_x64))
-        program = self._programs.get(key)
+        x64 = bool(jax.config.jax_enable_x64)
+        # looked up by the arguments' own (hashable) static values, tree and dtypes first: the stable key
+        # (reprs and dtype names, which name a program's file) is made on a miss only
+        quick = (static, tree, tuple((np.shape(leaf), getattr(leaf, "dtype", None), bool(getattr(leaf, "weak_type", False)))
+                                     for leaf in leaves), x64)  # fmt: skip
+        program = self._seen.get(quick)
         fresh = False  # the first call compiles (or loads from JAX's cache): its time is the loading's
         start = time.thread_time()
         if program is None:
+            key = (stable_repr(static), str(tree), _signature(leaves), x64)
             with self._lock:
                 program = self._programs.get(key)
                 if program is None:
                     if self.budget is not None and self._programs and self.budget.exhausted(len(self._programs)):
                         self._programs.clear()
+                        self._seen.clear()
                     program = self._programs[key] = self._load_or_export(key, static, tree, leaves)
                     fresh = True
+                self._seen[quick] = program
         run, out_tree = program
         if any(isinstance(leaf, np.ndarray) for leaf in leaves):
             leaves = on_device(leaves)  # host arrays copied before the program runs: see on_device
@@ -205,6 +213,7 @@ class CompiledFunction:
         """Drop this process's compiled programs (the files stay): gives their memory back."""
         with self._lock:
             self._programs.clear()
+            self._seen.clear()
 
     @property
     def signatures(self) -> int:

@@ -1,6 +1,6 @@
 """The public entry points: restricted Kohn-Sham, molecules -> :class:`SCFResult`.
 
-    RKSConfig -> Method (:func:`pyscf_ipu.method.resolve`, the names as objects)
+    RKSConfig -> Method (:func:`pyscf_ipu.resolution.resolve`, the names as objects)
     -> the batch's integrals, grid and guess from the integral source (on the host with libcint,
     :mod:`pyscf_ipu.prepare`; on the device with the JAX kernels, :mod:`pyscf_ipu.assembly`)
     -> padded, batched SCFProblem (:mod:`pyscf_ipu.problem`) -> compiled SCF loop
@@ -23,7 +23,8 @@ import numpy as np
 from .config import RKSConfig
 from .finalisation import FinalDensity, dispatch_finalisation, finalise
 from .integral_sources import host_integrals
-from .method import Method, resolve
+from .method import Method
+from .resolution import resolve
 from .molecule import Molecule
 from .packed import PackedERI, s8_size
 from .prepare import PreparedProblem

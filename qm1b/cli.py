@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _generate(args) -> int:
     reuse_freed_memory()  # first: before JAX runs anything
-    from pyscf_ipu.method import resolve
+    from pyscf_ipu.resolution import resolve
 
     from .generate import generate
     from .settings import GenerateConfig

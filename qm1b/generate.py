@@ -25,16 +25,19 @@ the settings (:mod:`qm1b.settings`), the batches (:mod:`qm1b.batching`), where o
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 
 import numpy as np
 
 from pyscf_ipu.config import IPUConfig, RKSConfig
-from pyscf_ipu.forces import nuclear_gradient
-from pyscf_ipu.method import Method, resolve
+from pyscf_ipu.gradients import gradient_source
+from pyscf_ipu.method import Method
+from pyscf_ipu.resolution import resolve
 from pyscf_ipu.molecule import MoleculeError
 from pyscf_ipu.optimize import relax
+from pyscf_ipu.pyscf_mole import check_basis
 from pyscf_ipu.padding import fill_batch
 from pyscf_ipu.problem import prepare_batch
 from pyscf_ipu.results import SCFResult
@@ -49,7 +52,7 @@ from .ray_executor import run_ray
 from .schema import Failure
 from .settings import GENERATOR_DFT_DEFAULTS, GenerateConfig, Run, provenance
 from .store import ShardWriter
-from .summary import Summary
+from .summary import OPTIMIZER_WORKERS, Summary
 from .watch import NotConvergingError, convergence_watch
 
 
@@ -107,30 +110,24 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
         bar = tqdm(total=sum(source.expected(m) for m in inputs), unit="conf", disable=not gen.progress,
                    smoothing=0.1, desc=summary.method)  # fmt: skip
         commits = CommitThread(committer(writer), clock)
-        inflight: tuple[Batch, BatchRun, bool] | None = None  # and whether it was its bucket's first
+        inflight: tuple | None = None  # (Batch, BatchRun, its pending gradients or None, whether its bucket's first)
         started: set = set()  # the size buckets whose programs are loaded
         done = writer.done()
         supplied = iter(supply(inputs, source, done, clock))  # a generator: its workers start at its first item
         try:
             ledger = Ledger(commits, summary, bar, watch, gen.drop_unconverged, time.perf_counter())
-            for item in batches(inputs, buckets, source, done, sizes, supplied):
+            items = batches(inputs, buckets, source, done, sizes, supplied)
+            if gen.relaxes:  # each size bucket's conformers relaxed to their minima, and labelled there
+                _relax_buckets(items, buckets, sizes, method, gen, ledger, clock)
+                items = ()
+            for item in items:
                 if isinstance(item, Settled):
                     ledger.settle(item)
                     continue
                 bucket = buckets[item.members[0][0].molecule_id]
-                if gen.relaxes:  # relaxed to their minima batch by batch, and labelled there
-                    try:
-                        with clock.stage("relaxation"):
-                            relaxations = relax(item.molecules, method, max_steps=gen.max_steps)
-                    except MoleculeError as err:
-                        ledger.settle(_molecules_failed(item, err))
-                        continue
-                    ledger.relaxed(item, relaxations, gen.trajectory, steady=bucket in started)
-                    started.add(bucket)
-                    continue
                 if inflight is not None and not ahead.get(bucket, True):  # the two would not fit together
-                    ledger.label(inflight[0], *_results(*inflight[:2], method, gen.forces, clock), steady=not inflight[2])
-                    inflight = prepared = dispatched = None  # its arrays freed before the next batch's are made
+                    ledger.label(inflight[0], *_results(*inflight[:3], clock), steady=not inflight[3])
+                    inflight = prepared = dispatched = pending = None  # its arrays freed before the next batch's are made
                 try:  # a short batch is filled up: every batch of a size bucket then runs the same programs
                     with clock.stage("inputs"):
                         molecules = fill_batch(item.molecules, sizes[bucket] if bucket is not None else len(item.members))
@@ -142,12 +139,13 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
                 started.add(bucket)
                 with clock.stage("dispatch"):
                     dispatched = submit_batch(prepared, method)
+                    # the gradients queued right behind the labels, where the integral source computes them on the device
+                    pending = gradient_source(method).dispatch(dispatched, method) if gen.forces else None
                 if inflight is not None:  # the device worked on it while this batch was prepared
-                    ledger.label(inflight[0], *_results(*inflight[:2], method, gen.forces, clock),
-                                 steady=not (first or inflight[2]))  # fmt: skip
-                inflight = (item, dispatched, first)
+                    ledger.label(inflight[0], *_results(*inflight[:3], clock), steady=not (first or inflight[3]))
+                inflight = (item, dispatched, pending, first)
             if inflight is not None:
-                ledger.label(inflight[0], *_results(*inflight[:2], method, gen.forces, clock), steady=not inflight[2])
+                ledger.label(inflight[0], *_results(*inflight[:3], clock), steady=not inflight[3])
         except NotConvergingError as err:
             stop = err  # the shard closes as usual below: what was committed is merged and kept
         except BaseException:
@@ -169,19 +167,57 @@ def _molecules_failed(batch: Batch, err: MoleculeError) -> Settled:
     return Settled([Failure(e.description, str(err), e.molecule_id, -1) for e in entries.values()], 0, len(batch.members))
 
 
-def _results(batch: Batch, dispatched: BatchRun, method: Method, forces: bool, clock: HostClock
+def _results(batch: Batch, dispatched: BatchRun, pending, clock: HostClock
              ) -> tuple[list[SCFResult], list[np.ndarray] | None, float]:  # fmt: skip
-    """The batch's results (its filling members' dropped), the gradients where ``forces`` asks for
-    them (with the grid's response: the exact derivative of the stored energy), and their seconds."""
+    """The batch's results (its filling members' dropped), the gradients where ``pending`` is the
+    batch's gradients in flight (with the grid's response: the exact derivative of the stored
+    energy), and their seconds."""
     with clock.stage("results"):
         results = dispatched.results()[: len(batch.members)]
-    if not forces:
+    if pending is None:
         return results, None, 0.0
     t = time.perf_counter()
     with clock.stage("forces"):
-        gradients = [nuclear_gradient(m, r, method, grid_response=True)
-                     for m, r in zip(batch.molecules, results)]  # fmt: skip
+        gradients = pending.gradients(results)
     return results, gradients, time.perf_counter() - t
+
+
+def _relax_buckets(items, buckets: dict, sizes: dict, method: Method, gen: GenerateConfig, ledger: Ledger,
+                   clock: HostClock) -> None:  # fmt: skip
+    """Relax the conformers of ``items`` (the batcher's output, in bucket order), each size bucket's as
+    one stream through a batch of its width (:func:`~pyscf_ipu.optimize.relax`); each conformer is
+    committed as it finishes, a failure with its reason where it did not converge."""
+    def batches_only():
+        for item in items:
+            if isinstance(item, Settled):
+                ledger.settle(item)
+            else:
+                yield item
+
+    for bucket, group in itertools.groupby(batches_only(), key=lambda b: buckets[b.members[0][0].molecule_id]):
+        members: list[tuple] = []  # (input, conformer id) of each conformer of the stream, in order
+        width = sizes[bucket] if bucket is not None else 1
+        finished = [0]
+
+        def conformers(group=group, members=members):
+            for batch in group:
+                try:
+                    check_basis({s for m in batch.molecules for s in m.symbols}, method.config.basis)
+                except MoleculeError as err:
+                    ledger.settle(_molecules_failed(batch, err))
+                    continue
+                for entry, cid, molecule in batch.members:
+                    members.append((entry, cid))
+                    yield molecule
+
+        def done(index: int, relaxation, members=members, finished=finished, width=width) -> None:
+            finished[0] += 1  # the first batch's worth compiled the bucket's programs
+            clock.add(OPTIMIZER_WORKERS, relaxation.optimizer_seconds)
+            ledger.relaxed([(*members[index], relaxation)], gen.trajectory, steady=finished[0] > width)
+
+        with clock.stage("relaxation"):
+            relax(conformers(), method, max_steps=gen.max_steps, width=width, on_done=done,
+                  on_step=lambda index, frame: ledger.stepped())  # fmt: skip
 
 
 __all__ = ["GENERATOR_DFT_DEFAULTS", "GenerateConfig", "NotConvergingError", "Summary", "generate", "label_molecules",

@@ -14,6 +14,7 @@ from pyscf_ipu.optimize import Relaxation
 from pyscf_ipu.results import SCFResult
 
 from .batching import Batch, Settled
+from .inputs import Input
 from .pipeline import CommitThread
 from .schema import Failure, RecordBatch
 from .store import ShardWriter
@@ -52,6 +53,7 @@ class Ledger:
     watch: ConvergenceWatch
     drop_unconverged: bool  # unconverged conformers become failures instead of records
     last_commit: float  # when the last batch was handed over: a record's seconds are its share since
+    steps: int = 0  # relaxations' gradient evaluations so far, shown beside the bar's count
 
     def settle(self, settled: Settled) -> None:
         if settled.failures:
@@ -72,17 +74,17 @@ class Ledger:
             self.summary.timings["forces"] += forces_seconds
         now = time.perf_counter()
         rows, gradients, failures = labelled(batch, results, gradients, self.drop_unconverged)
-        self._hand_over(batch, Commit(rows, now - self.last_commit, gradients, failures), now, steady,
+        self._hand_over(len(batch.members), Commit(rows, now - self.last_commit, gradients, failures), now, steady,
                         len(results), sum(r.converged and np.isfinite(r.energy) for r in results))  # fmt: skip
 
-    def relaxed(self, batch: Batch, relaxations: list[Relaxation], trajectory: bool, steady: bool) -> None:
-        """Hand a relaxed batch to the commit thread: a record at each converged conformer's minimum
-        (its seconds its whole relaxation's, its ``optimizer_steps`` the optimiser's evaluations), a
-        failure with the reason for each other one, and with ``trajectory`` every step of each as a
-        frame. ``steady`` as for :meth:`label`."""
+    def relaxed(self, conformers: list[tuple[Input, int, Relaxation]], trajectory: bool, steady: bool) -> None:
+        """Hand relaxed conformers (input, conformer id, relaxation) to the commit thread: a record at
+        each converged one's minimum (its seconds its whole relaxation's, its ``optimizer_steps`` the
+        optimiser's evaluations), a failure with the reason for each other one, and with
+        ``trajectory`` every step of each as a frame. ``steady`` as for :meth:`label`."""
         rows, gradients, steps, seconds, failures = [], [], [], [], []
         frames: list[tuple] = []
-        for (entry, cid, _), relaxation in zip(batch.members, relaxations):
+        for entry, cid, relaxation in conformers:
             if trajectory:
                 frames += [(entry.smiles, entry.molecule_id, cid, f) for f in relaxation.frames]
             if relaxation.converged:
@@ -93,27 +95,33 @@ class Ledger:
                 seconds.append(relaxation.seconds)
             else:
                 failures.append(Failure(entry.description, f"relaxation: {relaxation.failure}", entry.molecule_id, cid))
-        self.summary.optimizer_steps += sum(r.steps for r in relaxations)
-        self.summary.timings["relaxation"] += sum(r.seconds for r in relaxations)
+        self.summary.optimizer_steps += sum(r.steps for *_, r in conformers)
+        self.summary.timings["relaxation"] += sum(r.seconds for *_, r in conformers)
         # the convergence share and its watch judge the SCF of the records (a broken setup), not the
         # optimisations: one that stops unconverged is a failure with its reason
         commit = Commit(rows, seconds, gradients, failures, {"optimizer_steps": steps}, frames)
-        self._hand_over(batch, commit, time.perf_counter(), steady, len(rows), sum(bool(r.converged) for *_, r in rows))
+        self._hand_over(len(conformers), commit, time.perf_counter(), steady, len(rows),
+                        sum(bool(r.converged) for *_, r in rows))  # fmt: skip
 
-    def _hand_over(self, batch: Batch, commit: Commit, now: float, steady: bool, judged: int, converged: int) -> None:
+    def stepped(self) -> None:
+        """One more gradient evaluation of a relaxation: counted beside the bar's conformers."""
+        self.steps += 1
+        self.bar.set_postfix_str(f"{self.steps} steps", refresh=False)
+
+    def _hand_over(self, count: int, commit: Commit, now: float, steady: bool, judged: int, converged: int) -> None:
         """Put ``commit`` (made at ``now``) on the commit thread and count it: in the summary, on the
         bar, and in the convergence watch, which judges ``judged`` conformers' SCF, ``converged`` of
         them converged."""
         self.commits.put(commit)
         if steady:
-            self.summary.steady_conformers += len(batch.members)
+            self.summary.steady_conformers += count
             self.summary.steady_seconds += now - self.last_commit
         self.last_commit = now
         self.summary.conformers += len(commit.rows)
         self.summary.converged += sum(bool(r.converged) for *_, r in commit.rows)
         self.summary.labelled += judged
         self.summary.failures += len(commit.failures)
-        self.bar.update(len(batch.members))
+        self.bar.update(count)
         self.watch.add(judged, converged)
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from pyscf_ipu.method import resolve
+from pyscf_ipu.resolution import resolve
 from pyscf_ipu.runtime import reuse_freed_memory
 
 from .batching import batch_sizes, check_memory, chosen

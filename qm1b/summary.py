@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 # Host stages that a run pays once, not per conformer: compiling or loading its programs, and the
 # size buckets' templates.
 ONCE_PER_RUN = ("programs", "templates")
+OPTIMIZER_WORKERS = "optimizer (workers)"  # the host stage of geomeTRIC's steps in their worker processes
 
 
 @dataclass
@@ -82,7 +83,10 @@ class Summary:
         if self.optimizer_steps:
             relaxed = self.conformers + self.failures
             lines.append(f"relaxed: {self.optimizer_steps / relaxed:.1f} optimiser steps per conformer, "
-                         f"{self.timings['relaxation'] / relaxed:.2f}s each")  # fmt: skip
+                         f"{self.timings['relaxation'] / relaxed:.2f}s each; host CPU per step "
+                         f"{1000 * self.host['relaxation'] / self.optimizer_steps:.1f} ms in this process, "
+                         f"{1000 * self.host[OPTIMIZER_WORKERS] / self.optimizer_steps:.1f} ms in geomeTRIC's "
+                         "workers")  # fmt: skip
         if labelled and self.host:
             per = {k: 1000 * v / labelled for k, v in self.host.items()}
             steady = sum(v for k, v in per.items() if k not in ONCE_PER_RUN)

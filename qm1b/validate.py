@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 
 from pyscf_ipu.molecule import Molecule
-from pyscf_ipu.method import resolve
+from pyscf_ipu.resolution import resolve
 from pyscf_ipu.reference import pyscf_reference
 from pyscf_ipu.units import HARTREE_TO_MEV
 

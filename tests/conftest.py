@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from pyscf_ipu.config import RKSConfig
-from pyscf_ipu.method import resolve
+from pyscf_ipu.resolution import resolve
 from pyscf_ipu.runtime import default_cache_dir, enable_compilation_cache
 from pyscf_ipu.prepare import PreparedProblem, prepare
 from pyscf_ipu.molecule import Molecule

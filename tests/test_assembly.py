@@ -17,7 +17,7 @@ from pyscf import ao2mo, dft, scf
 from pyscf_ipu.buckets import SizeBucket
 from pyscf_ipu.config import RKSConfig
 from pyscf_ipu.integral_sources import DeviceFactor, JaxIntegrals, LibcintFactor, placement
-from pyscf_ipu.method import resolve
+from pyscf_ipu.resolution import resolve
 from pyscf_ipu.molecule import from_atom_string, from_name
 from pyscf_ipu.pyscf_mole import build_mole
 from pyscf_ipu.templates import bucket_template

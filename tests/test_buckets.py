@@ -7,7 +7,7 @@ import pytest
 
 from pyscf_ipu.buckets import SizeBucket
 from pyscf_ipu.config import RKSConfig
-from pyscf_ipu.method import resolve
+from pyscf_ipu.resolution import resolve
 from pyscf_ipu.problem import prepare_batch
 from pyscf_ipu.molecule import from_atom_string
 from pyscf_ipu.rks import submit_batch

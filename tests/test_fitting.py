@@ -11,7 +11,7 @@ from pyscf import df
 
 from pyscf_ipu.buckets import auxiliary_basis
 from pyscf_ipu.config import ConfigError, RKSConfig
-from pyscf_ipu.method import resolve
+from pyscf_ipu.resolution import resolve
 from pyscf_ipu.molecule import from_name
 from pyscf_ipu.padding import pad_to
 from pyscf_ipu.prepare import prepare

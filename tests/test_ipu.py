@@ -14,7 +14,7 @@ from pyscf import scf
 
 from pyscf_ipu.cli import main
 from pyscf_ipu.config import RKSConfig
-from pyscf_ipu.method import resolve
+from pyscf_ipu.resolution import resolve
 from pyscf_ipu.packed import batch_eris
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.ipu import IPUJK, TileMemoryError, Workload, ipu_model, plan, plan_on
@@ -161,7 +161,7 @@ def test_four_ipus_on_four_devices():
         """
         import jax, jax.numpy as jnp, numpy as np
         from pyscf_ipu.config import IPUConfig, RKSConfig
-        from pyscf_ipu.method import resolve
+        from pyscf_ipu.resolution import resolve
         from pyscf_ipu.packed import batch_eris
         from pyscf_ipu.prepare import prepare
         from pyscf_ipu.ipu import ipu_model, plan_on, Workload

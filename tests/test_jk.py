@@ -7,7 +7,7 @@ import pytest
 from pyscf import scf
 
 from pyscf_ipu.config import RKSConfig
-from pyscf_ipu.method import resolve
+from pyscf_ipu.resolution import resolve
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.packed import batch_eris, degeneracy_weights, unique_quartets
 from pyscf_ipu.jk import JK_BACKENDS, ExactERIs

@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("pyscf_ipu", "qm1b", "schnet")
 MOST_PARAMETERS = 8
-# the name -> object registries, each defined beside its strategies and read by pyscf_ipu.method.resolve only
+# the name -> object registries, each defined beside its strategies and read by pyscf_ipu.resolution.resolve only
 # the J-K backends themselves: the only modules that may ask which backend a run uses
 BACKENDS = ("pyscf_ipu/jk/", "pyscf_ipu/ipu/backend.py")
 BACKEND_NAMES = {"ipu", "dense", "s8", "df"}
@@ -44,10 +44,10 @@ def test_no_function_takes_more_than_eight_parameters():
 @pytest.mark.parametrize("registry", sorted(REGISTRIES))
 def test_only_the_resolver_reads_a_registry(registry):
     """A functional, J-K backend or integral source is looked up by name in one place,
-    ``pyscf_ipu.method.resolve``; every other module takes the resolved ``Method``."""
+    ``pyscf_ipu.resolution.resolve``; every other module takes the resolved ``Method``."""
     readers = {path for path, tree in _modules() for node in ast.walk(tree)
                if isinstance(node, ast.Name) and node.id == registry}  # fmt: skip
-    assert readers == {REGISTRIES[registry], "pyscf_ipu/method.py"}
+    assert readers == {REGISTRIES[registry], "pyscf_ipu/resolution.py"}
 
 
 def _names_jk(node: ast.AST) -> bool:
@@ -122,3 +122,63 @@ def test_the_backend_check_finds_each_kind_of_branch():
                      "probe.py:6 isinstance of a backend class", "probe.py:6 isinstance of a backend class",
                      "probe.py:8 compares a jk setting with a backend's name",
                      "probe.py:8 compares a jk setting with a backend's name"]
+
+
+def _imports(path: str, tree: ast.AST, modules: set[str]) -> set[str]:
+    """The package modules that ``tree`` (the module at ``path``) imports anywhere: at the top, inside
+    functions and under ``TYPE_CHECKING`` alike."""
+    name = path[:-3].replace("/", ".").removesuffix(".__init__")
+    package = name if path.endswith("__init__.py") else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            found |= {c for c in [base, *(f"{base}.{a.name}" for a in node.names)] if c in modules}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in modules}
+    return found - {name}
+
+
+def import_cycles(sources: dict[str, ast.AST]) -> list[list[str]]:
+    """The groups of modules that import one another in a loop (strongly connected components of the
+    import graph of ``sources``, path -> syntax tree, with more than one member)."""
+    names = {p[:-3].replace("/", ".").removesuffix(".__init__"): p for p in sources}
+    graph = {n: _imports(p, sources[p], set(names)) for n, p in names.items()}
+    order, low, stack, cycles = {}, {}, [], []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            group = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in order:
+            visit(v)
+    return cycles
+
+
+def test_no_modules_import_each_other_in_a_loop():
+    """Data flows one way: no module imports, at the top, in a function or for types only, one that
+    imports it back (the resolved settings, pyscf_ipu.method, sit below the strategies, and their
+    resolution by name, pyscf_ipu.resolution, above)."""
+    assert import_cycles(dict(_modules())) == []
+
+
+def test_the_cycle_check_finds_a_loop_through_a_type_only_import():
+    probe = {"pkg/a.py": ast.parse("from .b import f"),
+             "pkg/b.py": ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .c import C"),
+             "pkg/c.py": ast.parse("def g():\n    from pkg.a import h"), "pkg/d.py": ast.parse("from . import a")}
+    assert import_cycles(probe) == [["pkg.a", "pkg.b", "pkg.c"]]

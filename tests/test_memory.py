@@ -11,7 +11,7 @@ import pytest
 from pyscf_ipu.buckets import SizeBucket
 from pyscf_ipu.config import RKSConfig
 from pyscf_ipu.memory import GB, batch_memory
-from pyscf_ipu.method import resolve
+from pyscf_ipu.resolution import resolve
 from pyscf_ipu.molecule import from_name
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "1"}

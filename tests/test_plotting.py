@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pyscf_ipu.config import IPUConfig, RKSConfig
-from pyscf_ipu.method import resolve
+from pyscf_ipu.resolution import resolve
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.jk import jk_matrices
 from pyscf_ipu.molecule import from_name

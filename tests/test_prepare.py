@@ -6,7 +6,7 @@ import pytest
 from pyscf import ao2mo, dft, scf
 
 from pyscf_ipu.config import ConfigError, RKSConfig
-from pyscf_ipu.method import resolve
+from pyscf_ipu.resolution import resolve
 from pyscf_ipu.pyscf_mole import build_mole
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.molecule import MoleculeError, from_atom_string, from_name

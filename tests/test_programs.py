@@ -31,7 +31,7 @@ def run_methane(cache: Path) -> tuple[float, int, int]:
     script = textwrap.dedent(f"""
         import json
         from pyscf_ipu.config import RKSConfig
-        from pyscf_ipu.method import resolve
+        from pyscf_ipu.resolution import resolve
         from pyscf_ipu.runtime import enable_compilation_cache
         from pyscf_ipu.problem import prepare_batch
         from pyscf_ipu.molecule import from_atom_string

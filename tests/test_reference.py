@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyscf.lib
 
 from pyscf_ipu.config import RKSConfig
-from pyscf_ipu.method import resolve
+from pyscf_ipu.resolution import resolve
 from pyscf_ipu.molecule import from_name
 from pyscf_ipu.reference import pyscf_reference
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pyscf_ipu.config import RKSConfig
-from pyscf_ipu.method import resolve
+from pyscf_ipu.resolution import resolve
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.molecule import from_atom_string, from_name
 from pyscf_ipu.integral_sources import host_integrals

@@ -38,7 +38,7 @@ from pyscf.dft import libxc
 
 import pyscf_ipu.xc as xc
 from pyscf_ipu.config import RKSConfig
-from pyscf_ipu.method import resolve
+from pyscf_ipu.resolution import resolve
 from pyscf_ipu.xc import DENSITY_CUTOFF, FUNCTIONALS
 
 # name -> (our piece, libxc code understood by pyscf)

@@ -31,7 +31,8 @@ the two-electron gradient (``two_electron_gradient``): :class:`~pyscf_ipu.jk.exa
 exact ERIs, :class:`~pyscf_ipu.jk.fitted.FittedJK` for density fitting.
 
 Backends are registered by name in :data:`JK_BACKENDS` (each entry builds the backend from the run's
-:class:`RKSConfig`; :func:`pyscf_ipu.method.resolve` picks one); nothing inspects array shapes to
+:class:`RKSConfig`; :func:`pyscf_ipu.resolution.resolve` picks one; the interface,
+:class:`~pyscf_ipu.strategies.JKBackend`, sits below every stage that takes a backend); nothing inspects array shapes to
 pick one. ``ipu`` is the tile-partitioned contraction on a simulated IPU (:mod:`pyscf_ipu.ipu`), ``dense``
 the reference, ``s8`` the unique quartets (:mod:`pyscf_ipu.jk.exact`), and ``df`` contracts
 density-fitted integrals (:mod:`pyscf_ipu.jk.fitted`; no N^4 array at all).
@@ -40,7 +41,6 @@ density-fitted integrals (:mod:`pyscf_ipu.jk.fitted`; no N^4 array at all).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -50,48 +50,9 @@ from ..buckets import SizeBucket
 from ..config import RKSConfig
 from ..packed import PackedERI, batch_eris
 from ..programs import full_precision, precision_scope
+from ..strategies import JKBackend
 from .exact import DenseJK, ExactERIs, S8JK, s8_coulomb_exchange
 from .fitted import FittedArrays, FittedJK, density_factor, exchange_factor, fitted_backend, fitted_coulomb
-
-
-class JKBackend(Protocol):
-    name: str
-    occupied_step: int  # the size buckets' occupied-orbital step (0: none)
-    profiles: bool  # whether ``profile`` reports how the work is spread (``--profile``)
-    cpu_batch: int  # conformers per batch on a CPU, by default
-    memory_advice: str  # what a memory error suggests first where not even one conformer fits
-
-    def prepare(self, eris, nao_padded: int, dtype): ...
-
-    def contract(self, data, dm: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
-        """(J, K) of one conformer's density ``dm`` from ``data``, what ``prepare`` made (its member); traced."""
-
-    def profile(self, eri: PackedERI, nao_padded: int, dtype, iterations: int) -> dict | None:
-        """A report of how the backend spreads the work (None if it has nothing to say)."""
-
-    def layout_bytes(self, bucket: SizeBucket, value_bytes: int) -> int:
-        """Peak bytes of ``prepare`` for one conformer of ``bucket`` (unscreened ERIs)."""
-
-    def resident_bytes(self, bucket: SizeBucket, value_bytes: int) -> int:
-        """Bytes of ``prepare``'s arrays for one conformer of ``bucket``, its temporaries gone."""
-
-    def host_eris(self, mol, bucket: SizeBucket, config: RKSConfig) -> tuple[np.ndarray, int, np.ndarray]:
-        """(s8 ERIs, their count kept, fitted factor) of one molecule from libcint, one of them empty."""
-
-    def eri_bytes(self, bucket: SizeBucket, held: int, fitting_bytes: int, value_bytes: int) -> tuple[int, int]:
-        """(held, made): host bytes of one conformer's integrals, and those held only while made."""
-
-    def keeps_final_eris(self, method) -> bool:
-        """Whether the batch's final inputs keep the ERIs as computed on the device for the finalisation."""
-
-    def final_contraction(self, method):
-        """The finalisation's :class:`~pyscf_ipu.finalisation.FinalContraction`."""
-
-    def pyscf_counterpart(self, mf, basis: str):
-        """PySCF's ``mf`` as it computes what the backend does."""
-
-    def two_electron_gradient(self, mol, config: RKSConfig, occupied: np.ndarray, exchange: float) -> np.ndarray:
-        """(natm, 3) the derivative of the two-electron energy the backend computes."""
 
 
 def _ipu_backend(config: RKSConfig) -> JKBackend:

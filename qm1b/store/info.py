@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -31,6 +32,14 @@ def _throughput(seconds: np.ndarray) -> dict | None:
     }
 
 
+def failure_kind(reason: str) -> str:
+    """What a failure's reason says less its particulars, for counting: the step it happened at and
+    what follows a second colon go ("relaxation: atoms collided: C1 and H5 0.31 Angstrom apart" and
+    "relaxation: SCF not converged at step 3" count as "relaxation: atoms collided" and
+    "relaxation: SCF not converged")."""
+    return ": ".join(re.sub(r" at step \d+", "", reason).split(": ")[:2])
+
+
 def info(directory: Path | str) -> dict:
     """Counts, convergence, failure reasons and label statistics of a dataset (JSON-serializable)."""
     with open_dataset(directory) as ds:
@@ -49,7 +58,7 @@ def info(directory: Path | str) -> dict:
             "num_shards": ds.num_shards,
             "unmerged_parts": ds.unmerged_parts,
             "convergence_rate": float(col["converged"].mean()) if n else None,
-            "failure_reasons": dict(Counter(x.reason for x in failures).most_common()),
+            "failure_reasons": dict(Counter(failure_kind(x.reason) for x in failures).most_common()),
             "labels": labels,
             "iterations": {
                 "mean": float(col["iterations"].mean()) if n else None,

@@ -152,7 +152,8 @@ def test_the_ledger_records_relaxations_at_their_minima_and_failures_with_their_
     relaxations = [Relaxation(frames[0], "", 4.0), Relaxation(frames[1], "not converged in 1 steps", 3.0)]
     commits, summary = Commits(), Summary(out="x", shard="0/1")
     ledger = Ledger(commits, summary, Bar(), ConvergenceWatch(0.5, 32, "the setup"), False, last_commit=0.0)
-    ledger.relaxed(batch, relaxations, trajectory=True, steady=True)
+    ledger.relaxed([(entry, cid, r) for (_, cid, _), r in zip(batch.members, relaxations)], trajectory=True,
+                   steady=True)  # fmt: skip
     (commit,) = commits.items
     (row,) = commit.rows
     assert row[2:4] == (0, "m0.2") and commit.seconds == [4.0] and commit.optional == {"optimizer_steps": [3]}

@@ -535,7 +535,7 @@ def test_batches_that_fit_only_one_at_a_time_wait_for_each_other_with_the_same_l
     overlapped run."""
     import qm1b.generate as generator
     from pyscf_ipu.memory import GB, batch_memory
-    from pyscf_ipu.method import resolve
+    from pyscf_ipu.resolution import resolve
     from qm1b.batching import batch_sizes, prepares_ahead
 
     events = []

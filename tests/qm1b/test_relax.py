@@ -160,3 +160,27 @@ def test_plot_draws_energy_against_step(relaxed, tmp_path, drawn):
     for line, rows in zip(lines, trajectories.values()):
         energies = np.array([f["energy"] for f in rows])
         np.testing.assert_allclose(line.get_ydata(), np.maximum((energies - energies.min()) * 1000, 1e-3))
+
+
+def test_each_relaxed_conformer_is_committed_as_it_finishes(tmp_path, monkeypatch):
+    """Three conformers through a batch of two: each is handed to the commit thread on its own, as it
+    finishes, so that a kill loses only those in flight."""
+    from qm1b.ledger import Ledger
+
+    handed = []
+    relaxed = Ledger.relaxed
+    monkeypatch.setattr(Ledger, "relaxed", lambda self, conformers, *a, **k: handed.append(len(conformers))
+                        or relaxed(self, conformers, *a, **k))  # fmt: skip
+    gen = GenerateConfig(smiles=str(write_smiles(tmp_path / "in.smi", ["O", "CO"])), out=str(tmp_path / "out"),
+                         conformers=2, batch_size=2, relax="dft", max_steps=3, progress=False)  # fmt: skip
+    summary = generate(gen, RKSConfig(**GENERATOR_DFT_DEFAULTS))
+    assert handed == [1] * 4 and summary.conformers + summary.failures == 4
+
+
+def test_info_counts_failures_by_kind():
+    from qm1b.store.info import failure_kind
+
+    assert failure_kind("relaxation: atoms collided: C1 and H5 0.31 Angstrom apart") == "relaxation: atoms collided"
+    assert failure_kind("relaxation: SCF not converged at step 3") == "relaxation: SCF not converged"
+    assert failure_kind("relaxation: not converged in 100 steps") == "relaxation: not converged in 100 steps"
+    assert failure_kind("element Xe not in basis sto-3g") == "element Xe not in basis sto-3g"

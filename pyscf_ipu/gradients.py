@@ -1,0 +1,113 @@
+"""Nuclear gradients of a batch in flight: where they are computed, chosen by the integral source.
+
+Two strategies behind one interface (:class:`GradientSource`), registered by name in
+:data:`GRADIENT_SOURCES` (the integral source's ``gradients``):
+
+- :class:`DeviceGradients`: one bucket-shaped program for the whole batch
+  (:mod:`pyscf_ipu.device_forces`), dispatched right behind the SCF and its finalisation, reading
+  their orbitals where they are: nothing per conformer on the host but reading the result, except
+  a density-fitted batch's two-electron part, which its J-K backend adds from libcint.
+- :class:`HostGradients`: conformer by conformer once the labels are read
+  (:func:`pyscf_ipu.forces.nuclear_gradient`): libcint's derivative integrals and a program per
+  molecule composition; the reference, and what a host preparation (libcint's integrals) needs.
+
+Both include the grid's response: the exact derivative of the energy the SCF computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import jax
+import numpy as np
+
+from .device_forces import FITTED, GradientSettings, batch_gradients
+from .forces import nuclear_gradient, two_electron_part
+from .integral_sources import bucket_inputs
+from .method import Method
+from .results import SCFResult
+from .rks import BatchRun
+
+
+class PendingGradients(Protocol):
+    def gradients(self, results: list[SCFResult | None]) -> list[np.ndarray | None]:
+        """(natm, 3) dE/dR in Hartree/Bohr of each of the batch's first ``len(results)`` members, in
+        its own atom order, given their labels; None where a result is None (not wanted)."""
+
+
+class GradientSource(Protocol):
+    name: str
+
+    def dispatch(self, run: BatchRun, method: Method) -> PendingGradients:
+        """Start the gradients of ``run``'s conformers (on the device, where the strategy can)."""
+
+
+@dataclass(frozen=True)
+class _DevicePending:
+    by_slot: jax.Array  # (C, natm_padded, 3)
+    slots: list[np.ndarray]  # each member's slot of each of its atoms
+    fitted: list | None  # a density-fitted batch's molecules, whose two-electron part the J-K backend adds
+    method: Method
+
+    def gradients(self, results):
+        by_slot = np.asarray(self.by_slot)
+        out = [None if r is None else by_slot[c][slot] for c, (r, slot) in enumerate(zip(results, self.slots))]
+        if self.fitted is not None:
+            out = [None if r is None else g + two_electron_part(m, r, self.method)
+                   for g, m, r in zip(out, self.fitted, results)]  # fmt: skip
+        return out
+
+
+@dataclass(frozen=True)
+class DeviceGradients:
+    """The batch's gradients as one device program per size bucket and batch width."""
+
+    name: str = "device"
+
+    def dispatch(self, run, method):
+        final, batch = run.final, run.batch
+        if final.mo_coeff is None:
+            raise ValueError("device gradients need the finalisation's orbitals on the device (the JAX integrals)")
+        molecules = [member.molecule for member in batch.members]
+        elements, coords, placed = bucket_inputs(molecules, batch.bucket, method.needs_grid)
+        present = frozenset(s for m in molecules for s in m.symbols)
+        bucket = batch.bucket
+        two_electron = FITTED if bucket.occupied else method.integrals.eri_dtype(method).name
+        settings = GradientSettings(method.functional, method.needs_grid, two_electron, bucket)
+        by_slot = batch_gradients(settings, elements, coords, present,
+                                  (final.mo_coeff, final.mo_energy, [m.nocc for m in batch.members]))
+        slots = []
+        for molecule, (_, atoms, *_) in zip(molecules, placed):
+            slot = np.empty(molecule.natom, int)
+            slot[atoms[atoms >= 0]] = np.flatnonzero(atoms >= 0)
+            slots.append(slot)
+        return _DevicePending(by_slot, slots, molecules if two_electron == FITTED else None, method)
+
+
+@dataclass(frozen=True)
+class _HostPending:
+    molecules: list
+    method: Method
+
+    def gradients(self, results):
+        return [None if r is None else nuclear_gradient(m, r, self.method, grid_response=True)
+                for m, r in zip(self.molecules, results)]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HostGradients:
+    """Conformer by conformer on the host, from each one's labels (libcint's derivative integrals)."""
+
+    name: str = "host"
+
+    def dispatch(self, run, method):
+        return _HostPending([member.molecule for member in run.batch.members], method)
+
+
+GRADIENT_SOURCES: dict[str, GradientSource] = {source.name: source for source in (DeviceGradients(), HostGradients())}
+
+
+def gradient_source(method: Method) -> GradientSource:
+    """The run's :class:`GradientSource`, as its integral source names it."""
+    return GRADIENT_SOURCES[method.integrals.gradients]

@@ -1,0 +1,37 @@
+"""The one place where a run's names become objects: :func:`resolve`, an
+:class:`~pyscf_ipu.config.RKSConfig` -> :class:`~pyscf_ipu.method.Method`.
+
+The functional (:data:`~pyscf_ipu.xc.functionals.FUNCTIONALS`), the J-K backend
+(:data:`~pyscf_ipu.jk.JK_BACKENDS`), the integral source
+(:data:`~pyscf_ipu.integral_sources.INTEGRAL_SOURCES`) and the precision are looked up here, above
+the strategies they name; the :class:`~pyscf_ipu.method.Method` they make sits below them.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from .config import AUTO, ConfigError, RKSConfig
+from .integral_sources import INTEGRAL_SOURCES, auto_integrals
+from .jk import JK_BACKENDS
+from .method import Method
+from .xc.functionals import FUNCTIONALS
+
+
+def resolve(config: RKSConfig) -> Method:
+    """``config``'s functional, J-K backend and integral source as objects; :class:`ConfigError`
+    naming the choices where a name is unknown (functional names are case-insensitive)."""
+    functional = _named(FUNCTIONALS, str(config.xc).strip().lower(), config.xc, "functional")
+    backend = _named(JK_BACKENDS, config.jk, config.jk, "J-K backend")(config)
+    if config.integrals == AUTO:  # by the platform the programs run on
+        integrals = auto_integrals(jax.default_backend())
+    else:
+        integrals = _named(INTEGRAL_SOURCES, config.integrals, config.integrals, "integral source")
+    return Method(config, functional, backend, integrals)
+
+
+def _named(registry: dict, key: str, given, what: str):
+    try:
+        return registry[key]
+    except KeyError:
+        raise ConfigError(f"unknown {what} {given!r}: choose one of {', '.join(sorted(registry))}") from None
