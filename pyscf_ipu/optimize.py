@@ -393,8 +393,9 @@ def relax(molecules: Iterable[Molecule], method: Method, *, criteria: Criteria =
     """Relax conformers ``molecules`` (of one size bucket; an iterable is read as slots free up) under
     ``method``, ``width`` at a time (default: 2), each with its own geomeTRIC optimiser.
 
-    The batch is two halves of ``width // 2`` slots (one of ``width`` where that is 1), always full:
-    an empty slot computes a copy of a neighbour, so every round runs the same programs. A finished
+    The batch is two halves of ``width // 2`` slots (one of ``width`` where that is 1). On an
+    accelerator each stays full, an empty slot computing a copy of a neighbour, so every round runs
+    the same programs; on a CPU its batch is as wide as its members (:func:`keeps_width`). A finished
     conformer's slot goes to the next waiting one. The optimisers run in ``workers`` processes
     (default: :func:`default_workers`; 0: in this one). ``on_step(i, frame)`` is called for each
     computed frame of the i-th conformer, ``on_done(i, relaxation)`` as soon as it finishes. Returns
@@ -464,37 +465,48 @@ def relax(molecules: Iterable[Molecule], method: Method, *, criteria: Criteria =
     return [out[i] for i in sorted(out)]
 
 
+def keeps_width() -> bool:
+    """Whether a half's batch keeps its width when slots empty (an empty slot computing a copy of a
+    neighbour): on an accelerator, where the copies run beside the rest and a new width would
+    compile every program again; not on a CPU, where a copy costs what a conformer does and the
+    batch is as wide as its members."""
+    return jax.default_backend() != "cpu"
+
+
 def _dispatch(half: _Half, method: Method) -> None:
     """Start the SCF and the gradients of ``half``'s proposed geometries on the device (none where it
-    is empty), each SCF from its conformer's last density where the slot held it last time."""
+    is empty), each SCF from its conformer's last density where it was in the last batch too."""
     active = half.active
     if not active:
         half.run = half.pending = None
         half.evaluated = []
         return
-    members = [m if m is not None else active[0] for m in half.slots]  # an empty slot copies a neighbour
-    molecules = [m.proposal for m in members]
+    evaluated = list(half.slots) if keeps_width() else active  # the batch's members; None: a copy
+    molecules = [(m if m is not None else active[0]).proposal for m in evaluated]
     bucket = method.bucket(molecules[0])
     integrals, batch_members, timings = method.integrals.integrals(molecules, bucket, method)
     previous = half.run
     if previous is not None:
-        keep = np.array([m is not None and m is e for m, e in zip(half.slots, half.evaluated)])
-        if keep.any():
-            integrals = dataclasses.replace(integrals, guess=carried_guess(integrals.guess, previous.final.density, keep))
+        was = {id(m): i for i, m in enumerate(half.evaluated) if m is not None}
+        source = np.array([was.get(id(m), -1) if m is not None else -1 for m in evaluated])
+        if (source >= 0).any():
+            guess = carried_guess(integrals.guess, previous.final.density, np.maximum(source, 0), source >= 0)
+            integrals = dataclasses.replace(integrals, guess=guess)
     half.run = submit_batch(batch_of(integrals, batch_members, timings, bucket, method), method)
     half.pending = gradient_source(method).dispatch(half.run, method)
-    half.evaluated = list(half.slots)
+    half.evaluated = evaluated
 
 
 @compiled(name="carried_guess", quick_compile=True)
-def _carried_guess(guess, previous, keep):
-    return jnp.where(keep[:, None, None], previous, guess)
+def _carried_guess(guess, previous, source, keep):
+    return jnp.where(keep[:, None, None], previous[source], guess)
 
 
-def carried_guess(guess, previous, keep: np.ndarray):
-    """(C, Np, Np) each slot's initial density: its last converged one where ``keep`` (C,), else ``guess``."""
+def carried_guess(guess, previous, source: np.ndarray, keep: np.ndarray):
+    """(C, Np, Np) each member's initial density: ``previous[source]`` (the last batch's converged
+    density of the same conformer) where ``keep`` (C,), else ``guess``."""
     with jax.enable_x64(True):
-        return _carried_guess(guess, previous, keep)
+        return _carried_guess(guess, previous, source.astype(np.int32), keep)
 
 
 def _collect(half: _Half) -> tuple[list[SCFResult], list[np.ndarray | None]]:
