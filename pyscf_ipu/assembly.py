@@ -132,19 +132,26 @@ def nuclear_repulsion(charges, coords):
     return 0.5 * jnp.sum(jnp.where(pair, charges[:, None] * charges[None, :] / distance, 0.0))
 
 
+def member_one_electron(layout: TemplateLayout, tables: ElementTables, elements, coords) -> dict[str, jax.Array]:
+    """One conformer's {"overlap", "kinetic", "nuclear"} (Np, Np) matrices from its slots' element rows
+    ``elements`` (natm,) and positions ``coords`` (natm, 3), in the positions' precision
+    (:func:`~pyscf_ipu.integrals.one_electron.one_electron_matrices` on the template's layout)."""
+    return one_electron_matrices(
+        layout.one_electron,
+        layout.primitive_rows.gather(tables.primitive_exponents, elements),
+        layout.primitive_rows.gather(tables.primitive_coefficients, elements),
+        tables.charges[elements],
+        jnp.stack([_blocks(layout.ao_rows, tables.one_electron[:, k], elements) for k in range(3)]),
+        coords,
+    )
+
+
 def _member(layout: TemplateLayout, tables: ElementTables, elements, coords, dtype: str, grid: bool) -> dict:
     """One conformer's integrals, grid weights, AO values, guess and ERI shell values (float64 but the
     AO values, in ``dtype``), from its slots' element rows ``elements`` (natm,)
     and positions ``coords`` (natm, 3)."""
     charges = tables.charges[elements]  # (natm,)
-    ints = one_electron_matrices(
-        layout.one_electron,
-        layout.primitive_rows.gather(tables.primitive_exponents, elements),
-        layout.primitive_rows.gather(tables.primitive_coefficients, elements),
-        charges,
-        jnp.stack([_blocks(layout.ao_rows, tables.one_electron[:, k], elements) for k in range(3)]),
-        coords,
-    )
+    ints = member_one_electron(layout, tables, elements, coords)
     out = {
         "overlap": ints["overlap"],
         "hcore": ints["kinetic"] + ints["nuclear"],

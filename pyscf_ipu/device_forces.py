@@ -37,12 +37,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .assembly import _blocks, device_tables, nuclear_repulsion, template_layout
+from .assembly import device_tables, member_one_electron, nuclear_repulsion, template_layout
 from .grid import AtomGrids, grid_coords_and_weights
 from .integrals.ao_values import AOConstants, ao_kernel
 from .integrals.eri import ShellValues, eri_s8
 from .integrals.eri import device_tables as eri_device_tables
-from .integrals.one_electron import one_electron_matrices
 from .numint import xc_energy
 from .programs import compiled
 from .buckets import SizeBucket
@@ -118,17 +117,9 @@ def _xc_energy(functional: Functional, layout, tables, elements, coords, dm):
 
 def _member_energy(functional: Functional, grid: bool, layout, tables, elements, coords, dm, weighted):
     """One conformer's Lagrangian less its two-electron part: tr D (T + V) - tr W S + V_NN + E_xc."""
-    charges = tables.charges[elements]
-    ints = one_electron_matrices(
-        layout.one_electron,
-        layout.primitive_rows.gather(tables.primitive_exponents, elements),
-        layout.primitive_rows.gather(tables.primitive_coefficients, elements),
-        charges,
-        jnp.stack([_blocks(layout.ao_rows, tables.one_electron[:, k], elements) for k in range(3)]),
-        coords,
-    )
+    ints = member_one_electron(layout, tables, elements, coords)
     energy = jnp.sum(dm * (ints["kinetic"] + ints["nuclear"])) - jnp.sum(weighted * ints["overlap"])
-    energy = energy + nuclear_repulsion(charges, coords)
+    energy = energy + nuclear_repulsion(tables.charges[elements], coords)
     if grid and functional.pieces:
         energy = energy + _xc_energy(functional, layout, tables, elements, coords, dm)
     return energy

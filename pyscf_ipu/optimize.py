@@ -9,14 +9,15 @@ one batched SCF and one batched gradient program on the device, each starting fr
 density, and each optimiser is told its energy and gradient (:meth:`ConformerOptimizer.tell`).
 
 The optimisers run in worker processes (:class:`WorkerOptimizers`), beside the device: the batch is
-two halves of fixed width, and while the device evaluates one half the host reads the other's
-results and its workers take their steps. A finished conformer leaves its slot and the next waiting
-one takes it, so the batch never changes shape and each program compiles once per size bucket
-(:func:`relax`).
+two halves, and while the device evaluates one half the host reads the other's results and its
+workers take their steps. A finished conformer leaves its slot and the next waiting one takes it;
+on an accelerator the batch never changes shape, so each program compiles once per size bucket
+(:func:`relax`, :func:`keeps_width`).
 
-The gradient includes the grid's response (:mod:`pyscf_ipu.gradients`): at a coarse grid the energy and a fixed-grid gradient disagree enough to
-trap an optimiser. The SCF continues in float64 to converged orbitals (``RKSConfig.for_forces``), so
-that energy differences are meaningful at geomeTRIC's 1e-6 Hartree criterion.
+The gradient includes the grid's response (:mod:`pyscf_ipu.gradients`): at a coarse grid the energy
+and a fixed-grid gradient disagree enough to trap an optimiser. The SCF continues in float64 to
+converged orbitals (``RKSConfig.for_forces``), so that energy differences are meaningful at
+geomeTRIC's 1e-6 Hartree criterion.
 
 Why geomeTRIC and internal coordinates rather than a first-order optimiser in Cartesians:
 ``docs/decisions/batched-relaxation.md``.
@@ -211,7 +212,6 @@ class Step:
 
     proposal: np.ndarray | None  # (natm, 3) Bohr
     failure: str
-    evaluations: int
     seconds: float  # CPU seconds the optimiser took for it
 
 
@@ -220,8 +220,8 @@ def _started(molecule: Molecule, criteria: Criteria, max_steps: int) -> tuple[Co
     try:
         optimizer = ConformerOptimizer(molecule, criteria, max_steps)
     except Exception as err:  # noqa: BLE001 - this conformer fails, the others go on
-        return None, Step(None, f"geomeTRIC could not set up its coordinates: {err}", 0, time.process_time() - start)
-    return optimizer, Step(optimizer.proposal(), "", 0, time.process_time() - start)
+        return None, Step(None, f"geomeTRIC could not set up its coordinates: {err}", time.process_time() - start)
+    return optimizer, Step(optimizer.proposal(), "", time.process_time() - start)
 
 
 def _told(optimizer: ConformerOptimizer, energy: float, gradient: np.ndarray) -> Step:
@@ -235,7 +235,7 @@ def _told(optimizer: ConformerOptimizer, energy: float, gradient: np.ndarray) ->
     if proposal is not None and (problem := structure_problem(optimizer.start, proposal)):
         optimizer.stop(problem)
         proposal = None
-    return Step(proposal, optimizer.failure, optimizer.evaluations, time.process_time() - start)
+    return Step(proposal, optimizer.failure, time.process_time() - start)
 
 
 class InlineOptimizers:
@@ -366,7 +366,6 @@ class _Member:
     start: Molecule
     proposal: Molecule
     frames: list[Frame] = field(default_factory=list)
-    evaluations: int = 0
     seconds: float = 0.0
     optimizer_seconds: float = 0.0
     failure: str = ""  # why it stopped in this process (its SCF or its gradient)
@@ -447,7 +446,6 @@ def relax(molecules: Iterable[Molecule], method: Method, *, criteria: Criteria =
                 for member in told:
                     step = pool.answer(member.index)
                     member.optimizer_seconds += step.seconds
-                    member.evaluations = step.evaluations
                     if step.proposal is None:
                         finish(member, step.failure)
                         half.slots[half.slots.index(member)] = None
@@ -522,7 +520,7 @@ def _tell(half: _Half, results: list[SCFResult], gradients: list, pool, on_step,
     A member whose SCF failed or whose gradient is not finite is not told: it stops with the reason."""
     told = []
     for member, result, gradient in zip(half.evaluated, results, gradients):
-        if member is None or member not in half.slots:
+        if member is None:  # a copy filling an empty slot
             continue
         member.seconds += share
         step = len(member.frames)
