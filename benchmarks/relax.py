@@ -1,6 +1,7 @@
 """Batched DFT geometry optimisation against PySCF with geomeTRIC, from the same starting geometries.
 
     python benchmarks/relax.py [--smiles S ...] [--conformers 2] [--basis sto-3g] [--out DIR] [--sides pyscf ours]
+                               [--generate-options "--integrals jax"]
 
 Each molecule's ETKDG conformers (the generator's embedding, seed 1) are the starting geometries of
 both sides, written to ``DIR/start.xyz``. At B3LYP5, grid level 0, STO-3G (or ``--basis``, where both
@@ -10,7 +11,8 @@ sides fit the density: PySCF's ``density_fit()``, and our ``--jk auto``):
   with ``grid_response = True``, relaxed by ``pyscf.geomopt.geometric_solver`` at geomeTRIC's default
   criteria and step limit (100). The process's wall time is the conformer's.
 - ours: one fresh ``qm1b generate --geometries DIR/start.xyz --relax dft --trajectory`` for all of
-  them, every other option at the generator's default; a conformer's time is the process's wall time
+  them, every other option at the generator's default (or as ``--generate-options`` sets it: the
+  GPU's path forced on a CPU is ``--integrals jax``); a conformer's time is the process's wall time
   over the conformers.
 
 Each side's results are kept in ``DIR`` as it finishes a conformer, and a later run with the same
@@ -29,6 +31,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import shlex  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -90,7 +93,7 @@ def child(side: str, argument: str, basis: str) -> dict:
     return {**json.loads(out.stdout.strip().splitlines()[-1]), "seconds": seconds}
 
 
-def ours_side(directory: Path, count: int, basis: str) -> list[dict]:
+def ours_side(directory: Path, count: int, basis: str, options: list[str]) -> list[dict]:
     """One fresh generator run over every starting geometry (the file's frames in order are its
     conformers in (molecule id, conformer id) order); per conformer its relaxed record, or for a
     failure its last frame."""
@@ -101,7 +104,7 @@ def ours_side(directory: Path, count: int, basis: str) -> list[dict]:
         shutil.rmtree(out)
     start = time.perf_counter()
     command = [sys.executable, "-m", "qm1b.cli", "generate", "--geometries", str(directory / "start.xyz"),
-               "--relax", "dft", "--trajectory", "--out", str(out), "--no-progress", "--basis", basis]  # fmt: skip
+               "--relax", "dft", "--trajectory", "--out", str(out), "--no-progress", "--basis", basis, *options]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode:
@@ -201,6 +204,7 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/relax_benchmark")
     parser.add_argument("--sides", nargs="+", default=["pyscf", "ours"], choices=["pyscf", "ours"])
     parser.add_argument("--basis", default="sto-3g")
+    parser.add_argument("--generate-options", default="", help="more options for our side's qm1b generate")
     parser.add_argument("--profile", type=int, metavar="K", help="time the parts of a step on the first K conformers")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -226,7 +230,7 @@ def main() -> None:
                   flush=True)  # fmt: skip
             results_file.write_text(json.dumps(results))
     if "ours" in args.sides:
-        results["ours"] = ours_side(directory, len(molecules), args.basis)
+        results["ours"] = ours_side(directory, len(molecules), args.basis, shlex.split(args.generate_options))
         results_file.write_text(json.dumps(results))
     report(molecules, results)
 
