@@ -146,6 +146,21 @@ def member_one_electron(layout: TemplateLayout, tables: ElementTables, elements,
     )
 
 
+def member_fitting_shells(layout: TemplateLayout, tables: ElementTables, elements) -> tuple:
+    """One conformer's fitting shells, then each atom's companion, as (exponents (S_f + natm, K),
+    coefficients (S_f + natm, 1, K)), and which fitting functions are there (Qp,), from its slots'
+    element rows ``elements`` (natm,)."""
+    natm = len(elements)
+    exponents = layout.fitting_rows.gather(tables.fitting_exponents, elements)  # (S_f, K)
+    coefficients = layout.fitting_rows.gather(tables.fitting_coefficients, elements)
+    k = exponents.shape[1]
+    companion = jnp.zeros((natm, k), exponents.dtype).at[:, 0].set(COMPANION_COEFFICIENT)
+    shells = (jnp.concatenate([exponents, jnp.zeros((natm, k), exponents.dtype)]),
+              jnp.concatenate([coefficients, companion])[:, None, :])  # fmt: skip
+    there = layout.fitting_rows.gather(tables.fitting_present, elements)  # (S_f,)
+    return shells, there[layout.fitting_functions]
+
+
 def _member(layout: TemplateLayout, tables: ElementTables, elements, coords, dtype: str, grid: bool) -> dict:
     """One conformer's integrals, grid weights, AO values, guess and ERI shell values (float64 but the
     AO values, in ``dtype``), from its slots' element rows ``elements`` (natm,)
@@ -163,16 +178,8 @@ def _member(layout: TemplateLayout, tables: ElementTables, elements, coords, dty
         "shell_coefficients": layout.shell_rows.gather(tables.shell_coefficients, elements),
         "one_centre": layout.one_centre_rows.gather(tables.one_centre_eris, elements),  # float64, as the ERIs
     }
-    if len(layout.fitting_functions):  # density fitted: the fitting shells, then each atom's companion
-        natm = len(elements)
-        exponents = layout.fitting_rows.gather(tables.fitting_exponents, elements)  # (S_f, K)
-        coefficients = layout.fitting_rows.gather(tables.fitting_coefficients, elements)
-        k = exponents.shape[1]
-        companion = jnp.zeros((natm, k), exponents.dtype).at[:, 0].set(COMPANION_COEFFICIENT)
-        out["fitting_shells"] = (jnp.concatenate([exponents, jnp.zeros((natm, k), exponents.dtype)]),
-                                 jnp.concatenate([coefficients, companion])[:, None, :])  # fmt: skip
-        there = layout.fitting_rows.gather(tables.fitting_present, elements)  # (S_f,)
-        out["fitting_present"] = there[layout.fitting_functions]
+    if len(layout.fitting_functions):  # density fitted
+        out["fitting_shells"], out["fitting_present"] = member_fitting_shells(layout, tables, elements)
     if not grid:  # Hartree-Fock: no grid at all
         return {**out, "weights": jnp.zeros(0, coords.dtype)}
     points = layout.point_rows

@@ -18,11 +18,9 @@ call.
 - **Two-electron terms** of exact ERIs: the dot product of the bucket plan's s8 ERIs with their
   coefficients m_u (D_pq D_rs / 2 - a_x (D_pr D_qs + D_ps D_qr) / 8), the coefficients formed on
   the device from the packed index (:func:`eri_coefficients`), the ERIs differentiated in the
-  integral source's precision. A density-fitted bucket's two-electron part is left to the caller,
-  which adds its J-K backend's (libcint's derivative integrals,
-  :mod:`pyscf_ipu.two_electron_gradient`): differentiated here, through the fitted factor or as
-  the pullback of the raw 3-centre integrals and metric, the program compiled for over five minutes
-  for water at def2-SVP (``docs/decisions/device-forces.md``).
+  integral source's precision. A density-fitted bucket's are not differentiated but computed: the
+  derivative 3-centre and metric integrals contracted with their weights
+  (:mod:`pyscf_ipu.integrals.fitting_gradient`), in float64, as the SCF's factor is.
 
 D and W come from the finalisation's float64 orbitals on the device, so nothing returns to the
 host between the SCF and the forces. Everything but the ERIs is float64.
@@ -37,18 +35,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .assembly import device_tables, member_one_electron, nuclear_repulsion, template_layout
+from .assembly import device_tables, fitting_plan, member_fitting_shells, member_one_electron, nuclear_repulsion, template_layout
 from .grid import AtomGrids, grid_coords_and_weights
 from .integrals.ao_values import AOConstants, ao_kernel
-from .integrals.eri import ShellValues, eri_s8
+from .integrals.eri import ShellValues, chunk_batch, eri_s8, eri_structure, static_tables
 from .integrals.eri import device_tables as eri_device_tables
+from .integrals.fitting import fitting_kinds, fitting_static, fitting_structure, plan_indices
+from .integrals.fitting_gradient import fitted_gradient_member
 from .numint import xc_energy
 from .programs import compiled
 from .buckets import SizeBucket
 from .templates import bucket_template
 from .xc.functionals import Functional
 
-FITTED = "fitted"  # the two-electron part of a density-fitted bucket (else: the exact ERIs' precision)
+FITTED = "fitted"  # the two-electron part of a density-fitted bucket, in float64 (else: the exact ERIs' precision)
 FORCES_GRID_BLOCK = 2048  # grid points whose AO values (and their derivatives) the gradient holds at once
 PADDING_OFFSET = 0.37  # Bohr along each axis from its atom: where a padding point of the grid sits
 
@@ -148,13 +148,37 @@ class GradientSettings:
 
     functional: Functional
     grid: bool  # whether the functional has a part on the grid
-    two_electron: str  # the exact ERIs' precision, or FITTED: a density-fitted bucket's is added by its caller
+    two_electron: str  # the exact ERIs' precision, or FITTED: a density-fitted bucket's
     bucket: SizeBucket
 
 
-def _batch_gradient(settings: GradientSettings, layout, tables, elements, coords, orbitals):
+def _fitted_two_electron(settings: GradientSettings, layout, tables, structure, elements, coords, dm, orbitals):
+    """(C, natm, 3) the density-fitted two-electron gradients of a batch, a conformer at a time
+    (lax.map: each holds its 3-centre integrals), at densities ``dm`` (C, Np, Np) of ``orbitals``."""
+    template = bucket_template(settings.bucket)
+    plan = fitting_plan(template)
+    kinds = (static_tables(template.plan)[0], fitting_kinds(plan))
+    orbital_structure, fitting_arrays, indices = structure
+    mo_coeff, _, occupied = orbitals
+    columns = settings.bucket.occupied  # the bucket's bound on the occupied orbitals
+
+    def member(args):
+        element, position, density, coefficients, count = args
+        orbital_shells = (layout.shell_rows.gather(tables.shell_exponents, element),
+                          layout.shell_rows.gather(tables.shell_coefficients, element))  # fmt: skip
+        fitting_shells, fitting_present = member_fitting_shells(layout, tables, element)
+        occupied_orbitals = jnp.where(jnp.arange(columns) < count, coefficients[:, :columns], 0.0)  # (Np, O)
+        return fitted_gradient_member(fitting_static(plan), kinds, (orbital_structure, fitting_arrays), indices,
+                                      (orbital_shells, fitting_shells), position, element != 0, fitting_present,
+                                      density, occupied_orbitals, settings.functional.hf_exchange, chunk_batch())  # fmt: skip
+
+    return jax.lax.map(member, (elements, coords, dm, mo_coeff, occupied))
+
+
+def _batch_gradient(settings: GradientSettings, layout, tables, structure, elements, coords, orbitals):
     """(C, natm, 3) dE/dR of a batch from its finalisation's ``orbitals`` (coefficients (C, Np, Np),
-    energies (C, Np), occupied counts (C,)); the kernel of :data:`gradient_program`."""
+    energies (C, Np), occupied counts (C,)); the kernel of :data:`gradient_program`. ``structure``:
+    a density-fitted bucket's plan arrays (:func:`_fitted_structure`), else empty."""
     functional, two_electron = settings.functional, settings.two_electron
     template = bucket_template(settings.bucket)
     dm, weighted = jax.vmap(orbital_densities)(*orbitals)
@@ -162,15 +186,26 @@ def _batch_gradient(settings: GradientSettings, layout, tables, elements, coords
 
     def energy(coords):
         one = jnp.sum(jax.vmap(member_energy)(elements, coords, dm, weighted))
-        if two_electron == FITTED:  # the caller adds it (the module's docstring says why)
+        if two_electron == FITTED:  # computed as a gradient below
             return one
         return one + _exact_two_electron(template.plan, tables, layout, elements, coords, dm, functional.hf_exchange,
                                          two_electron)  # fmt: skip
 
-    return jax.grad(energy)(coords)
+    gradient = jax.grad(energy)(coords)
+    if two_electron == FITTED:
+        gradient = gradient + _fitted_two_electron(settings, layout, tables, structure, elements, coords, dm, orbitals)
+    return gradient
 
 
 gradient_program = compiled(_batch_gradient, static_argnums=0, name="forces")
+
+
+def _fitted_structure(template) -> tuple:
+    """A density-fitted bucket's plan arrays on the device, made outside the trace (their caches must
+    not keep a trace's values): the orbital and fitting pair stages' index arrays and the groups'
+    destination parts."""
+    plan = fitting_plan(template)
+    return eri_structure(template.plan), fitting_structure(plan), plan_indices(plan)
 
 
 def batch_gradients(settings: GradientSettings, elements, coords, present: frozenset[str], orbitals) -> jax.Array:
@@ -179,9 +214,13 @@ def batch_gradients(settings: GradientSettings, elements, coords, present: froze
     elements ``present`` among them) at the finalisation's ``orbitals``: coefficients (C, Np, Np),
     energies (C, Np) and occupied counts (C,). Dispatched, not waited for."""
     template = bucket_template(settings.bucket)
-    eri_device_tables(template.plan, 1)  # outside the trace: its caches must not keep a trace's values
     mo_coeff, mo_energy, occupied = orbitals
     with jax.enable_x64(True):
-        return gradient_program(settings, template_layout(template), device_tables(template, present),
+        if settings.two_electron == FITTED:
+            structure = _fitted_structure(template)
+        else:
+            structure = ()
+            eri_device_tables(template.plan, 1)  # outside the trace: its caches must not keep a trace's values
+        return gradient_program(settings, template_layout(template), device_tables(template, present), structure,
                                 jnp.asarray(elements, jnp.int32), jnp.asarray(coords, jnp.float64),
                                 (mo_coeff, mo_energy, jnp.asarray(occupied, jnp.int32)))  # fmt: skip

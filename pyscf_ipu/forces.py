@@ -80,15 +80,6 @@ def nuclear_gradient(molecule: Molecule, result: SCFResult, method: Method, grid
         return np.asarray(gradient) + one_electron + two_electron
 
 
-def two_electron_part(molecule: Molecule, result: SCFResult, method: Method) -> np.ndarray:
-    """(natm, 3) the derivative of the two-electron energy that ``method``'s J-K backend computed, at
-    ``result``'s converged orbitals."""
-    occupied = result.mo_coeff[:, : molecule.nelectron // 2]
-    with jax.enable_x64(True):
-        return method.backend.two_electron_gradient(build_mole(molecule, result.config.basis), result.config, occupied,
-                                                    method.functional.hf_exchange)  # fmt: skip
-
-
 def one_electron_gradient(mol, dm: np.ndarray, weighted: np.ndarray) -> np.ndarray:
     """(natm, 3) the derivative of tr D (T + V) - tr W S at fixed D and W (N, N), from libcint's
     derivative integrals in float64.

@@ -5,8 +5,7 @@ Two strategies behind one interface (:class:`GradientSource`), registered by nam
 
 - :class:`DeviceGradients`: one bucket-shaped program for the whole batch
   (:mod:`pyscf_ipu.device_forces`), dispatched right behind the SCF and its finalisation, reading
-  their orbitals where they are: nothing per conformer on the host but reading the result, except
-  a density-fitted batch's two-electron part, which its J-K backend adds from libcint.
+  their orbitals where they are: nothing per conformer on the host but reading the result.
 - :class:`HostGradients`: conformer by conformer once the labels are read
   (:func:`pyscf_ipu.forces.nuclear_gradient`): libcint's derivative integrals and a program per
   molecule composition; the reference, and what a host preparation (libcint's integrals) needs.
@@ -23,7 +22,7 @@ import jax
 import numpy as np
 
 from .device_forces import FITTED, GradientSettings, batch_gradients
-from .forces import nuclear_gradient, two_electron_part
+from .forces import nuclear_gradient
 from .integral_sources import bucket_inputs
 from .method import Method
 from .results import SCFResult
@@ -47,16 +46,10 @@ class GradientSource(Protocol):
 class _DevicePending:
     by_slot: jax.Array  # (C, natm_padded, 3)
     slots: list[np.ndarray]  # each member's slot of each of its atoms
-    fitted: list | None  # a density-fitted batch's molecules, whose two-electron part the J-K backend adds
-    method: Method
 
     def gradients(self, results):
         by_slot = np.asarray(self.by_slot)
-        out = [None if r is None else by_slot[c][slot] for c, (r, slot) in enumerate(zip(results, self.slots))]
-        if self.fitted is not None:
-            out = [None if r is None else g + two_electron_part(m, r, self.method)
-                   for g, m, r in zip(out, self.fitted, results)]  # fmt: skip
-        return out
+        return [None if r is None else by_slot[c][slot] for c, (r, slot) in enumerate(zip(results, self.slots))]
 
 
 @dataclass(frozen=True)
@@ -82,7 +75,7 @@ class DeviceGradients:
             slot = np.empty(molecule.natom, int)
             slot[atoms[atoms >= 0]] = np.flatnonzero(atoms >= 0)
             slots.append(slot)
-        return _DevicePending(by_slot, slots, molecules if two_electron == FITTED else None, method)
+        return _DevicePending(by_slot, slots)
 
 
 @dataclass(frozen=True)

@@ -290,8 +290,8 @@ def test_one_device_program_serves_two_compositions_of_a_bucket_as_the_host_path
 
 
 def test_density_fitted_device_gradients_match_pyscfs_with_grid_response():
-    """A density-fitted batch on the JAX integrals: the device program for all but the two-electron
-    part, which the J-K backend adds from libcint's derivative integrals, against PySCF's
+    """A density-fitted batch on the JAX integrals, its two-electron part from the device's derivative
+    3-centre and metric integrals (pyscf_ipu.integrals.fitting_gradient), against PySCF's
     density-fitted gradient with grid response (water, def2-SVP, float64): measured 2.3e-8."""
     from pyscf import gto
 

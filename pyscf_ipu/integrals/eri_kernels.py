@@ -100,6 +100,61 @@ def _pair_data(la, lb, factors: PairFactors, p, scale, ab):
     return e.reshape(n, k2, -1, h), pa
 
 
+@lru_cache(maxsize=None)
+def _lowered(order: int) -> tuple[np.ndarray, np.ndarray]:
+    """(3, H+) for the Hermite indices of ``order`` + 1, per axis: the position among those of
+    ``order`` of the index one lower along the axis, and whether there is one."""
+    position = {h: n for n, h in enumerate(hermite_indices(order))}
+    lower = [[tuple(x - (k == axis) for k, x in enumerate(h)) for h in hermite_indices(order + 1)] for axis in range(3)]
+    return (np.array([[position.get(g, 0) for g in row] for row in lower], np.int32),
+            np.array([[g in position for g in row] for row in lower]))  # fmt: skip
+
+
+def raised(order: int, e):
+    r"""(..., 3, S, H+) the Hermite matrices ``e`` (..., S, H) of a distribution of Hermite ``order``,
+    moved along each axis: d/dP_x \Lambda_{tuv} = \Lambda_{t+1,u,v}, so a centre's derivative has
+    E'_{tuv} = E_{t-1,u,v} (the indices of order + 1, H+ of them)."""
+    source, valid = _lowered(order)
+    moved = jnp.take(e, jnp.asarray(source.reshape(-1)), axis=-1).reshape(*e.shape[:-1], 3, -1)
+    return jnp.moveaxis(jnp.where(jnp.asarray(valid), moved, 0.0), -2, -3)
+
+
+def _pair_derivatives(la, lb, factors: PairFactors, p, scale, ab):
+    r"""(n, K2, 2, 3, S_a S_b, H+): the Hermite matrices of the derivatives of each primitive product
+    with respect to its first centre A and its second B, along x, y and z, at Hermite order l_a + l_b
+    + 1. E depends on A - B and the product's centre P = (aA + bB)/p moves with both, so
+
+    .. math::  \partial_{A_x} \Omega = \sum_{tuv} (\partial_{A_x} E_{tuv} + \tfrac{a}{p} E_{t-1,u,v}) \Lambda_{tuv},
+               \quad \partial_{B_x} \Omega = \sum_{tuv} (-\partial_{A_x} E_{tuv} + \tfrac{b}{p} E_{t-1,u,v}) \Lambda_{tuv}:
+
+    a derivative integral is a forward one of a distribution one order up, and the kernels need
+    nothing new. The derivatives of E in A - B by forward differentiation (elementwise)."""
+    def e_of(ab):
+        return _pair_data(la, lb, factors, p, scale, ab)[0]
+
+    units = jnp.broadcast_to(jnp.eye(3, dtype=ab.dtype)[:, None, :], (3, *ab.shape))  # (3, n, 3)
+    e, slope = jax.vmap(lambda unit: jax.jvp(e_of, (ab,), (unit,)), out_axes=(None, 0))(units)  # slope (3, n, K2, S, H)
+    moved = raised(max(la) + max(lb), e)  # (n, K2, 3, S, H+)
+    slope = jnp.pad(jnp.moveaxis(slope, 0, 2), [(0, 0)] * 4 + [(0, moved.shape[-1] - e.shape[-1])])
+    a, b = factors.a_frac[:, :, None, None, None], factors.b_frac[:, :, None, None, None]
+    return jnp.stack([slope + a * moved, -slope + b * moved], 2)
+
+
+def pair_derivative_stage(kinds, pairs, shells, difference):
+    """Per pair class: (the Hermite matrices of its products' derivatives (n, K2, 6 S, H+), in the
+    order (centre A or B, axis, AO pair), p, P - A, first atom, second atom) of one conformer, from
+    the arguments of :func:`pair_stage`, in their precision."""
+    exponents, coefficients = shells
+    data = []
+    for kind, (first, second, atom_a, atom_b) in zip(kinds, pairs):
+        factors, p, scale = pair_factors(exponents, coefficients, first, second, kind)
+        ab = difference[atom_a, atom_b]
+        derivative = _pair_derivatives(kind[0], kind[1], factors, p, scale, ab)
+        pa = -factors.b_frac[None] * ab.T[:, :, None]  # (3, n, K2)
+        data.append((derivative.reshape(*p.shape, -1, derivative.shape[-1]), p, pa, atom_a, atom_b))
+    return tuple(data)
+
+
 def ket_signed(ket_order: int, e_ket):
     """The ket's Hermite matrix with the signs (-1)^(tau + nu + phi) of the Coulomb contraction, per ket
     pair as (n, Y, K2k H_k), the layout of a chunk's matmul against R."""

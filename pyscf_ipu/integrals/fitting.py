@@ -123,35 +123,37 @@ def _pair_functions(plan: EriPlan, pair: PairClass) -> np.ndarray:
     return index.astype(np.int32)
 
 
-def _flattened(members, rows: int, data) -> tuple:
+def flattened(members, rows: int, data, atom_fields: int = 1) -> tuple:
     """A group's pair data (its ``members``' classes in ``data``) as rows of one primitive pair each (the
-    kernel's K2 = 1), padded to ``rows``: (E (R, 1, S, H), p (R, 1), P - A (3, R, 1), first atom (R,));
+    kernel's K2 = 1), padded to ``rows``: (E (R, 1, S, H), p (R, 1), P - A (3, R, 1), then the first
+    ``atom_fields`` atom fields (R,) each: the first atom, and for a derivative's data the second);
     padding p = 1 (no division by zero) and E = 0 (no values)."""
     parts = [data[k] for k, _ in members]
     e = jnp.concatenate([d[0].reshape(-1, 1, *d[0].shape[2:]) for d in parts])
     p = jnp.concatenate([d[1].reshape(-1, 1) for d in parts])
     pa = jnp.concatenate([d[2].reshape(3, -1, 1) for d in parts], axis=1)
-    atom = jnp.concatenate([jnp.repeat(d[3], k2) for d, (_, k2) in zip(parts, members)])
+    atoms = [jnp.concatenate([jnp.repeat(d[3 + f], k2) for d, (_, k2) in zip(parts, members)])
+             for f in range(atom_fields)]  # fmt: skip
     extra = rows - e.shape[0]
     return (jnp.pad(e, [(0, extra), (0, 0), (0, 0), (0, 0)]), jnp.pad(p, [(0, extra), (0, 0)], constant_values=1.0),
-            jnp.pad(pa, [(0, 0), (0, extra), (0, 0)]), jnp.pad(atom, (0, extra)))  # fmt: skip
+            jnp.pad(pa, [(0, 0), (0, extra), (0, 0)]), *(jnp.pad(a, (0, extra)) for a in atoms))  # fmt: skip
 
 
-def _order(components) -> int:
+def hermite_order(components) -> int:
     return max(components[0]) + max(components[1])
 
 
-def _stage(bra, ket, shifts, size: int, width: int, batch: int):
-    """Every (bra group | ket group) of one stage, added into a flat (size,) array. ``bra`` and ``ket``:
-    per group (its components, its flattened data, its destination parts); the value of bra row i's
-    function s and ket row j's function t goes to ket_index[j, t] * width + bra_index[i, s] (a
-    contracted pair's or function's primitives add up there). A scan over ``batch`` chunks at a time
-    adds each step's values at once, so only one step's uncontracted values are ever held."""
-    out = jnp.zeros(size, shifts.dtype)
-    index_dtype = jnp.int32 if size < np.iinfo(np.int32).max else jnp.int64
-    for (bra_components, (e_bra, p_bra, pa_bra, atom_bra), bra_index) in bra:
-        for (ket_components, (e_ket, p_ket, pa_ket, atom_ket), ket_index) in ket:
-            orders = (_order(bra_components), _order(ket_components))
+def scan_squares(bra, ket, shifts, batch: int, carry, consume, raised: int = 0):
+    """Every (bra group | ket group) of one stage, ``batch`` CHUNK x CHUNK squares of rows at a time,
+    handed to ``consume(carry, values, rows, columns, valid, bra atoms, ket atoms) -> carry``: the
+    values (B, I, Y_a, J, Y_b), each row's and column's destination parts (B, I, S_a) and (B, J, S_b),
+    whether a value has a destination (B, I, S_a, J, S_b), and each side's atoms (per atom field,
+    (B, I) or (B, J)). ``bra`` and ``ket``: per group (its components, its flattened data: (E, p,
+    P - A, atom fields...), its destination parts); the bra's Hermite order is its components' plus
+    ``raised`` (a derivative's distributions are one order up). Only one step's values are ever held."""
+    for (bra_components, (e_bra, p_bra, pa_bra, *atoms_bra), bra_index) in bra:
+        for (ket_components, (e_ket, p_ket, pa_ket, *atoms_ket), ket_index) in ket:
+            orders = (hermite_order(bra_components) + raised, hermite_order(ket_components))
             signed = ket_signed(orders[1], e_ket)
             signed = signed.reshape(-1, CHUNK, *signed.shape[1:])
             chunks = np.stack(np.meshgrid(np.arange(len(bra_index) // CHUNK), np.arange(len(ket_index) // CHUNK),
@@ -160,45 +162,67 @@ def _stage(bra, ket, shifts, size: int, width: int, batch: int):
             real = np.arange(steps * batch) < len(chunks)  # padding steps repeat chunk 0, and add nothing
             chunks = np.concatenate([chunks, np.zeros((steps * batch - len(chunks), 2), chunks.dtype)])
 
-            def step(out, xs, bra=(e_bra, p_bra, pa_bra, atom_bra, bra_index), ket=(p_ket, pa_ket, atom_ket, ket_index),
-                     signed=signed, orders=orders):  # fmt: skip
-                (e_b, p_b, pa_b, atom_b, bra_index), (p_k, pa_k, atom_k, ket_index) = bra, ket
+            def step(carry, xs, bra=(e_bra, p_bra, pa_bra, atoms_bra, bra_index),
+                     ket=(p_ket, pa_ket, atoms_ket, ket_index), signed=signed, orders=orders):  # fmt: skip
+                (e_b, p_b, pa_b, atoms_b, bra_index), (p_k, pa_k, atoms_k, ket_index) = bra, ket
                 chunks, real = xs  # (B, 2), (B,)
                 first, second = chunks[:, 0], chunks[:, 1]
+                atoms_b = [by_chunk(a, first) for a in atoms_b]  # (B, I) each
+                atoms_k = [by_chunk(a, second) for a in atoms_k]  # (B, J) each
                 left = (by_chunk(e_b, first), by_chunk(p_b, first), by_chunk(pa_b, first, 1))
-                ac = shifts[by_chunk(atom_b, first)[:, None, :], by_chunk(atom_k, second)[:, :, None]]
+                ac = shifts[atoms_b[0][:, None, :], atoms_k[0][:, :, None]]
                 right = (by_chunk(p_k, second), by_chunk(pa_k, second, 1), second, ac)
-                values = jax.vmap(lambda l, r: chunk_of(*orders, l, r, signed))(left, right)  # (B, I, S_ab, J, S_P)
-                rows = by_chunk(bra_index, first).astype(index_dtype)  # (B, I, S_ab)
-                columns = by_chunk(ket_index, second).astype(index_dtype)  # (B, J, S_P)
+                values = jax.vmap(lambda l, r: chunk_of(*orders, l, r, signed))(left, right)  # (B, I, Y_a, J, Y_b)
+                rows = by_chunk(bra_index, first)  # (B, I, S_a)
+                columns = by_chunk(ket_index, second)  # (B, J, S_b)
                 valid = ((rows != NOWHERE)[:, :, :, None, None] & (columns != NOWHERE)[:, None, None, :, :]
                          & real[:, None, None, None, None])  # fmt: skip
-                destination = jnp.where(valid, columns[:, None, None, :, :] * width + rows[:, :, :, None, None], size)
-                return out.at[destination.reshape(-1)].add(values.reshape(-1), mode="drop"), None
+                return consume(carry, values, rows, columns, valid, atoms_b, atoms_k), None
 
-            out, _ = jax.lax.scan(step, out, (jnp.asarray(chunks.reshape(steps, batch, 2), jnp.int32),
-                                              jnp.asarray(real.reshape(steps, batch))))  # fmt: skip
-    return out
+            carry, _ = jax.lax.scan(step, carry, (jnp.asarray(chunks.reshape(steps, batch, 2), jnp.int32),
+                                                  jnp.asarray(real.reshape(steps, batch))))  # fmt: skip
+    return carry
+
+
+def _stage(bra, ket, shifts, size: int, width: int, batch: int):
+    """Every (bra group | ket group) of one stage (:func:`scan_squares`), added into a flat (size,)
+    array: the value of bra row i's function s and ket row j's function t goes to ket_index[j, t] *
+    width + bra_index[i, s] (a contracted pair's or function's primitives add up there)."""
+    index_dtype = jnp.int32 if size < np.iinfo(np.int32).max else jnp.int64
+
+    def add(out, values, rows, columns, valid, *_):
+        rows, columns = rows.astype(index_dtype), columns.astype(index_dtype)
+        destination = jnp.where(valid, columns[:, None, None, :, :] * width + rows[:, :, :, None, None], size)
+        return out.at[destination.reshape(-1)].add(values.reshape(-1), mode="drop")
+
+    return scan_squares(bra, ket, shifts, batch, jnp.zeros(size, shifts.dtype), add)
+
+
+def fitted_integrals(static, indices, data, shifts, present, batch: int):
+    """One conformer's 3-centre integrals T (Qp, npair) and metric M (Qp, Qp) in the precision of its
+    pair ``data`` (float64), from the orbital and fitting pair data (the orbital plan's classes, then
+    the fitting ones), the atoms' differences ``shifts`` and which fitting functions are there,
+    ``present`` (Qp,); the metric of a padding function is a unit diagonal. ``static``: per side,
+    each group's (members, components), then Qp and npair (:func:`fitting_static`); ``indices``: per
+    side, each group's destination parts."""
+    orbital, fitting, naux, npair = static
+    orbital, fitting = groups_of(orbital, indices[0], data), groups_of(fitting, indices[1], data)
+    three = _stage(orbital, fitting, shifts, naux * npair, npair, batch)
+    metric = _stage(fitting, fitting, shifts, naux * naux, naux, batch)
+    return three.reshape(naux, npair), metric.reshape(naux, naux) + jnp.diag(jnp.where(present, 0.0, 1.0))
+
+
+def groups_of(groups, group_indices, data, atom_fields: int = 1) -> list:
+    """Each group of one side as (components, its :func:`flattened` ``data``, its destination parts)."""
+    return [(components, flattened(members, len(index), data, atom_fields), index)
+            for (members, components), index in zip(groups, group_indices)]  # fmt: skip
 
 
 def factor_member(static, indices, data, shifts, present, batch: int):
-    """One conformer's factor B (Qp, npair) in the precision of its pair ``data`` (float64), from
-    the orbital and fitting pair data (the orbital plan's classes, then the fitting ones), the atoms'
-    differences ``shifts`` and which fitting functions are there, ``present`` (Qp,). ``static``: per
-    side, each group's (members, components), then Qp and npair (:func:`fitting_static`);
-    ``indices``: per side, each group's destination parts."""
-    orbital, fitting, naux, npair = static
-
-    def side(groups, group_indices):
-        return [(components, _flattened(members, len(index), data), index)
-                for (members, components), index in zip(groups, group_indices)]  # fmt: skip
-
-    orbital, fitting = side(orbital, indices[0]), side(fitting, indices[1])
-    three = _stage(orbital, fitting, shifts, naux * npair, npair, batch)
-    metric = _stage(fitting, fitting, shifts, naux * naux, naux, batch)
-    metric = metric.reshape(naux, naux) + jnp.diag(jnp.where(present, 0.0, 1.0))  # padding: a unit diagonal
+    """One conformer's factor B = L^-1 T (Qp, npair), L L^T = M, of :func:`fitted_integrals`."""
+    three, metric = fitted_integrals(static, indices, data, shifts, present, batch)
     lower = jnp.linalg.cholesky(metric)
-    return jax.scipy.linalg.solve_triangular(lower, three.reshape(naux, npair), lower=True)
+    return jax.scipy.linalg.solve_triangular(lower, three, lower=True)
 
 
 def _factor_program(static, indices, data, shifts, present, batch: int, dtype: str):
