@@ -35,14 +35,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .assembly import device_tables, fitting_plan, member_fitting_shells, member_one_electron, nuclear_repulsion, template_layout
+from .assembly import (device_tables, fitting_plan, member_fitting_shells, member_one_electron, nuclear_repulsion,
+                       template_layout)
 from .grid import AtomGrids, grid_coords_and_weights
 from .integrals.ao_values import AOConstants, ao_kernel
 from .integrals.eri import ShellValues, chunk_batch, eri_s8, eri_structure, static_tables
 from .integrals.eri import device_tables as eri_device_tables
 from .integrals.fitting import fitting_kinds, fitting_static, fitting_structure, plan_indices
-from .integrals.fitting_gradient import fitted_gradient_member
+from .integrals.fitting_gradient import FittedGradientPlan, fitted_gradient_member
 from .numint import xc_energy
+from .packed import traced_tril_unpack
 from .programs import compiled
 from .buckets import SizeBucket
 from .templates import bucket_template
@@ -61,22 +63,13 @@ def orbital_densities(mo_coeff, mo_energy, occupied):
     return 2.0 * c @ c.T, 2.0 * (c * jnp.where(mask, mo_energy, 0.0)) @ c.T
 
 
-def _tril_unpack(t):
-    """Packed lower-triangle index t = a(a+1)/2 + b (b <= a) -> (a, b), exactly (the host's
-    :func:`~pyscf_ipu.packed.tril_unpack`, traced)."""
-    a = jnp.floor((jnp.sqrt(8.0 * t.astype(jnp.float64) + 1.0) - 1.0) / 2.0).astype(t.dtype)
-    a = a - (a * (a + 1) // 2 > t)
-    a = a + ((a + 1) * (a + 2) // 2 <= t)
-    return a, t - a * (a + 1) // 2
-
-
 def eri_coefficients(dm, exchange: float, size: int, dtype):
     """(size,) d E_2e / d (u) for every s8-packed ERI u at the density ``dm`` (N, N), on the device:
     m_u (D_pq D_rs / 2 - a_x (D_pr D_qs + D_ps D_qr) / 8), m_u the number of distinct index
     permutations of u (:func:`pyscf_ipu.two_electron_gradient.two_electron_coefficients`, traced)."""
     u = jnp.arange(size, dtype=jnp.int64)
-    ij, kl = _tril_unpack(u)
-    (p, q), (r, s) = _tril_unpack(ij), _tril_unpack(kl)
+    ij, kl = traced_tril_unpack(u)
+    (p, q), (r, s) = traced_tril_unpack(ij), traced_tril_unpack(kl)
     multiplicity = 8.0 / ((1.0 + (p == q)) * (1.0 + (r == s)) * (1.0 + (ij == kl)))
     coulomb = 0.5 * dm[p, q] * dm[r, s]
     exact = 0.125 * exchange * (dm[p, r] * dm[q, s] + dm[p, s] * dm[q, r])
@@ -95,7 +88,8 @@ def _xc_energy(functional: Functional, layout, tables, elements, coords, dm):
     owners = jnp.asarray(rows.slot)
     count = -(-offsets.shape[0] // FORCES_GRID_BLOCK)
     pad = count * FORCES_GRID_BLOCK - offsets.shape[0]
-    blocks = (jnp.pad(offsets, ((0, pad), (0, 0)), constant_values=PADDING_OFFSET).reshape(count, -1, 3), jnp.pad(volumes, (0, pad)).reshape(count, -1),
+    blocks = (jnp.pad(offsets, ((0, pad), (0, 0)), constant_values=PADDING_OFFSET).reshape(count, -1, 3),
+              jnp.pad(volumes, (0, pad)).reshape(count, -1),
               jnp.pad(owners, (0, pad)).reshape(count, -1))  # fmt: skip
     adjust, present = tables.radii_adjust[elements[:, None], elements[None, :]], elements != 0
     cartesian = layout.cartesian_rows
@@ -161,6 +155,8 @@ def _fitted_two_electron(settings: GradientSettings, layout, tables, structure, 
     orbital_structure, fitting_arrays, indices = structure
     mo_coeff, _, occupied = orbitals
     columns = settings.bucket.occupied  # the bucket's bound on the occupied orbitals
+    gradient_plan = FittedGradientPlan(fitting_static(plan), kinds, (orbital_structure, fitting_arrays), indices,
+                                       chunk_batch())  # fmt: skip
 
     def member(args):
         element, position, density, coefficients, count = args
@@ -168,9 +164,8 @@ def _fitted_two_electron(settings: GradientSettings, layout, tables, structure, 
                           layout.shell_rows.gather(tables.shell_coefficients, element))  # fmt: skip
         fitting_shells, fitting_present = member_fitting_shells(layout, tables, element)
         occupied_orbitals = jnp.where(jnp.arange(columns) < count, coefficients[:, :columns], 0.0)  # (Np, O)
-        return fitted_gradient_member(fitting_static(plan), kinds, (orbital_structure, fitting_arrays), indices,
-                                      (orbital_shells, fitting_shells), position, element != 0, fitting_present,
-                                      density, occupied_orbitals, settings.functional.hf_exchange, chunk_batch())  # fmt: skip
+        return fitted_gradient_member(gradient_plan, (orbital_shells, fitting_shells), position, element != 0,
+                                      fitting_present, density, occupied_orbitals, settings.functional.hf_exchange)  # fmt: skip
 
     return jax.lax.map(member, (elements, coords, dm, mo_coeff, occupied))
 

@@ -84,6 +84,14 @@ def tril_unpack(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return a, t - a * (a + 1) // 2
 
 
+def traced_tril_unpack(t: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """:func:`tril_unpack` of a JAX integer array, in its integer type (inside a program)."""
+    a = jnp.floor((jnp.sqrt(8.0 * t.astype(jnp.float64) + 1.0) - 1.0) / 2.0).astype(t.dtype)
+    a = a - (a * (a + 1) // 2 > t)
+    a = a + ((a + 1) * (a + 2) // 2 <= t)
+    return a, t - a * (a + 1) // 2
+
+
 def pair_index(nao: int, nao_padded: int | None = None) -> np.ndarray:
     """(Np, Np) int32: the pair number of (i, j), i.e. of (max, min); padded AOs point at npair."""
     npad = nao_padded or nao

@@ -124,11 +124,15 @@ def _pair_derivatives(la, lb, factors: PairFactors, p, scale, ab):
     with respect to its first centre A and its second B, along x, y and z, at Hermite order l_a + l_b
     + 1. E depends on A - B and the product's centre P = (aA + bB)/p moves with both, so
 
-    .. math::  \partial_{A_x} \Omega = \sum_{tuv} (\partial_{A_x} E_{tuv} + \tfrac{a}{p} E_{t-1,u,v}) \Lambda_{tuv},
-               \quad \partial_{B_x} \Omega = \sum_{tuv} (-\partial_{A_x} E_{tuv} + \tfrac{b}{p} E_{t-1,u,v}) \Lambda_{tuv}:
+    .. math::
 
-    a derivative integral is a forward one of a distribution one order up, and the kernels need
+        \partial_{A_x} \Omega = \sum_{tuv} (\partial_{A_x} E_{tuv} + \tfrac{a}{p} E_{t-1,u,v}) \Lambda_{tuv},
+        \quad \partial_{B_x} \Omega = \sum_{tuv} (-\partial_{A_x} E_{tuv} + \tfrac{b}{p} E_{t-1,u,v})
+        \Lambda_{tuv}.
+
+    So a derivative integral is a forward one of a distribution one order up, and the kernels need
     nothing new. The derivatives of E in A - B by forward differentiation (elementwise)."""
+
     def e_of(ab):
         return _pair_data(la, lb, factors, p, scale, ab)[0]
 

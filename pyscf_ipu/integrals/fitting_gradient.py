@@ -23,10 +23,13 @@ forward stages' size, where differentiating them took minutes to compile
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..packed import traced_tril_unpack
 from .eri_kernels import pair_derivative_stage, pair_stage, raised
 from .fitting import fitted_integrals, groups_of, scan_squares
 
@@ -79,27 +82,33 @@ def _stacked(moved):
     return moved.reshape(*moved.shape[:2], -1, moved.shape[-1])
 
 
-def fitted_gradient_member(static, kinds, structure, indices, shells, coords, present, fitting_present, dm,
-                           occupied, exchange: float, batch: int):  # fmt: skip
+class FittedGradientPlan(NamedTuple):
+    """What a size bucket's plans give the fitted gradient (the same for every conformer)."""
+
+    static: tuple  # the fitting plan's compile-time part (:func:`~.fitting.fitting_static`)
+    kinds: tuple  # the orbital and the fitting pair classes' (l_a, l_b, K_a, K_b)
+    structure: tuple  # their pair stages' index arrays
+    indices: tuple  # the groups' destination parts (:func:`~.fitting.plan_indices`)
+    batch: int  # squares per step (:func:`~.eri.chunk_batch`)
+
+
+def fitted_gradient_member(plan: FittedGradientPlan, shells, coords, present, fitting_present, dm, occupied,
+                           exchange: float):  # fmt: skip
     """(natm, 3) one conformer's density-fitted two-electron gradient dE_2/dR in float64.
 
-    ``static``: the fitting plan's compile-time part (:func:`~.fitting.fitting_static`); ``kinds``:
-    the orbital and the fitting pair classes' (l_a, l_b, K_a, K_b); ``structure``: their pair stages'
-    index arrays; ``indices``: the groups' destination parts (:func:`~.fitting.plan_indices`);
     ``shells``: the orbital and the fitting shells ((S, K), (S, C', K)) each (the fitting ones
     followed by each atom's companion); ``coords`` (natm, 3) Bohr, ``present`` (natm,) the atoms
     there, ``fitting_present`` (Qp,) the fitting functions there; ``dm`` (N, N) and its ``occupied``
-    orbitals (N, O); ``exchange``: a_x. ``batch``: squares per step (:func:`~.eri.chunk_batch`)."""
+    orbitals (N, O); ``exchange``: a_x."""
+    static, kinds, structure, indices, batch = plan
     orbital_groups, fitting_groups, naux, npair = static
     orbital_kinds, fitting_kinds = kinds
     difference = coords[:, None, :] - coords[None, :, :]  # (natm, natm, 3)
     orbital = pair_stage(orbital_kinds, structure[0], shells[0], difference, present, coords.dtype)
     fitting = pair_stage(fitting_kinds, structure[1], shells[1], difference, present, coords.dtype)
     three, metric = fitted_integrals(static, indices, orbital + fitting, difference, fitting_present, batch)
-    t = jnp.arange(npair)
-    i = jnp.floor((jnp.sqrt(8.0 * t + 1.0) - 1.0) / 2.0).astype(t.dtype)  # packed t = i(i+1)/2 + j, j <= i
-    i = i - (i * (i + 1) // 2 > t) + ((i + 1) * (i + 2) // 2 <= t)
-    weights, metric_weights = fitted_weights(three, metric, dm, occupied, exchange, (i, t - i * (i + 1) // 2))
+    pairs = traced_tril_unpack(jnp.arange(npair))  # each packed pair's AOs (i, j), j <= i
+    weights, metric_weights = fitted_weights(three, metric, dm, occupied, exchange, pairs)
     # the derivatives' pair data, indexed as the forward data: the orbital classes', then the fitting ones'
     moved = tuple((_stacked(raised(max(la) + max(lb), e)), p, pa, atom)
                   for (la, lb, _, _), (e, p, pa, atom, _) in zip(fitting_kinds, fitting))  # fmt: skip
