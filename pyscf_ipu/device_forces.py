@@ -164,8 +164,9 @@ def _fitted_two_electron(settings: GradientSettings, layout, tables, structure, 
                           layout.shell_rows.gather(tables.shell_coefficients, element))  # fmt: skip
         fitting_shells, fitting_present = member_fitting_shells(layout, tables, element)
         occupied_orbitals = jnp.where(jnp.arange(columns) < count, coefficients[:, :columns], 0.0)  # (Np, O)
+        exchange = settings.functional.hf_exchange
         return fitted_gradient_member(gradient_plan, (orbital_shells, fitting_shells), position, element != 0,
-                                      fitting_present, density, occupied_orbitals, settings.functional.hf_exchange)  # fmt: skip
+                                      fitting_present, density, occupied_orbitals, exchange)  # fmt: skip
 
     return jax.lax.map(member, (elements, coords, dm, mo_coeff, occupied))
 
