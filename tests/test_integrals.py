@@ -6,6 +6,8 @@ the forces'). The kernels run here on each molecule's own layout; :mod:`tests.te
 them on size buckets' templates.
 """
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -150,16 +152,17 @@ def test_ao_values_and_gradients_match_pyscf(name, basis_name):
 
 def test_ao_values_in_blocks_equal_the_whole_grids():
     """``ao_kernel_in_blocks`` (the assembly's) writes each block of points with the kernel itself, so
-    its (4, G, N) equals the kernel's over the whole grid exactly, over several blocks and a last one."""
+    its (4, G, N) equals the kernel's over the whole grid exactly, over several blocks and a last one;
+    a grid within its block size is one block, the kernel itself."""
     from pyscf import dft
 
-    from pyscf_ipu.integrals.ao_values import AO_BLOCK_POINTS, ao_kernel, ao_kernel_in_blocks, ao_tables, constants
+    from pyscf_ipu.integrals.ao_values import ao_kernel, ao_kernel_in_blocks, ao_tables, constants
 
     mol = build_mole(MOLECULES["water"](), "6-31g*")
     grids = dft.gen_grid.Grids(mol)
     grids.level = 0
     grids.build(sort_grids=False)
-    points = 3 * AO_BLOCK_POINTS
+    points, block = 3 * 4096, 4096
     coords = np.resize(grids.coords, (points, 3))
     owners = np.resize(np.maximum(grids.atm_idx, 0), points)
     basis = primitive_basis(mol)
@@ -168,8 +171,11 @@ def test_ao_values_in_blocks_equal_the_whole_grids():
             jnp.asarray(coords - basis.coords[owners], jnp.float32),
             jnp.asarray(basis.coords[:, None, :] - basis.coords[tables.atom][None, :, :], jnp.float32), owners,
             np.arange(points) % 5 != 0)  # every fifth point padding  # fmt: skip
-    whole, blocked = (np.asarray(jax.jit(kernel)(*args)) for kernel in (ao_kernel, ao_kernel_in_blocks))
+    in_blocks = partial(ao_kernel_in_blocks, most_values=block * len(tables.atom))  # three blocks
+    whole, blocked = (np.asarray(jax.jit(kernel)(*args)) for kernel in (ao_kernel, in_blocks))
     np.testing.assert_array_equal(blocked, whole)
+    lowered = jax.jit(in_blocks).lower(*args).as_text()
+    assert "while" in lowered and "while" not in jax.jit(ao_kernel_in_blocks).lower(*args).as_text()
     assert np.abs(whole).max() > 1.0 and not whole[:, ::5].any()
 
 ERI_CI_CASES = {("water", "sto-3g"), ("water", "6-31g*"), ("qm9-21989", "sto-3g")}

@@ -125,19 +125,21 @@ def ao_kernel(constants: AOConstants, offsets, shifts, owners, real):
     return out if cart2sph is None else out @ cart2sph
 
 
-AO_BLOCK_POINTS = 4096  # the most grid points whose (G, Nc) temporaries ao_kernel_in_blocks holds at once
+AO_BLOCK_VALUES = 1 << 21  # the most (point, Cartesian AO) values of each (G, Nc) temporary held at once
 
 
-def ao_kernel_in_blocks(constants: AOConstants, offsets, shifts, owners, real):
-    """:func:`ao_kernel`'s (4, G, N), a block of points at a time written into the one output array:
-    the kernel's (G, Nc) temporaries and its Cartesian (4, G, Nc) stack then exist for a block only,
-    where on a fine grid they would take twice the output's memory. The block is the largest power of
-    two up to :data:`AO_BLOCK_POINTS` that divides G (padded grids are multiples of 256)."""
-    points = offsets.shape[0]
-    size = next((b for b in (AO_BLOCK_POINTS >> k for k in range(8)) if points % b == 0), points)
-    if size >= points:
+def ao_kernel_in_blocks(constants: AOConstants, offsets, shifts, owners, real, most_values: int = AO_BLOCK_VALUES):
+    """:func:`ao_kernel`'s (4, G, N), a block of points at a time written into the one output array,
+    where the whole grid's (G, Nc) temporaries would hold more than ``most_values`` values each: on a
+    fine grid they and the Cartesian (4, G, Nc) stack would take twice the output's memory. A coarser
+    grid goes in one block, since the loop over blocks runs slower. The block is the largest power of
+    two that divides G (padded grids are multiples of 256) within ``most_values``."""
+    points, cartesian = offsets.shape[0], constants.exponents.shape[0]
+    if points * cartesian <= most_values:
         return ao_kernel(constants, offsets, shifts, owners, real)
-    n = constants.exponents.shape[0] if constants.cart2sph is None else constants.cart2sph.shape[1]
+    size = next(b for b in (1 << k for k in range(points.bit_length(), -1, -1))
+                if points % b == 0 and (b * cartesian <= most_values or b == 1))  # fmt: skip
+    n = cartesian if constants.cart2sph is None else constants.cart2sph.shape[1]
 
     def block(b, out):
         piece = [jax.lax.dynamic_slice_in_dim(a, b * size, size) for a in (offsets, owners, real)]
