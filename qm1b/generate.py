@@ -8,14 +8,14 @@ compilation cache spare a restarted run the tracing and compiling. The integrals
 ``auto`` source by default (``--integrals``): the JAX integrals assembled on the device from the
 bucket's template, with libcint's density-fitting factor where the device is the CPU.
 
-Three kinds of thread share the work (:mod:`qm1b.pipeline`): worker threads embed the conformers
-ahead of the device; the main thread sends batch k + 1's positions and dispatches its programs
-before it reads batch k's labels, so that an accelerator always has the next batch; a commit thread
-writes each labelled batch to the shard as one atomic part (see :mod:`qm1b.store`). A killed run
-resumes with ``--resume``: committed conformers and recorded failures are skipped, so at most the
-batch in flight, the one being committed and the one queued for commit are computed again. A run
-whose conformers mostly fail to converge stops (:class:`~qm1b.watch.ConvergenceWatch`): that is a
-broken setup, not hard molecules.
+Threads share the work (:mod:`qm1b.pipeline`): worker threads embed the conformers ahead of the
+device; three labelling threads prepare, dispatch and read out the batches, batch k + 1 prepared and
+dispatched while batch k's labels are read, so that an accelerator always has the next batch; a
+commit thread writes each labelled batch to the shard as one atomic part (see :mod:`qm1b.store`).
+The main thread starts them and waits. A killed run resumes with ``--resume``: committed conformers
+and recorded failures are skipped, so at most the two batches in flight, the one being committed
+and the one queued for commit are computed again. A run whose conformers mostly fail to converge
+stops (:class:`~qm1b.watch.ConvergenceWatch`): that is a broken setup, not hard molecules.
 
 This module is the labelling loop and the dispatch to an executor; the rest is one module per job:
 the settings (:mod:`qm1b.settings`), the batches (:mod:`qm1b.batching`), where outcomes go
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+import threading
 import time
 
 import numpy as np
@@ -39,6 +40,7 @@ from pyscf_ipu.molecule import MoleculeError
 from pyscf_ipu.optimize import relax
 from pyscf_ipu.pyscf_mole import check_basis
 from pyscf_ipu.padding import fill_batch
+from pyscf_ipu.programs import programs_run_on_caller
 from pyscf_ipu.problem import prepare_batch
 from pyscf_ipu.results import SCFResult
 from pyscf_ipu.rks import BatchRun, submit_batch
@@ -47,7 +49,7 @@ from pyscf_ipu.runtime import default_cache_dir, disable_numpy_huge_pages, enabl
 from .batching import Batch, Settled, batch_sizes, batches, bucket_order, check_memory, chosen, prepares_ahead, supply
 from .inputs import Input
 from .ledger import Ledger, committer
-from .pipeline import CommitThread, HostClock
+from .pipeline import MAIN_THREAD, CommitThread, HostClock, run_in_stages
 from .ray_executor import run_ray
 from .schema import Failure
 from .settings import GENERATOR_DFT_DEFAULTS, GenerateConfig, Run, provenance
@@ -79,9 +81,8 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
     :class:`NotConvergingError` once most recent conformers fail to converge
     (:class:`ConvergenceWatch`), after what was committed is merged.
 
-    The conformers are made ahead by worker threads and the batches committed by a thread of their
-    own (:mod:`qm1b.pipeline`); the main thread assembles batch k + 1's inputs and dispatches its
-    programs before it reads batch k's labels, so that an accelerator always has the next batch."""
+    The conformers are made ahead by worker threads, the batches labelled by three threads
+    (:func:`_label_batches`) and committed by one more (:mod:`qm1b.pipeline`)."""
     from tqdm import tqdm
 
     start, gen = time.perf_counter(), run.gen
@@ -110,8 +111,6 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
         bar = tqdm(total=sum(source.expected(m) for m in inputs), unit="conf", disable=not gen.progress,
                    smoothing=0.1, desc=summary.method)  # fmt: skip
         commits = CommitThread(committer(writer), clock)
-        inflight: tuple | None = None  # (Batch, BatchRun, its pending gradients or None, whether its bucket's first)
-        started: set = set()  # the size buckets whose programs are loaded
         done = writer.done()
         supplied = iter(supply(inputs, source, done, clock))  # a generator: its workers start at its first item
         try:
@@ -119,33 +118,9 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
             items = batches(inputs, buckets, source, done, sizes, supplied)
             if gen.relaxes:  # each size bucket's conformers relaxed to their minima, and labelled there
                 _relax_buckets(items, buckets, sizes, method, gen, ledger, clock)
-                items = ()
-            for item in items:
-                if isinstance(item, Settled):
-                    ledger.settle(item)
-                    continue
-                bucket = buckets[item.members[0][0].molecule_id]
-                if inflight is not None and not ahead.get(bucket, True):  # the two would not fit together
-                    ledger.label(inflight[0], *_results(*inflight[:3], clock), steady=not inflight[3])
-                    inflight = prepared = dispatched = pending = None  # its arrays freed before the next batch's are made
-                try:  # a short batch is filled up: every batch of a size bucket then runs the same programs
-                    with clock.stage("inputs"):
-                        molecules = fill_batch(item.molecules, sizes[bucket] if bucket is not None else len(item.members))
-                        prepared = prepare_batch(molecules, method)
-                except MoleculeError as err:  # e.g. an element the basis lacks: the whole molecule fails
-                    ledger.settle(_molecules_failed(item, err))
-                    continue
-                first = bucket not in started  # its programs are loaded or compiled as it is dispatched
-                started.add(bucket)
-                with clock.stage("dispatch"):
-                    dispatched = submit_batch(prepared, method)
-                    # the gradients queued right behind the labels, where the integral source computes them on the device
-                    pending = gradient_source(method).dispatch(dispatched, method) if gen.forces else None
-                if inflight is not None:  # the device worked on it while this batch was prepared
-                    ledger.label(inflight[0], *_results(*inflight[:3], clock), steady=not (first or inflight[3]))
-                inflight = (item, dispatched, pending, first)
-            if inflight is not None:
-                ledger.label(inflight[0], *_results(*inflight[:3], clock), steady=not inflight[3])
+            else:
+                with clock.stage(MAIN_THREAD):
+                    _label_batches(items, buckets, sizes, ahead, method, gen, ledger, clock, supplied.close)
         except NotConvergingError as err:
             stop = err  # the shard closes as usual below: what was committed is merged and kept
         except BaseException:
@@ -159,6 +134,89 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
     if stop is not None:
         raise stop
     return summary
+
+
+class _ProgramLoads:
+    """When the labelling threads load or compile programs (a size bucket's first batch, from its
+    preparation to its dispatch): a batch labelled with no loading since the one before is steady."""
+
+    def __init__(self) -> None:
+        self._lock, self._running, self._ended = threading.Lock(), 0, float("-inf")
+
+    def begin(self) -> None:
+        with self._lock:
+            self._running += 1
+
+    def end(self) -> None:
+        with self._lock:
+            self._running -= 1
+            self._ended = time.perf_counter()
+
+    def none_since(self, moment: float) -> bool:
+        with self._lock:
+            return self._running == 0 and self._ended < moment
+
+
+def _label_batches(items, buckets: dict, sizes: dict, ahead: dict, method: Method, gen: GenerateConfig,
+                   ledger: Ledger, clock: HostClock, on_end) -> None:  # fmt: skip
+    """Label the batches of ``items`` (the batcher's output) in three stages on threads of their own
+    (:func:`~qm1b.pipeline.run_in_stages`): preparing a batch's inputs, dispatching its programs, and
+    reading its labels out for the ledger. Two batches are alive at once: batch k + 1 is prepared and
+    dispatched while batch k's labels are read, so that the device always has the next batch, and the
+    calling thread does nothing per conformer. Where a bucket's batches do not fit the memory budget
+    two at a time (``ahead``), each runs alone. Where the device is the CPU, which runs each program on
+    the thread that calls it, the stages take turns. ``on_end`` stops the conformers' supply."""
+    loads, started = _ProgramLoads(), set()  # the size buckets whose programs are loaded
+
+    def bucket_of(item):
+        return buckets[item.members[0][0].molecule_id]
+
+    def prepare(item):
+        if isinstance(item, Settled):
+            return item
+        bucket = bucket_of(item)
+        first = bucket not in started  # its programs are loaded or compiled as it is prepared and dispatched
+        started.add(bucket)
+        if first:
+            loads.begin()
+        try:  # a short batch is filled up: every batch of a size bucket then runs the same programs
+            with clock.stage("inputs"):
+                molecules = fill_batch(item.molecules, sizes[bucket] if bucket is not None else len(item.members))
+                return item, prepare_batch(molecules, method), first
+        except MoleculeError as err:  # e.g. an element the basis lacks: the whole molecule fails
+            if first:
+                loads.end()
+            return _molecules_failed(item, err)
+        except BaseException:
+            if first:
+                loads.end()
+            raise
+
+    def dispatch(prepared):
+        if isinstance(prepared, Settled):
+            return prepared
+        item, batch, first = prepared
+        try:
+            with clock.stage("dispatch"):
+                dispatched = submit_batch(batch, method)
+                # the gradients queued right behind the labels, where the integral source computes them on the device
+                pending = gradient_source(method).dispatch(dispatched, method) if gen.forces else None
+        finally:
+            if first:
+                loads.end()
+        return item, dispatched, pending
+
+    def label(dispatched):
+        if isinstance(dispatched, Settled):
+            return ledger.settle(dispatched)
+        outcome = _results(*dispatched, clock)
+        ledger.label(dispatched[0], *outcome, steady=loads.none_since(ledger.last_commit))
+
+    def weight(item):  # a batch that does not fit beside another runs alone
+        return 0 if isinstance(item, Settled) else 1 if ahead.get(bucket_of(item), True) else 2
+
+    run_in_stages(items, (prepare, dispatch, label), weight=weight, alive=2, on_end=on_end,
+                  serial=programs_run_on_caller())
 
 
 def _molecules_failed(batch: Batch, err: MoleculeError) -> Settled:

@@ -1,26 +1,31 @@
 """The generator's host side around the device: conformers made ahead by worker threads, batches
-committed by a thread of their own, and the host's CPU time, stage by stage.
+prepared, dispatched and read out by threads of their own, committed by one more, and the host's
+CPU time, stage by stage.
 
 The device should never wait for the host. RDKit's embedding (or reading a geometry file's frames)
 runs on worker threads, ahead of the batch that needs it (:class:`ConformerSupply`; RDKit releases
-Python's lock while it embeds); writing a labelled batch to its shard runs on one more thread
-(:class:`CommitThread`); the main thread only assembles each batch's small inputs, dispatches its
-programs and reads its labels out. :class:`HostClock` counts the CPU time each of these spends
+Python's lock while it embeds); assembling each batch's small inputs, dispatching its programs and
+reading its labels out are stages on threads of their own (:func:`run_in_stages`), each a batch
+apart; writing a labelled batch to its shard runs on one more thread (:class:`CommitThread`). The
+main thread starts them and waits. :class:`HostClock` counts the CPU time each of these spends
 outside compiled programs: the figure that says whether a GPU would be kept busy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from pyscf_ipu.programs import programs_run_on_caller, thread_program_seconds
+
+MAIN_THREAD = "main thread"  # the host stage of the thread that starts the labelling threads and waits for them
 
 
 @dataclass
@@ -142,3 +147,104 @@ class CommitThread:
         self._thread.join()
         if raise_error:
             self._raise()
+
+
+class _Stopped(Exception):
+    """Raised inside a stage thread once another thread has failed: it ends without a word."""
+
+
+def run_in_stages(items: Iterable, stages: Sequence[Callable], weight: Callable = lambda item: 1, alive: int = 2,
+                  on_end: Callable[[], None] = lambda: None, serial: bool = False) -> None:  # fmt: skip
+    """Pass each of ``items`` through ``stages`` in order, each stage on a thread of its own: stage i
+    works on item k while stage i + 1 works on item k - 1, and the calling thread only waits.
+
+    Stage 0 iterates ``items`` (and calls ``on_end`` when it stops, on its own thread); each stage
+    hands what it returns to the next; the last stage's return value is dropped. Items in flight are
+    bounded by weight: an item takes ``weight(item)`` of ``alive`` tokens as it enters stage 0 and gives
+    them back as it leaves the last stage (an item of weight ``alive`` runs alone; one of weight 0
+    waits for nothing). The first exception in any stage, or in the calling thread (an interrupt),
+    stops every stage after the item in hand; it is raised here once every stage thread has ended.
+
+    ``serial``: one stage works at a time (a lock held while it works), for a device that runs each
+    program on the thread that calls it: there the stages would only compete for the same cores, and
+    two programs run at once from two threads can deadlock XLA's CPU client."""
+    stop, errors = threading.Event(), []
+    working = threading.Lock() if serial else contextlib.nullcontext()
+    tokens = threading.Semaphore(alive)
+    queues = [queue.Queue(maxsize=1) for _ in stages[1:]]  # queues[i] feeds stage i + 1
+    end = object()
+
+    def hand_on(index: int, value) -> None:  # waits for room, polled so that a stop ends the wait
+        if index == len(queues):
+            return
+        while not stop.is_set():
+            try:
+                return queues[index].put(value, timeout=0.05)
+            except queue.Full:
+                pass
+        raise _Stopped
+
+    def take(index: int):
+        while not stop.is_set():
+            try:
+                return queues[index - 1].get(timeout=0.05)
+            except queue.Empty:
+                pass
+        raise _Stopped
+
+    def acquire(count: int) -> None:
+        for _ in range(count):
+            while not tokens.acquire(timeout=0.05):
+                if stop.is_set():
+                    raise _Stopped
+
+    def passed(index: int, value, taken: int) -> None:  # stage index is done with an item
+        if index < len(queues):
+            hand_on(index, (value, taken))
+        else:
+            for _ in range(taken):
+                tokens.release()
+
+    def first() -> None:
+        try:
+            for item in items:
+                taken = min(weight(item), alive)
+                acquire(taken)
+                with working:
+                    value = stages[0](item)
+                passed(0, value, taken)
+            hand_on(0, end)
+        finally:
+            on_end()
+
+    def later(index: int) -> None:
+        while (got := take(index)) is not end:
+            with working:
+                value = stages[index](got[0])
+            passed(index, value, got[1])
+        hand_on(index, end)
+
+    def guarded(body, *args) -> None:
+        try:
+            body(*args)
+        except _Stopped:
+            pass
+        except BaseException as err:  # noqa: BLE001 - raised again on the calling thread
+            errors.append(err)
+            stop.set()
+
+    threads = [threading.Thread(target=guarded, args=(first,), name="stage-0", daemon=True)]
+    threads += [threading.Thread(target=guarded, args=(later, i), name=f"stage-{i}", daemon=True)
+                for i in range(1, len(stages))]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join()  # an interrupt (KeyboardInterrupt) ends the wait
+    except BaseException:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        raise
+    if errors:
+        raise errors[0]

@@ -532,16 +532,19 @@ def test_batches_that_fit_only_one_at_a_time_wait_for_each_other_with_the_same_l
     """A memory budget that holds one batch but not one beside the next one prepared: the batches run
     one after another (no refusal: each batch's labels are read before the next is prepared, where
     the run without a budget prepares each next batch first), and the labels equal those of the
-    overlapped run."""
+    overlapped run. Neither preparing nor reading a batch happens on the main thread."""
+    import threading
+
     import qm1b.generate as generator
     from pyscf_ipu.memory import GB, batch_memory
     from pyscf_ipu.resolution import resolve
     from qm1b.batching import batch_sizes, prepares_ahead
 
-    events = []
+    events, threads = [], set()
     for name, event in (("prepare_batch", "prepare"), ("_results", "read")):
         def logged(*args, _original=getattr(generator, name), _event=event, **kwargs):
             events.append(_event)
+            threads.add(threading.current_thread())
             return _original(*args, **kwargs)
         monkeypatch.setattr(generator, name, logged)
 
@@ -560,8 +563,11 @@ def test_batches_that_fit_only_one_at_a_time_wait_for_each_other_with_the_same_l
     assert not any(prepares_ahead(tight.resolved(dft), method, sizes).values())
     generate(tight, dft)
     assert events == ["prepare", "read"] * 3
+    assert len(threads) == 2 and threading.main_thread() not in threads  # a stage's thread each
     events.clear()
+    threads.clear()
     generate(GenerateConfig(out=str(tmp_path / "overlapped"), **common), dft)
     assert events == ["prepare", "prepare", "read", "prepare", "read", "read"]
+    assert len(threads) == 2 and threading.main_thread() not in threads
     assert len(sorted_rows(tight.out)) == 3
     assert_same_rows(tight.out, tmp_path / "overlapped")
