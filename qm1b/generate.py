@@ -29,6 +29,7 @@ import itertools
 import sys
 import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -120,7 +121,7 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
                 _relax_buckets(items, buckets, sizes, method, gen, ledger, clock)
             else:
                 with clock.stage(MAIN_THREAD):
-                    _label_batches(items, buckets, sizes, ahead, method, gen, ledger, clock, supplied.close)
+                    _label_batches(items, _Buckets(buckets, sizes, ahead), method, gen, ledger, clock, supplied.close)
         except NotConvergingError as err:
             stop = err  # the shard closes as usual below: what was committed is merged and kept
         except BaseException:
@@ -157,19 +158,29 @@ class _ProgramLoads:
             return self._running == 0 and self._ended < moment
 
 
-def _label_batches(items, buckets: dict, sizes: dict, ahead: dict, method: Method, gen: GenerateConfig,
-                   ledger: Ledger, clock: HostClock, on_end) -> None:  # fmt: skip
+class _Buckets(NamedTuple):
+    """Each input's size bucket (by molecule id), each bucket's batch size, and whether its batches
+    fit the memory budget two at a time."""
+
+    of: dict
+    sizes: dict
+    ahead: dict
+
+
+def _label_batches(items, buckets: _Buckets, method: Method, gen: GenerateConfig, ledger: Ledger, clock: HostClock,
+                   on_end) -> None:  # fmt: skip
     """Label the batches of ``items`` (the batcher's output) in three stages on threads of their own
     (:func:`~qm1b.pipeline.run_in_stages`): preparing a batch's inputs, dispatching its programs, and
     reading its labels out for the ledger. Two batches are alive at once: batch k + 1 is prepared and
     dispatched while batch k's labels are read, so that the device always has the next batch, and the
     calling thread does nothing per conformer. Where a bucket's batches do not fit the memory budget
-    two at a time (``ahead``), each runs alone. Where the device is the CPU, which runs each program on
-    the thread that calls it, the stages take turns. ``on_end`` stops the conformers' supply."""
+    two at a time (``buckets.ahead``), each runs alone. Where the device is the CPU, which runs each
+    program on the thread that calls it, the stages take turns. ``on_end`` stops the conformers'
+    supply."""
     loads, started = _ProgramLoads(), set()  # the size buckets whose programs are loaded
 
     def bucket_of(item):
-        return buckets[item.members[0][0].molecule_id]
+        return buckets.of[item.members[0][0].molecule_id]
 
     def prepare(item):
         if isinstance(item, Settled):
@@ -181,7 +192,8 @@ def _label_batches(items, buckets: dict, sizes: dict, ahead: dict, method: Metho
             loads.begin()
         try:  # a short batch is filled up: every batch of a size bucket then runs the same programs
             with clock.stage("inputs"):
-                molecules = fill_batch(item.molecules, sizes[bucket] if bucket is not None else len(item.members))
+                width = buckets.sizes[bucket] if bucket is not None else len(item.members)
+                molecules = fill_batch(item.molecules, width)
                 return item, prepare_batch(molecules, method), first
         except MoleculeError as err:  # e.g. an element the basis lacks: the whole molecule fails
             if first:
@@ -213,7 +225,7 @@ def _label_batches(items, buckets: dict, sizes: dict, ahead: dict, method: Metho
         ledger.label(dispatched[0], *outcome, steady=loads.none_since(ledger.last_commit))
 
     def weight(item):  # a batch that does not fit beside another runs alone
-        return 0 if isinstance(item, Settled) else 1 if ahead.get(bucket_of(item), True) else 2
+        return 0 if isinstance(item, Settled) else 1 if buckets.ahead.get(bucket_of(item), True) else 2
 
     run_in_stages(items, (prepare, dispatch, label), weight=weight, alive=2, on_end=on_end,
                   serial=programs_run_on_caller())
