@@ -15,6 +15,10 @@ Phases, in this order, each skipped (and said so) where the time left cannot hol
   threads included; what a run pays once, loading programs and building templates, apart), and the
   rate over the batches that load or compile no programs (what a long run approaches). On an
   NVIDIA GPU, the utilisation that ``nvidia-smi`` samples every 0.2 s through each run.
+- ``programs``: the STO-3G run once more with the caches it filled, in this process's child
+  ``benchmarks/program_times.py``: every compiled program's call waited for, its wall time per
+  conformer (on an accelerator, its device time) beside the host's CPU time per conformer by stage:
+  where a batch's time goes, and the next bottleneck.
 - ``pyscf``: PySCF (RKS, its default convergence) over every host core, one single-threaded
   process per core, on a sample of the STO-3G run's very conformers (read back from its dataset).
 - ``labels``: ours minus PySCF float64 on that sample, in meV (and, once the ``def2svp`` phase has
@@ -41,8 +45,8 @@ Phases, in this order, each skipped (and said so) where the time left cannot hol
 It needs JAX, PySCF, RDKit and h5py, and nothing from the network: on a machine without PySCF and
 RDKit, unpack the archive that ``benchmarks/gpu_deps.sh`` makes and put it on ``PYTHONPATH`` (that
 script's header says how). ``--size tiny`` runs two molecules of two conformers each, the STO-3G,
-PySCF and labels phases only (the test suite's smoke test), unless ``--phases`` names others: each
-then runs at its tiny size.
+programs, PySCF and labels phases only (the test suite's smoke test), unless ``--phases`` names
+others: each then runs at its tiny size.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 LABELS = ("energy", "homo", "lumo", "y")
-PHASES = ("sto3g", "pyscf", "labels", "def2svp", "jk", "forces", "relax", "gpu4pyscf")
+PHASES = ("sto3g", "programs", "pyscf", "labels", "def2svp", "jk", "forces", "relax", "gpu4pyscf")
 # def2-SVP: a molecule of 20 to 30 atoms, aspirin (21 atoms, 13 heavy); each more costs a compile
 DEF2SVP_SMILES = ["CC(=O)Oc1ccccc1C(=O)O"]
 OTHER_JK = ("dense",)  # the J-K backends besides the default that suit STO-3G (s8 gathers, df fits)
@@ -76,7 +80,7 @@ OTHER_JK = ("dense",)  # the J-K backends besides the default that suit STO-3G (
 SIZES = {"full": {"phases": PHASES, "molecules": 64, "conformers": 64, "sample": 128, "def2svp": 32,
                   "def2svp_sample": 8, "forces": 16, "relax_molecules": 32, "relax_conformers": 2, "relax_sample": 16,
                   "relax_steps": 100, "gpu4pyscf_sample": 4},
-         "tiny": {"phases": ("sto3g", "pyscf", "labels"), "molecules": 2, "conformers": 2, "sample": 4, "def2svp": 0,
+         "tiny": {"phases": ("sto3g", "programs", "pyscf", "labels"), "molecules": 2, "conformers": 2, "sample": 4, "def2svp": 0,
                   "def2svp_sample": 0, "forces": 2, "relax_molecules": 1, "relax_conformers": 2, "relax_sample": 1,
                   "relax_steps": 2, "gpu4pyscf_sample": 1}}  # fmt: skip
 
@@ -334,6 +338,8 @@ def run_phases(phases: set[str], size: dict, work: Path, budget: Budget, results
     common = ["--conformers", str(size["conformers"]), "--integrals", "jax"]
     if "sto3g" in phases:
         cold_then_restarted(Phase("sto3g", "STO-3G", 30, 20), sto3g, common, work, budget, results)
+    if "programs" in phases and results.get("sto3g_restarted", {}).get("summary") and budget.left > 40:
+        results["programs"] = program_times(sto3g, common, work, budget.left - 30)
 
     reference = None  # PySCF's labels on the sample of the STO-3G run's conformers
     if {"pyscf", "labels"} & phases and results.get("sto3g_restarted", {}).get("summary"):
@@ -402,6 +408,25 @@ def run_phases(phases: set[str], size: dict, work: Path, budget: Budget, results
 
     if "gpu4pyscf" in phases:
         gpu4pyscf_phase(size, work, budget, results)
+
+
+def program_times(smiles: Path, extra: list[str], work: Path, timeout: float) -> dict | None:
+    """``benchmarks/program_times.py`` over the STO-3G phase's molecules with its caches: each
+    program's wall time per conformer, its calls waited for, beside the host's time; printed."""
+    out, report = work / "programs", work / "programs.json"
+    shutil.rmtree(out, ignore_errors=True)
+    command = [sys.executable, str(ROOT / "benchmarks" / "program_times.py"), "--json", str(report),
+               "--smiles", str(smiles), "--out", str(out), *extra]  # fmt: skip
+    env = {**os.environ, "PYSCF_IPU_CACHE": str(work / "cache-sto3g"), "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        print(f"programs: stopped after {timeout:.0f} s")
+        return None
+    print("STO-3G, each program waited for (benchmarks/program_times.py):\n" + done.stdout.rstrip()
+          + (f"\n  failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}" if done.returncode else ""), flush=True)
+    return json.loads(report.read_text()) if done.returncode == 0 else None
 
 
 def first_frames(directory: Path) -> list[dict]:

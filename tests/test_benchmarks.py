@@ -1,5 +1,6 @@
 """benchmarks/gpu.py, the one call a GPU machine gets, runs end to end on this machine's JAX device at
-its tiny size: two molecules of two conformers, cold and restarted, PySCF on every core, labels."""
+its tiny size: two molecules of two conformers, cold and restarted, each program's time, PySCF on
+every core, labels."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ def test_the_gpu_benchmark_runs_at_its_tiny_size(tmp_path):
         # the host's CPU time per conformer, by stage, beside what a run pays once
         assert summary["host_ms_per_conformer"] > 0 and {"inputs", "results", "write"} <= set(summary["host"])
         assert "programs" in summary["once_seconds"]
+    programs = results["programs"]  # each program waited for: its time per conformer, beside the host's
+    assert programs["conformers"] == 4 and {"scf_program", "assemble"} <= set(programs["programs"])
+    assert all(p["calls"] > 0 and p["ms_per_conformer"] > 0 for p in programs["programs"].values())
+    assert programs["host_ms"]["inputs"] > 0
     assert results["pyscf_sto3g"]["count"] == 4 and results["pyscf_sto3g"]["conformers_per_hour"] > 0
     labels = results["labels_sto3g_mev"]
     assert labels["pyscf_converged"] == 4 and max(labels[q] for q in ("energy", "homo", "lumo", "y")) < 0.3
