@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -28,17 +29,23 @@ ROOT = Path(__file__).resolve().parent.parent
 def timed_programs(device: Counter, loading: Counter, calls: Counter):
     """Wrap every :class:`~pyscf_ipu.programs.CompiledFunction`'s call: outputs waited for, wall
     seconds added to ``device`` under the program's name. A call that loads, traces or compiles its
-    program adds that time to ``loading`` and runs the program once more for ``device``. Calls
-    inside a transformation pass through untimed."""
+    program adds that time to ``loading`` and runs the program once more for ``device``. The calls of
+    every thread are timed one at a time, so that none waits in another's time. Calls inside a
+    transformation pass through untimed."""
     import jax
 
     from pyscf_ipu.programs import CompiledFunction
 
     original = CompiledFunction.__call__
+    one_at_a_time = threading.Lock()  # the threads' calls timed one after another, none counted twice
 
     def call(self, *args):
         if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(args)):
             return original(self, *args)
+        with one_at_a_time:
+            return timed(self, *args)
+
+    def timed(self, *args):
         name = self.name.rsplit(".", 1)[-1]
         before, start = self.traced + self.loaded, time.perf_counter()
         out = jax.block_until_ready(original(self, *args))

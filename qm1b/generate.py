@@ -41,7 +41,7 @@ from pyscf_ipu.molecule import MoleculeError
 from pyscf_ipu.optimize import relax
 from pyscf_ipu.pyscf_mole import check_basis
 from pyscf_ipu.padding import fill_batch
-from pyscf_ipu.programs import programs_run_on_caller
+from pyscf_ipu.programs import programs_run_on_caller, thread_program_seconds
 from pyscf_ipu.problem import prepare_batch
 from pyscf_ipu.results import SCFResult
 from pyscf_ipu.rks import BatchRun, submit_batch
@@ -187,14 +187,13 @@ def _label_batches(items, buckets: _Buckets, method: Method, gen: GenerateConfig
             return item
         bucket = bucket_of(item)
         first = bucket not in started  # its programs are loaded or compiled as it is prepared and dispatched
-        started.add(bucket)
         if first:
             loads.begin()
         try:  # a short batch is filled up: every batch of a size bucket then runs the same programs
             with clock.stage("inputs"):
                 width = buckets.sizes[bucket] if bucket is not None else len(item.members)
                 molecules = fill_batch(item.molecules, width)
-                return item, prepare_batch(molecules, method), first
+                prepared = item, prepare_batch(molecules, method), first
         except MoleculeError as err:  # e.g. an element the basis lacks: the whole molecule fails
             if first:
                 loads.end()
@@ -203,6 +202,8 @@ def _label_batches(items, buckets: _Buckets, method: Method, gen: GenerateConfig
             if first:
                 loads.end()
             raise
+        started.add(bucket)
+        return prepared
 
     def dispatch(prepared):
         if isinstance(prepared, Settled):
@@ -221,8 +222,10 @@ def _label_batches(items, buckets: _Buckets, method: Method, gen: GenerateConfig
     def label(dispatched):
         if isinstance(dispatched, Settled):
             return ledger.settle(dispatched)
-        outcome = _results(*dispatched, clock)
-        ledger.label(dispatched[0], *outcome, steady=loads.none_since(ledger.last_commit))
+        loading = thread_program_seconds()[1]
+        outcome = _results(*dispatched, clock)  # the host's gradients may load a program per composition
+        steady = loads.none_since(ledger.last_commit) and thread_program_seconds()[1] == loading
+        ledger.label(dispatched[0], *outcome, steady=steady)
 
     def weight(item):  # a batch that does not fit beside another runs alone
         return 0 if isinstance(item, Settled) else 1 if buckets.ahead.get(bucket_of(item), True) else 2

@@ -194,9 +194,10 @@ def run_in_stages(items: Iterable, stages: Sequence[Callable], weight: Callable 
 
     def acquire(count: int) -> None:
         for _ in range(count):
-            while not tokens.acquire(timeout=0.05):
-                if stop.is_set():
-                    raise _Stopped
+            while not stop.is_set() and not tokens.acquire(timeout=0.05):
+                pass
+            if stop.is_set():
+                raise _Stopped
 
     def passed(index: int, value, taken: int) -> None:  # stage index is done with an item
         if index < len(queues):
@@ -208,20 +209,32 @@ def run_in_stages(items: Iterable, stages: Sequence[Callable], weight: Callable 
     def first() -> None:
         try:
             for item in items:
+                if stop.is_set():
+                    raise _Stopped
                 taken = min(weight(item), alive)
                 acquire(taken)
                 with working:
                     value = stages[0](item)
+                item = None  # no reference kept while the next item is waited for
                 passed(0, value, taken)
+                value = None
             hand_on(0, end)
         finally:
-            on_end()
+            try:
+                on_end()
+            except BaseException as err:  # noqa: BLE001 - after the error in hand, if any
+                errors.append(err)
+                stop.set()
 
     def later(index: int) -> None:
         while (got := take(index)) is not end:
+            item, taken = got
+            got = None  # no stage keeps a batch (and its device arrays) once it has handed it on
             with working:
-                value = stages[index](got[0])
-            passed(index, value, got[1])
+                value = stages[index](item)
+            item = None
+            passed(index, value, taken)
+            value = None
         hand_on(index, end)
 
     def guarded(body, *args) -> None:
@@ -243,8 +256,12 @@ def run_in_stages(items: Iterable, stages: Sequence[Callable], weight: Callable 
             thread.join()  # an interrupt (KeyboardInterrupt) ends the wait
     except BaseException:
         stop.set()
-        for thread in threads:
-            thread.join()
+        while any(thread.is_alive() for thread in threads):  # a second interrupt does not end the wait
+            try:
+                for thread in threads:
+                    thread.join()
+            except KeyboardInterrupt:
+                pass
         raise
     if errors:
         raise errors[0]

@@ -531,7 +531,7 @@ def test_ray_tasks_are_judged_together(monkeypatch, converged, stops):
 def test_batches_that_fit_only_one_at_a_time_wait_for_each_other_with_the_same_labels(tmp_path, monkeypatch):
     """A memory budget that holds one batch but not one beside the next one prepared: the batches run
     one after another (no refusal: each batch's labels are read before the next is prepared, where
-    the run without a budget prepares each next batch first), and the labels equal those of the
+    the run without a budget may prepare the next batch first), and the labels equal those of the
     overlapped run. Neither preparing nor reading a batch happens on the main thread."""
     import threading
 
@@ -567,7 +567,10 @@ def test_batches_that_fit_only_one_at_a_time_wait_for_each_other_with_the_same_l
     events.clear()
     threads.clear()
     generate(GenerateConfig(out=str(tmp_path / "overlapped"), **common), dft)
-    assert events == ["prepare", "prepare", "read", "prepare", "read", "read"]
+    # at most two batches alive (which comes first, a read or the next preparation, is the threads'
+    # race where they take turns: tests/qm1b/test_pipeline.py shows the overlap itself)
+    alive = np.cumsum([1 if e == "prepare" else -1 for e in events])
+    assert sorted(events) == ["prepare"] * 3 + ["read"] * 3 and alive.max() <= 2 and alive.min() >= 0
     assert len(threads) == 2 and threading.main_thread() not in threads
     assert len(sorted_rows(tight.out)) == 3
     assert_same_rows(tight.out, tmp_path / "overlapped")
