@@ -194,13 +194,11 @@ def _label_batches(items, buckets: _Buckets, method: Method, gen: GenerateConfig
                 width = buckets.sizes[bucket] if bucket is not None else len(item.members)
                 molecules = fill_batch(item.molecules, width)
                 prepared = item, prepare_batch(molecules, method), first
-        except MoleculeError as err:  # e.g. an element the basis lacks: the whole molecule fails
+        except BaseException as err:
             if first:
                 loads.end()
-            return _molecules_failed(item, err)
-        except BaseException:
-            if first:
-                loads.end()
+            if isinstance(err, MoleculeError):  # e.g. an element the basis lacks: the whole molecule fails
+                return _molecules_failed(item, err)
             raise
         started.add(bucket)
         return prepared

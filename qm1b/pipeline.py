@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from dataclasses import dataclass, field
 
 from pyscf_ipu.programs import programs_run_on_caller, thread_program_seconds
@@ -174,23 +175,20 @@ def run_in_stages(items: Iterable, stages: Sequence[Callable], weight: Callable 
     queues = [queue.Queue(maxsize=1) for _ in stages[1:]]  # queues[i] feeds stage i + 1
     end = object()
 
-    def hand_on(index: int, value) -> None:  # waits for room, polled so that a stop ends the wait
-        if index == len(queues):
-            return
+    def waited(attempt, busy: type[Exception]):  # attempt(timeout=...) until it succeeds or the run stops
         while not stop.is_set():
             try:
-                return queues[index].put(value, timeout=0.05)
-            except queue.Full:
+                return attempt(timeout=0.05)
+            except busy:
                 pass
         raise _Stopped
 
+    def hand_on(index: int, value) -> None:  # waits for room in the next stage's queue
+        if index < len(queues):
+            waited(partial(queues[index].put, value), queue.Full)
+
     def take(index: int):
-        while not stop.is_set():
-            try:
-                return queues[index - 1].get(timeout=0.05)
-            except queue.Empty:
-                pass
-        raise _Stopped
+        return waited(queues[index - 1].get, queue.Empty)
 
     def acquire(count: int) -> None:
         for _ in range(count):
@@ -200,9 +198,8 @@ def run_in_stages(items: Iterable, stages: Sequence[Callable], weight: Callable 
                 raise _Stopped
 
     def passed(index: int, value, taken: int) -> None:  # stage index is done with an item
-        if index < len(queues):
-            hand_on(index, (value, taken))
-        else:
+        hand_on(index, (value, taken))
+        if index == len(queues):  # the last stage: the item's tokens come back
             for _ in range(taken):
                 tokens.release()
 
