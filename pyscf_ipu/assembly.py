@@ -16,7 +16,7 @@ may mix them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -26,7 +26,7 @@ import numpy as np
 
 from .grid import AtomGrids, grid_coords_and_weights
 from .integrals.ao_values import AOConstants, ao_kernel_in_blocks
-from .integrals.eri import ShellValues, static_tables, eri_structure, chunk_batch, eri_s8
+from .integrals.eri import ShellValues, at_counts, chunk_batch, computed_counts, eri_s8, eri_structure, static_tables
 from .integrals.eri_kernels import pair_program
 from .integrals.fitting import (COMPANION_COEFFICIENT, FittingPlan, fitted_factor, fitting_kinds, fitting_structure,
                                 plan_fitting)
@@ -92,6 +92,7 @@ class TemplateLayout:
     cartesian_powers: jax.Array  # (Nc, 3) int
     cartesian_atom: jax.Array  # (Nc,) int
     cart2sph: jax.Array | None  # (Nc, Np) float64; None where the Cartesian AOs are the spherical ones
+    eri_counts: tuple[int, int, int] = field(metadata={"static": True})  # the ERI programs' (computed_counts)
 
 
 @lru_cache(maxsize=8)
@@ -105,7 +106,7 @@ def template_layout(template: BucketTemplate) -> TemplateLayout:
             shell_rows=template.shell_rows, one_centre_rows=template.one_centre_rows, ao_rows=template.ao_rows,
             point_rows=template.point_rows, fitting_rows=template.fitting_rows, fitting_functions=functions,
             one_electron=layout_of(template.primitives), cartesian_powers=cartesian.powers,
-            cartesian_atom=cartesian.atom, cart2sph=cartesian.cart2sph))  # fmt: skip
+            cartesian_atom=cartesian.atom, cart2sph=cartesian.cart2sph, eri_counts=computed_counts(template.plan)))  # fmt: skip
 
 
 @lru_cache(maxsize=16)
@@ -199,10 +200,15 @@ def _member(layout: TemplateLayout, tables: ElementTables, elements, coords, dty
     return {**out, "weights": weights, "ao_inputs": ao_inputs}
 
 
-assemble_program = compiled(
-    lambda layout, tables, elements, coords, dtype, grid: jax.vmap(
-        lambda e, c: _member(layout, tables, e, c, dtype, grid))(elements, coords),
-    static_argnums=(4, 5), name="assemble", quick_compile=True)
+def _assemble(layout: TemplateLayout, tables: ElementTables, elements, coords, dtype: str, grid: bool) -> dict:
+    """:func:`_member` over a batch, its ERI shell values extended to the counts the bucket's ERI
+    programs compute (:func:`~pyscf_ipu.integrals.eri.at_counts`), which may be a wider bucket's."""
+    out = jax.vmap(lambda e, c: _member(layout, tables, e, c, dtype, grid))(elements, coords)
+    keys = ("shell_exponents", "shell_coefficients", "one_centre", "present")
+    return {**out, **dict(zip(keys, at_counts(ShellValues(*(out[k] for k in keys)), layout.eri_counts)))}
+
+
+assemble_program = compiled(_assemble, static_argnums=(4, 5), name="assemble", quick_compile=True)
 # the AO values on their own, outside 64-bit mode: XLA's CPU code for the kernel's integer and
 # float32 arithmetic is faster there (it is all float32)
 ao_values_program = compiled(jax.vmap(ao_kernel_in_blocks), name="ao_values", quick_compile=True)

@@ -184,10 +184,10 @@ def _kind_maximum(basis: str, kind: tuple, count) -> int:
     return max(values)
 
 
-def capacity(count: int, aos_per_atom: int) -> int:
-    """A kind's count rounded up to a multiple of 4 AOs' worth of its atoms (STO-3G hydrogen: 4 atoms,
-    6-31G hydrogen: 2); kinds of 4 or more AOs per atom exactly."""
-    step = max(1, 4 // aos_per_atom)
+def capacity(count: int, aos_per_atom: int, step_aos: int = 4) -> int:
+    """A kind's count rounded up to a multiple of ``step_aos`` AOs' worth of its atoms (at 4, STO-3G
+    hydrogen: 4 atoms, 6-31G hydrogen: 2); kinds of 4 or more AOs per atom exactly."""
+    step = max(1, step_aos // aos_per_atom) if aos_per_atom < 4 else 1
     return -(-count // step) * step
 
 
@@ -255,6 +255,13 @@ class SizeBucket:
         row = {symbol: r for r, symbol in enumerate(self.elements)}
         rows = np.array([row[symbols[a]] if a >= 0 else 0 for a in atoms], np.int32)
         return rows, atoms
+
+    def widened(self, step_aos: int) -> SizeBucket:
+        """This bucket with the capacities of its kinds of fewer than 4 AOs per atom rounded up further,
+        to multiples of ``step_aos`` AOs' worth of atoms (:func:`capacity`): a bucket whose template
+        holds this one's, so that its programs can serve every bucket it widens."""
+        kinds = tuple((kind, capacity(cap, element_aos(kind), step_aos)) for kind, cap in self.kinds)
+        return SizeBucket(self.basis, self.grid_level, kinds, self.occupied)
 
     @property
     def nao_padded(self) -> int:

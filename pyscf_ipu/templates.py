@@ -32,7 +32,9 @@ from .buckets import SizeBucket, element_aos, kind_grid_size, auxiliary_layout, 
 from .grid import atom_grids
 from .integrals.ao_values import AOTables, ao_tables
 from .integrals.basis import MAX_FITTING_L, PrimitiveBasis, contracted_shells, primitive_basis
+from .integrals.eri import SHARED_ERI_MOST, shared_eri_aos
 from .integrals.eri_plan import EriPlan, eri_capacity, one_centre_eris, plan_eri, shells_of
+from .packed import s8_size
 from .pyscf_mole import placeholder_mole
 
 
@@ -226,6 +228,19 @@ def bucket_template(bucket: SizeBucket) -> BucketTemplate:
     return _template(bucket)
 
 
+def eri_bucket(bucket: SizeBucket) -> SizeBucket:
+    """The bucket whose ERI programs ``bucket``'s molecules run: on a CPU, the bucket widened to
+    :data:`~pyscf_ipu.integrals.eri.SHARED_ERI_AOS` (:func:`~pyscf_ipu.integrals.eri.shared_eri_aos`),
+    so that buckets that differ only in their hydrogens share them, where its s8 array holds at most
+    :data:`~pyscf_ipu.integrals.eri.SHARED_ERI_MOST` entries; elsewhere, and for a density-fitted bucket
+    (no four-centre ERIs), the bucket itself."""
+    step = shared_eri_aos()
+    if not step or bucket.occupied:
+        return bucket
+    wider = bucket.widened(step)
+    return wider if s8_size(wider.nao_padded) <= SHARED_ERI_MOST else bucket
+
+
 def _one_centre_count(aos: int) -> int:
     """Integrals with all four AOs on one atom of ``aos`` AOs: p(p+1)/2 of its p = n(n+1)/2 pairs."""
     pairs = aos * (aos + 1) // 2
@@ -240,7 +255,9 @@ def _template(bucket: SizeBucket) -> BucketTemplate:
     # each slot ranked within its kind: a molecule leaves the highest ranks absent (SizeBucket.place)
     rank = np.arange(mol.natm) - np.searchsorted(bucket.slot_kinds, bucket.slot_kinds)
     # a density-fitted bucket pairs its shells with fitting functions: no four-centre quartets
-    plan = plan_eri(mol, eri_capacity(mol), atom_rank=rank, quartets=not bucket.occupied)
+    wider = eri_bucket(bucket)
+    computed = placeholder_mole(bucket.basis, wider.template_elements) if wider != bucket else mol
+    plan = plan_eri(mol, eri_capacity(mol, computed), atom_rank=rank, quartets=not bucket.occupied)
     aos = mol.aoslice_by_atom()[:, 3] - mol.aoslice_by_atom()[:, 2]
     # each slot's grid: its kind's largest atomic grid, the slots of kinds counted exactly first and then,
     # rank by rank, the others', so that absent slots' points come last (the XC loops stop before

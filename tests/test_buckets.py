@@ -92,6 +92,41 @@ def test_molecules_of_one_bucket_share_a_batch_and_every_program():
         assert abs(member.energy - single.energy) < 1e-6 and abs(member.gap - single.gap) < 1e-6
 
 
+ETHYLENE = "C 0 0 0.67; C 0 0 -0.67; H 0 0.92 1.23; H 0 -0.92 1.23; H 0 0.92 -1.23; H 0 -0.92 -1.23"
+
+
+def test_widened_buckets_round_only_the_light_kinds_further():
+    ethylene, ethane = (SizeBucket.of(from_atom_string(m), "sto-3g", 0) for m in (ETHYLENE, ETHANE))
+    assert ethylene != ethane and ethylene.widened(16) == ethane.widened(16)  # 4 and 8 hydrogens: 16 slots
+    assert ethane.widened(16).nao_padded == 2 * 5 + 16 and ethane.widened(4) == ethane  # carbon exact
+    assert SizeBucket.of(from_atom_string(METHANE), "sto-3g", 0).widened(16) != ethane.widened(16)
+
+
+def test_buckets_that_differ_in_hydrogens_share_their_eri_programs():
+    """On a CPU, ethylene's bucket (4 hydrogen slots) and ethane's (8) compute their ERIs with the
+    programs of one wider bucket: the second loads no ERI program but an SCF loop of its own, and
+    its labels are PySCF's."""
+    from pyscf_ipu.integrals.eri import shared_eri_aos
+    from pyscf_ipu.integrals.eri_kernels import pair_program, quartet_program
+    from pyscf_ipu.reference import pyscf_reference
+    from pyscf_ipu.scf import scf_program
+    from pyscf_ipu.units import HARTREE_TO_MEV
+
+    from .tolerances import LABEL_MEV
+
+    assert shared_eri_aos() == 16  # the suite runs on a CPU
+    method = resolve(RKSConfig(integrals="jax"))
+    ethylene, ethane = from_atom_string(ETHYLENE), from_atom_string(ETHANE)
+    submit_batch(prepare_batch([ethylene], method), method).results()
+    before = pair_program.signatures, quartet_program.signatures, scf_program.signatures
+    result = submit_batch(prepare_batch([ethane], method), method).results()[0]
+    assert (pair_program.signatures, quartet_program.signatures) == before[:2]
+    assert scf_program.signatures == before[2] + 1
+    reference = pyscf_reference(ethane, method)
+    mev = [abs(getattr(result, k) - getattr(reference, k)) * HARTREE_TO_MEV for k in ("energy", "homo", "lumo")]
+    assert max(mev) < LABEL_MEV and result.converged
+
+
 def test_a_batch_refuses_molecules_of_two_buckets():
     config = RKSConfig(integrals="jax")
     with pytest.raises(ValueError, match="one size bucket"):

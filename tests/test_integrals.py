@@ -287,6 +287,30 @@ def test_molecules_of_similar_size_share_the_compiled_integral_programs():
     assert compiled[1] == compiled[0]  # the second molecule compiled nothing new
 
 
+def test_a_plan_may_compute_at_a_wider_templates_counts():
+    """``eri_capacity(mol, wider)``: water's s8 layout at the counts of a molecule with four more
+    hydrogens, so both run one compiled program. The wider plan's extra pair rows and chunks are
+    padding, skipped at run time: the ERIs are the narrow plan's, to the bit, and libcint's."""
+    from pyscf_ipu.integrals.eri import _shares, static_tables
+    from pyscf_ipu.integrals.eri_plan import eri_capacity
+    from pyscf_ipu.pyscf_mole import placeholder_mole
+
+    water = build_mole(MOLECULES["water"](), "sto-3g")
+    wider = placeholder_mole("sto-3g", ("O",) + ("H",) * 6)
+    widened, own = plan_eri(water, eri_capacity(water, wider)), plan_eri(wider, eri_capacity(wider))
+    assert widened.size == plan_eri(water, eri_capacity(water)).size < own.size  # water's own layout
+    assert static_tables(widened) == static_tables(own)  # one program: the same classes, counts and length
+    shapes = lambda plan: [a.shape for a in jax.tree.leaves(_shares(plan, 2))]  # noqa: E731
+    assert shapes(widened) == shapes(own)
+    coords = water.atom_coords()[None]
+    ours = np.asarray(eri_s8(widened, coords, jnp.float32, workers=2)[0])
+    np.testing.assert_array_equal(ours, np.asarray(eri_s8(plan_eri(water, eri_capacity(water)), coords,
+                                                          jnp.float32, workers=2)[0]))  # fmt: skip
+    assert np.abs(ours.astype(np.float64) - water.intor("int2e", aosym="s8")).max() <= 1e-6
+    with pytest.raises(ValueError, match="pair classes and atoms"):  # a wider molecule lacking oxygen's kind
+        eri_capacity(water, placeholder_mole("sto-3g", ("H",) * 6))
+
+
 def test_compiled_eri_programs_are_released_before_the_memory_mapping_limit(monkeypatch):
     """A new ERI shape, with the process past its share of ``vm.max_map_count``, first empties the
     quartet kernels' caches (which gives their memory mappings back): here a share of 0, so only the

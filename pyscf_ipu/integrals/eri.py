@@ -72,11 +72,10 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
     dtype = jnp.dtype(dtype)
     static = static_tables(plan)
     extra_atoms = [(0, 0), (0, plan.padded_natm - coords.shape[1]), (0, 0)]  # own no shell
-    exponents, coefficients = _padded_shells(plan, values.exponents), _padded_shells(plan, values.coefficients)
-    one_centre = values.one_centre
+    exponents, coefficients, one_centre, present = at_counts(values, computed_counts(plan))
     if isinstance(coords, jax.core.Tracer):
         coords = jnp.pad(coords, extra_atoms)
-        data, shifts = pair_program(static[0], eri_structure(plan), (exponents, coefficients), coords, values.present,
+        data, shifts = pair_program(static[0], eri_structure(plan), (exponents, coefficients), coords, present,
                                     dtype.name)  # fmt: skip
         index, selection, arrays = _shares(plan, share[1])[share[0]]
         return quartet_program(static, arrays, (index, selection, one_centre), data, shifts)[..., : plan.size]
@@ -86,7 +85,7 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
     if coords.shape[1] != plan.padded_natm:
         coords = np.pad(np.asarray(coords), extra_atoms)
     with jax.enable_x64(True):
-        data, shifts = pair_program(static[0], eri_structure(plan), (exponents, coefficients), coords, values.present,
+        data, shifts = pair_program(static[0], eri_structure(plan), (exponents, coefficients), coords, present,
                                     dtype.name)  # fmt: skip
     shares = _shares(plan, workers)
 
@@ -115,14 +114,28 @@ def device_tables(plan: EriPlan, workers: int) -> None:
     _shares(plan, workers)
 
 
-def _padded_shells(plan: EriPlan, values):
-    """Shell values (C, S, ...) padded to the plan's rounded-up shell count (the padding's exponents 1,
-    so that no pair of it divides by zero; no pair reads it)."""
-    extra = plan.padded_shells - values.shape[1]
+def computed_counts(plan: EriPlan) -> tuple[int, int, int]:
+    """(shells, one-centre constants, atoms): the counts along which :class:`ShellValues` reach the
+    plan's programs."""
+    return plan.padded_shells, plan.one_centre_count, plan.padded_natm
+
+
+def at_counts(values: ShellValues, counts: tuple[int, int, int]) -> ShellValues:
+    """``values`` extended along their second axis to ``counts`` (:func:`computed_counts`): shells with
+    exponents 1 (no pair reads them, and none divides by zero), one-centre constants 0, atoms absent.
+    Values already at the counts are returned as they are."""
+    shells, one_centre, natm = counts
+    targets = ((shells, 1), (shells, 0), (one_centre, 0), (natm, False))
+    return ShellValues(*(_extended(v, n, fill) for v, (n, fill) in zip(values, targets)))
+
+
+def _extended(values, count: int, fill):
+    """``values`` (C, n, ...) extended to (C, count, ...) with ``fill``."""
+    extra = count - values.shape[1]
     if not extra:
         return values
-    xp = jnp if isinstance(values, jax.Array) else np
-    return xp.concatenate([values, xp.ones((values.shape[0], extra) + values.shape[2:], values.dtype)], axis=1)
+    xp = np if isinstance(values, np.ndarray) else jnp
+    return xp.concatenate([values, xp.full((values.shape[0], extra) + values.shape[2:], fill, values.dtype)], axis=1)
 
 
 @partial(compiled, static_argnums=1, name="eri_combine", quick_compile=True)
@@ -142,6 +155,19 @@ def chunk_batch() -> int:
     """How many quartet chunks a kernel's map computes at once: one on a CPU (a chunk's arrays then
     stay cache-sized), :data:`GPU_CHUNK_BATCH` on an accelerator (which needs the parallel work)."""
     return 1 if jax.default_backend() == "cpu" else GPU_CHUNK_BATCH
+
+
+SHARED_ERI_AOS = 16  # on a CPU, hydrogen-like kinds' capacities in ERI programs: multiples of 16 AOs' worth
+SHARED_ERI_MOST = 1 << 23  # s8 entries beyond which a bucket keeps its own ERI programs (the padding's memory)
+
+
+def shared_eri_aos() -> int:
+    """The step (in AOs' worth of atoms) to which a size bucket's ERI programs round up the capacities
+    of its kinds of fewer than 4 AOs per atom (:meth:`~pyscf_ipu.buckets.SizeBucket.widened`), so that
+    buckets that differ only in hydrogens share them: :data:`SHARED_ERI_AOS` on a CPU, where the extra
+    chunks are skipped at run time; 0 (each bucket its own) on an accelerator, whose map vmaps the
+    chunks and so computes every one (:func:`chunk_batch`)."""
+    return SHARED_ERI_AOS if jax.default_backend() == "cpu" else 0
 
 
 def default_workers() -> int:

@@ -177,14 +177,16 @@ class EriPlan:
 class EriCapacity:
     """The shapes of a size bucket's ERI plans (:func:`eri_capacity` of its template molecule): every
     plan made with it has these pair classes with these padded row counts, full chunk grids and these
-    sizes, so all molecules of the bucket run one program and may share a batch."""
+    sizes, so all molecules of the bucket run one program and may share a batch. The s8 layout is that
+    of ``nao`` AOs; the counts may be a larger template's, so that its programs serve both."""
 
     classes: tuple[tuple, ...]  # (l_a, K_a, l_b, K_b) of each pair class, in order
     rows: tuple[int, ...]  # padded rows (pairs) of each class, multiples of CHUNK
-    nao: int
+    nao: int  # AOs of the s8 layout
     natm: int
     one_centre: int
     shells: int
+    length: int  # the s8 array's entries as computed (at least those of nao AOs; the tail is cut off)
 
 
 def _pair_classes(shells: Shells, atom_rank: np.ndarray | None = None) -> dict[tuple, list[tuple[int, int]]]:
@@ -210,13 +212,19 @@ def _one_centre_count(mol: gto.Mole) -> int:
     return sum(p * (p + 1) // 2 for p in pairs)
 
 
-def eri_capacity(template: gto.Mole) -> EriCapacity:
-    """The ERI shapes of the size bucket whose template molecule is ``template``."""
-    shells = shells_of(template)
+def eri_capacity(template: gto.Mole, computed: gto.Mole | None = None) -> EriCapacity:
+    """The ERI shapes of the size bucket whose template molecule is ``template``: its s8 layout, and
+    the counts (pair rows, atoms, shells, one-centre constants, s8 length) of ``computed`` (default:
+    ``template`` itself), a template with at least as many atoms of each kind, whose ERI programs then
+    serve this bucket too (the extra pairs and chunks are padding, skipped at run time)."""
+    computed = template if computed is None else computed
+    shells = shells_of(computed)
     by_class = _pair_classes(shells)
+    if tuple(by_class) != tuple(_pair_classes(shells_of(template))) or computed.natm < template.natm:
+        raise ValueError("the computed template must hold the template's pair classes and atoms")
     rows = tuple(CHUNK * padded_size(-(-len(m) // CHUNK), minimum=1) for m in by_class.values())
-    return EriCapacity(tuple(by_class), rows, template.nao_nr(), template.natm, _one_centre_count(template),
-                       len(shells.atom))
+    return EriCapacity(tuple(by_class), rows, template.nao_nr(), computed.natm, _one_centre_count(computed),
+                       len(shells.atom), padded_s8_size(s8_size(max(template.nao_nr(), computed.nao_nr()))))
 
 
 def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None, atom_rank: np.ndarray | None = None,
@@ -236,7 +244,8 @@ def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None, atom_rank: np.n
     shells = shells_of(mol)
     nao = mol.nao_nr() if capacity is None else capacity.nao
     size = s8_size(nao)
-    if quartets and padded_s8_size(size) >= NOWHERE:
+    length = padded_s8_size(size) if capacity is None else capacity.length
+    if quartets and length >= NOWHERE:
         raise ValueError(f"{nao} AOs: the s8 ERI array ({size:,} entries) exceeds 32-bit indexing")
     by_class = _pair_classes(shells, atom_rank)
     if capacity is not None and (tuple(by_class) != capacity.classes or mol.natm > capacity.natm
@@ -261,7 +270,7 @@ def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None, atom_rank: np.n
     else:
         padded_natm, one_centre, padded_shells = capacity.natm, capacity.one_centre, capacity.shells
     return EriPlan(shells, tuple(pairs), tuple(classes), nao, size, mol.natm, index, value, padded_natm,
-                   padded_s8_size(size), one_centre, padded_shells)  # fmt: skip
+                   length, one_centre, padded_shells)  # fmt: skip
 
 
 def _quartet_class(shells: Shells, pairs, x: int, y: int, every_chunk: bool = False) -> QuartetClass | None:
