@@ -106,7 +106,8 @@ def template_layout(template: BucketTemplate) -> TemplateLayout:
             shell_rows=template.shell_rows, one_centre_rows=template.one_centre_rows, ao_rows=template.ao_rows,
             point_rows=template.point_rows, fitting_rows=template.fitting_rows, fitting_functions=functions,
             one_electron=layout_of(template.primitives), cartesian_powers=cartesian.powers,
-            cartesian_atom=cartesian.atom, cart2sph=cartesian.cart2sph, eri_counts=computed_counts(template.plan)))  # fmt: skip
+            cartesian_atom=cartesian.atom, cart2sph=cartesian.cart2sph,
+            eri_counts=computed_counts(template.plan)))  # fmt: skip
 
 
 @lru_cache(maxsize=16)
