@@ -16,9 +16,10 @@ Built once per basis (on the host, in numpy); :mod:`.eri_kernels` evaluates it a
   one-centre quartets go to :data:`NOWHERE`.
 - **One-centre quartets** (all four shells on one atom) do not depend on the geometry and hold the
   largest integrals, so they are constants of the plan, from libcint in float64 (:func:`one_centre_eris`).
-- **Shared shapes:** pair rows, chunks, atoms, one-centre constants and the s8 length are rounded up
-  up (:func:`~pyscf_ipu.padding.padded_size`), or taken from a size bucket's
-  :class:`EriCapacity`, so that molecules of similar size run one compiled program.
+- **Shared shapes:** pair rows, chunks, atoms, one-centre constants and the s8 length are rounded
+  up (:func:`~pyscf_ipu.padding.padded_size`), or taken from a size bucket's :class:`EriCapacity`
+  (possibly a wider bucket's counts, in the bucket's own s8 layout), so that molecules of similar
+  size run one compiled program.
 - **No screening:** every shell and primitive quartet is computed, so the plan depends on the basis
   and not on the geometry (``docs/decisions/eri-screening.md``).
 """
