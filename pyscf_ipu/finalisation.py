@@ -35,6 +35,7 @@ loop stops where its own Fock matrices' rounding does (``docs/decisions/fitted-f
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
@@ -49,7 +50,7 @@ from .assembly import BatchMember
 from .numint import weighted_points, xc_energy_and_potential
 from .prepare import PreparedProblem
 from .problem import FINAL_SHIFT, FinalInputs, PreparedBatch
-from .programs import compiled
+from .programs import compiled, map_members, members_at_once
 from .results import SCFResult
 from .scf import SCFTrace, commutator, density_matrix, diis_extrapolate, energy_terms, fock_matrix
 from .xc.functionals import Functional
@@ -241,11 +242,12 @@ def final_density(functional: Functional, contraction: FinalContraction, refinem
     return replace(out, energy_terms=terms, mo_energy=mo_energy, mo_coeff=mo_coeff, orbitals=jnp.sum(final.kept))
 
 
-# Conformers one after another (lax.map), not vmapped: each one's grid blocks then stay cache-sized.
+# Conformers ``at_once`` together (programs.map_members): on a CPU one after another, so that each
+# one's grid blocks stay cache-sized
 final_density_program = compiled(
-    lambda functional, contraction, refinement, *arrays: jax.lax.map(
-        lambda member: final_density(functional, contraction, refinement, *member), arrays),
-    static_argnums=(0, 1, 2), name="final_density", quick_compile=True)
+    lambda functional, contraction, refinement, at_once, *arrays: map_members(
+        lambda member: final_density(functional, contraction, refinement, *member), arrays, at_once),
+    static_argnums=(0, 1, 2, 3), name="final_density", quick_compile=True)
 
 
 def dispatch_finalisation(method: Method, batch: PreparedBatch, trace: SCFTrace) -> FinalDensity:
@@ -254,8 +256,10 @@ def dispatch_finalisation(method: Method, batch: PreparedBatch, trace: SCFTrace)
     contraction, refining = final_contraction(method), refinement(method)
     jk = contraction.device_arrays(batch.problem.jk, batch.final)
     refine_jk = refining.device_arrays(batch.problem.jk, batch.final)
+    ao = batch.problem.ao  # (C, 4, Gp, Np)
+    at_once = members_at_once(ao.shape[0], 8 * math.prod(ao.shape[1:]))  # a conformer's AO values in float64
     with jax.enable_x64(True):  # the float64 inputs stay float64
-        return final_density_program(method.functional, contraction, refining, batch.problem.ao, trace.density,
+        return final_density_program(method.functional, contraction, refining, at_once, ao, trace.density,
                                      batch.final, jk, refine_jk)  # fmt: skip
 
 

@@ -320,6 +320,26 @@ def device_memory_bytes() -> int | None:
     return (device.memory_stats() or {}).get("bytes_limit")
 
 
+MAP_SHARE = 0.2  # of an accelerator's memory, what a program's conformers computed together may hold at once
+
+
+def members_at_once(members: int, member_bytes: int) -> int:
+    """How many of a batch's ``members`` conformers a program's per-conformer map computes together
+    (:func:`map_members`): one on a CPU, where each conformer's temporaries then stay cache-sized; on
+    an accelerator, which needs the parallel work, all of them, or as many as fit :data:`MAP_SHARE`
+    of its memory at ``member_bytes`` of temporaries each (at least one)."""
+    memory = device_memory_bytes()
+    if memory is None:
+        return 1
+    return int(max(1, min(members, MAP_SHARE * memory // max(member_bytes, 1))))
+
+
+def map_members(kernel, members, at_once: int):
+    """``kernel`` over the leading axis of the pytree ``members``: ``lax.map``, ``at_once`` conformers
+    vmapped together (:func:`members_at_once`; one after another at 1)."""
+    return jax.lax.map(kernel, members, batch_size=at_once if at_once > 1 else None)
+
+
 def on_device(tree, may_alias: bool | None = None):
     """``jax.device_put(tree, may_alias=...)``, returned once the copies of its host (numpy) arrays
     are done, so that the programs that read them run on the calling thread; device arrays pass as

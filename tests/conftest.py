@@ -34,6 +34,26 @@ def pytest_configure(config):
     warnings.filterwarnings("ignore", category=UserWarning, module="pyscf")
 
 
+MAPPING_SHARE = 0.5  # of the kernel's memory-mapping limit per process, above which a test starts afresh
+
+
+@pytest.fixture(autouse=True)
+def within_the_memory_mapping_limit():
+    """Each test starts with at most :data:`MAPPING_SHARE` of the process's memory-mapping limit in use
+    (``vm.max_map_count``, 65,530 by default): every compiled program holds mappings for its machine
+    code, and over a whole suite with an empty cache (hundreds of programs, a 6-31G* ERI program alone
+    about 16,000) the process passed the limit and LLVM aborted it. Past the share, JAX's caches are
+    cleared; a later test loads what it needs again from the persistent cache."""
+    import jax
+
+    from pyscf_ipu.programs import memory_mappings
+
+    mappings = memory_mappings()
+    if mappings is not None and mappings[0] > MAPPING_SHARE * mappings[1]:
+        jax.clear_caches()
+    yield
+
+
 @pytest.fixture(scope="session")
 def qm9_nine_heavy() -> dict[int, Molecule]:
     from pyscf_ipu.qm9 import qm9_molecules

@@ -91,11 +91,13 @@ def test_float32_within_half_a_mev(case, reference, name, xc, basis, grid_level,
 
 
 def test_eleven_heavy_atoms_at_631gs_with_ipu(reference):
-    """More than 150 AOs end to end on the simulated IPU: no 70-AO limit; the planner spreads it."""
+    """More than 150 AOs end to end on the simulated IPU: no 70-AO limit; the planner spreads it. The
+    integrals are libcint's: the device's 6-31G* ERI kernels take minutes to compile on a CPU, and
+    tests/test_assembly.py checks them against libcint's."""
     from pyscf_ipu.molecule import from_name
 
     molecule = from_name("paracetamol")  # C8H9NO2: 11 heavy atoms
-    config = RKSConfig(basis="6-31g*")  # float32, ipu, up to 16 IPUs
+    config = RKSConfig(basis="6-31g*", integrals="libcint")  # float32, ipu, up to 16 IPUs
     result = run_rks(molecule, config, profile=True)
     assert result.nao == 172
     profile = result.jk_profile

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from pyscf import gto
 from scipy.special import hyp1f1
 
 from pyscf_ipu.pyscf_mole import build_mole
@@ -113,7 +114,6 @@ def test_one_electron_integrals_match_libcint(name, basis_name):
 
 
 def test_unsupported_shells_are_refused():
-    from pyscf import gto
 
     with pytest.raises(ValueError, match="only s, p and d shells"):
         primitive_basis(gto.M(atom="C 0 0 0; O 0 0 1.2", basis="cc-pvtz"))
@@ -178,7 +178,9 @@ def test_ao_values_in_blocks_equal_the_whole_grids():
     assert "while" in lowered and "while" not in jax.jit(ao_kernel_in_blocks).lower(*args).as_text()
     assert np.abs(whole).max() > 1.0 and not whole[:, ::5].any()
 
-ERI_CI_CASES = {("water", "sto-3g"), ("water", "6-31g*"), ("qm9-21989", "sto-3g")}
+# d shells: water at 6-31G* in tests/test_assembly.py, through the bucket template's plan (each
+# 6-31G* plan's 231 quartet classes take minutes to compile on a CPU)
+ERI_CI_CASES = {("water", "sto-3g"), ("qm9-21989", "sto-3g")}
 ERI_CASES = [pytest.param(name, basis, marks=() if (name, basis) in ERI_CI_CASES else pytest.mark.slow)
              for name in MOLECULES for basis in ("sto-3g", "6-31g", "6-31g*")]  # fmt: skip
 
@@ -231,8 +233,9 @@ def test_functions_sharing_exponents_form_one_eri_shell():
     # O: 1s (6 primitives), 2sp (3), 3sp (1); each H: 1s (3), 2s (1)
     assert shells.components == ((0,), (0, 1), (0, 1), (0,), (0,), (0,), (0,))
     assert shells.nprim.tolist() == [6, 3, 1, 3, 1, 3, 1]
-    general = build_mole(MOLECULES["water"](), "cc-pvdz")
-    assert shells_of(general).components[0] == (0, 0)  # O's two s functions of one general contraction
+    # N2: cc-pVDZ's general contraction with 120 quartet classes (water has 210, each compiled)
+    general = gto.M(atom="N 0 0 0; N 0 0 2.07", unit="Bohr", basis="cc-pvdz", verbose=0)
+    assert shells_of(general).components[0] == (0, 0)  # N's two s functions of one general contraction
     for mol in (water, general):
         shells = shells_of(mol)
         aos = [shells.offset[s, c] + k for s, comps in enumerate(shells.components)
@@ -311,6 +314,24 @@ def test_a_plan_may_compute_at_a_wider_templates_counts():
         eri_capacity(water, placeholder_mole("sto-3g", ("H",) * 6))
 
 
+def test_an_accelerators_map_computes_a_batchs_conformers_together(monkeypatch):
+    """Where an accelerator's memory allows (its size monkeypatched here), the quartet program computes
+    the batch's conformers together (``lax.map``'s batch_size, whose vmapped ``cond`` computes the
+    skipped chunks too and drops them): the ERIs of one conformer after another."""
+    from pyscf_ipu import programs
+
+    mol = build_mole(MOLECULES["water"](), "sto-3g")
+    plan = plan_eri(mol)
+    coords = mol.atom_coords()[None] + np.random.default_rng(4).normal(scale=0.05, size=(3, mol.natm, 3))
+    one_by_one = np.asarray(eri_s8(plan, coords, workers=1))
+    assert programs.members_at_once(3, 1) == 1  # a CPU: one after another
+    monkeypatch.setattr(programs, "device_memory_bytes", lambda: 1 << 40)
+    assert programs.members_at_once(3, 1 << 20) == 3 and programs.members_at_once(3, 100 << 30) == 2
+    assert programs.members_at_once(3, 1 << 42) == 1
+    together = np.asarray(eri_s8(plan, coords, workers=1))
+    np.testing.assert_allclose(together, one_by_one, rtol=0, atol=1e-6)
+
+
 def test_compiled_eri_programs_are_released_before_the_memory_mapping_limit(monkeypatch):
     """A new ERI shape, with the process past its share of ``vm.max_map_count``, first empties the
     quartet kernels' caches (which gives their memory mappings back): here a share of 0, so only the
@@ -338,7 +359,6 @@ def test_eri_input_is_checked():
         eri_s8(plan, np.zeros((2, 3)))
     with pytest.raises(ValueError, match="workers = 0"):
         eri_s8(plan, mol.atom_coords()[None], workers=0)
-    from pyscf import gto
 
     with pytest.raises(ValueError, match="only s, p and d shells"):
         plan_eri(gto.M(atom="C 0 0 0; O 0 0 1.2", basis="cc-pvtz"))

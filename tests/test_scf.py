@@ -320,7 +320,7 @@ def test_final_pass_reads_the_float32_loops_ao_values():
     ao64 = pad_to(host.ao, (4, sizes[1], host.nao))
     with jax.enable_x64(True):  # a batch of one, as the generator dispatches it
         exact, rounded = (jax.tree.map(lambda a: a[0], final_density_program(
-            functional, LibcintERIs(), Refinement(0.0, LibcintERIs()), ao[None], dm[None], final, {}, {}))
+            functional, LibcintERIs(), Refinement(0.0, LibcintERIs()), 1, ao[None], dm[None], final, {}, {}))
             for ao in (ao64, ao64.astype(np.float32)))  # fmt: skip
     assert exact.exc.dtype == rounded.exc.dtype == jnp.float64
     assert abs(float(rounded.exc - exact.exc)) < 1e-6

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..padding import padded_size
-from ..programs import compiled, on_device, usable_cores
-from .eri_kernels import pair_program, quartet_program
+from ..programs import compiled, members_at_once, on_device, usable_cores
+from .eri_kernels import pair_program, quartet_member_bytes, quartet_program
 from .eri_plan import NOWHERE, EriPlan, QuartetClass
 
 
@@ -78,7 +78,8 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
         data, shifts = pair_program(static[0], eri_structure(plan), (exponents, coefficients), coords, present,
                                     dtype.name)  # fmt: skip
         index, selection, arrays = _shares(plan, share[1])[share[0]]
-        return quartet_program(static, arrays, (index, selection, one_centre), data, shifts)[..., : plan.size]
+        at_once = members_at_once(coords.shape[0], quartet_member_bytes(static, plan.pairs, dtype.itemsize))
+        return quartet_program(static, arrays, (index, selection, one_centre), data, shifts, at_once)[..., : plan.size]
     workers = default_workers() if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers = {workers}: need at least 1")
@@ -88,10 +89,11 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
         data, shifts = pair_program(static[0], eri_structure(plan), (exponents, coefficients), coords, present,
                                     dtype.name)  # fmt: skip
     shares = _shares(plan, workers)
+    at_once = members_at_once(coords.shape[0], quartet_member_bytes(static, plan.pairs, dtype.itemsize))
 
     def run(k: int) -> jax.Array:
         index, selection, arrays = shares[k]
-        return quartet_program(static, arrays, (index, selection, one_centre), data, shifts)
+        return quartet_program(static, arrays, (index, selection, one_centre), data, shifts, at_once)
 
     if workers == 1:
         return _combine((run(0),), plan.size)

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..programs import MappingBudget, compiled
+from ..programs import MappingBudget, compiled, map_members
 from .basis import cartesian_powers
 from .boys import scaled
 from .eri_plan import CHUNK, cartesian_functions, cartesian_to_spherical
@@ -283,20 +283,36 @@ def _pair_program(kinds, pairs, shells, coords, present, dtype: str):
     return jax.vmap(member)(shells, coords, present)
 
 
-def _quartet_program(static, quartet_arrays, one_centre, data, shifts):
-    """:func:`quartet_stage` of conformers one after another inside the program (lax.map), not
-    vmapped into every chunk: a chunk's arrays then stay cache-sized. The plan's ``quartet_arrays``
-    and one-centre positions are shared; ``one_centre`` = (positions (M,), selection (M,) into each
-    conformer's one-centre values (C, M'), one past whose end selects a zero), then ``data`` and
-    ``shifts`` per conformer."""
+def _quartet_program(static, quartet_arrays, one_centre, data, shifts, at_once: int):
+    """:func:`quartet_stage` of the batch's conformers, ``at_once`` of them together
+    (:func:`~pyscf_ipu.programs.map_members`: on a CPU one after another, so that a chunk's arrays stay
+    cache-sized). The plan's ``quartet_arrays`` and one-centre positions are shared; ``one_centre`` =
+    (positions (M,), selection (M,) into each conformer's one-centre values (C, M'), one past whose end
+    selects a zero), then ``data`` and ``shifts`` per conformer."""
     index, selection, values = one_centre
     values = jnp.concatenate([values, jnp.zeros((values.shape[0], 1), values.dtype)], axis=1)
-    return jax.lax.map(lambda member: quartet_stage(static, quartet_arrays, (index, member[0][selection]), *member[1:]),
-                       (values, data, shifts))
+    return map_members(lambda member: quartet_stage(static, quartet_arrays, (index, member[0][selection]), *member[1:]),
+                       (values, data, shifts), at_once)  # fmt: skip
+
+
+def quartet_member_bytes(static, pairs, itemsize: int) -> int:
+    """One conformer's temporaries in the quartet program, for :func:`~pyscf_ipu.programs.members_at_once`:
+    its s8 array as computed, and one step of the chunk map over the largest class (per primitive
+    quartet its Hermite integrals R and the bra-ket matrix of them, and each chunk's values).
+    ``static``: the plan's :func:`~.eri.static_tables`; ``pairs``: its pair classes."""
+    _, classes, size, batch = static
+    largest = 0
+    for x, y in classes:
+        bra, ket = pairs[x], pairs[y]
+        primitives = CHUNK * CHUNK * bra.ka * bra.kb * ket.ka * ket.kb
+        hermite = [len(hermite_indices(order)) for order in (bra.order, ket.order, bra.order + ket.order)]
+        values = primitives * (hermite[2] + hermite[0] * hermite[1] + 8) + CHUNK * CHUNK * bra.functions * ket.functions
+        largest = max(largest, values)
+    return itemsize * (size + batch * largest)
 
 
 pair_program = compiled(_pair_program, static_argnums=(0, 5), name="eri_pairs", quick_compile=True)
 quartet_program = compiled(
-    _quartet_program, static_argnums=0, name="eri_quartets",
+    _quartet_program, static_argnums=(0, 5), name="eri_quartets",
     # a 6-31G* program holds thousands of memory mappings: drop old ones before the process nears its limit
     budget=MappingBudget(share=0.5, fallback=3))

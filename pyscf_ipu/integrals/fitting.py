@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..programs import compiled, on_device
+from ..programs import compiled, map_members, members_at_once, on_device
 from .eri_kernels import by_chunk, chunk_of, ket_signed
 from .eri_plan import CHUNK, NOWHERE, EriPlan, PairClass, packed_pairs
 from ..padding import padded_size
@@ -225,14 +225,15 @@ def factor_member(static, indices, data, shifts, present, batch: int):
     return jax.scipy.linalg.solve_triangular(lower, three, lower=True)
 
 
-def _factor_program(static, indices, data, shifts, present, batch: int, dtype: str):
-    """:func:`factor_member` of conformers one after another (lax.map): (the factors in float64, and
-    rounded to ``dtype``) (C, Qp, npair) each."""
-    exact = jax.lax.map(lambda member: factor_member(static, indices, *member, batch), (data, shifts, present))
+def _factor_program(static, indices, data, shifts, present, batch: int, dtype: str, at_once: int):
+    """:func:`factor_member` of the batch's conformers, ``at_once`` of them together
+    (:func:`~pyscf_ipu.programs.map_members`): (the factors in float64, and rounded to ``dtype``)
+    (C, Qp, npair) each."""
+    exact = map_members(lambda member: factor_member(static, indices, *member, batch), (data, shifts, present), at_once)
     return exact, exact.astype(dtype)
 
 
-factor_program = compiled(_factor_program, static_argnums=(0, 5, 6), name="fitted_factor")
+factor_program = compiled(_factor_program, static_argnums=(0, 5, 6, 7), name="fitted_factor")
 
 
 def fitting_static(plan: FittingPlan) -> tuple:
@@ -251,7 +252,9 @@ def fitted_factor(plan: FittingPlan, data, shifts, present, batch: int, dtype: s
     """The factors (C, Qp, npair) of a batch, in float64 and rounded to ``dtype``, from its pair data
     (the orbital classes', then the fitting ones'), differences ``shifts`` (C, natm, natm, 3) and fitting
     functions ``present`` (C, Qp). Dispatched, not waited for."""
-    return factor_program(fitting_static(plan), plan_indices(plan), data, shifts, present, batch, dtype)
+    # a conformer's three-centre integrals and its factor, in float64
+    at_once = members_at_once(present.shape[0], 2 * 8 * plan.naux * plan.npair)
+    return factor_program(fitting_static(plan), plan_indices(plan), data, shifts, present, batch, dtype, at_once)
 
 
 def fitting_kinds(plan: FittingPlan) -> tuple:
