@@ -73,12 +73,12 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
     static = static_tables(plan)
     extra_atoms = [(0, 0), (0, plan.padded_natm - coords.shape[1]), (0, 0)]  # own no shell
     exponents, coefficients, one_centre, present = at_counts(values, computed_counts(plan))
+    at_once = members_at_once(coords.shape[0], quartet_member_bytes(static, plan.pairs, dtype.itemsize))
     if isinstance(coords, jax.core.Tracer):
         coords = jnp.pad(coords, extra_atoms)
         data, shifts = pair_program(static[0], eri_structure(plan), (exponents, coefficients), coords, present,
                                     dtype.name)  # fmt: skip
         index, selection, arrays = _shares(plan, share[1])[share[0]]
-        at_once = members_at_once(coords.shape[0], quartet_member_bytes(static, plan.pairs, dtype.itemsize))
         return quartet_program(static, arrays, (index, selection, one_centre), data, shifts, at_once)[..., : plan.size]
     workers = default_workers() if workers is None else workers
     if workers < 1:
@@ -89,7 +89,6 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
         data, shifts = pair_program(static[0], eri_structure(plan), (exponents, coefficients), coords, present,
                                     dtype.name)  # fmt: skip
     shares = _shares(plan, workers)
-    at_once = members_at_once(coords.shape[0], quartet_member_bytes(static, plan.pairs, dtype.itemsize))
 
     def run(k: int) -> jax.Array:
         index, selection, arrays = shares[k]

@@ -218,10 +218,11 @@ def eri_capacity(template: gto.Mole, computed: gto.Mole | None = None) -> EriCap
     the counts (pair rows, atoms, shells, one-centre constants, s8 length) of ``computed`` (default:
     ``template`` itself), a template with at least as many atoms of each kind, whose ERI programs then
     serve this bucket too (the extra pairs and chunks are padding, skipped at run time)."""
-    computed = template if computed is None else computed
-    shells = shells_of(computed)
+    shells = shells_of(template if computed is None else computed)
     by_class = _pair_classes(shells)
-    if tuple(by_class) != tuple(_pair_classes(shells_of(template))) or computed.natm < template.natm:
+    if computed is None:
+        computed = template
+    elif tuple(by_class) != tuple(_pair_classes(shells_of(template))) or computed.natm < template.natm:
         raise ValueError("the computed template must hold the template's pair classes and atoms")
     rows = tuple(CHUNK * padded_size(-(-len(m) // CHUNK), minimum=1) for m in by_class.values())
     return EriCapacity(tuple(by_class), rows, template.nao_nr(), computed.natm, _one_centre_count(computed),
