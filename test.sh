@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create or refresh .venv, install pyscf-ipu with its test extra, and run the test suite.
-#   ./test.sh              the suite CI runs (about 10 minutes on 2 cores, less with a warm cache)
+#   ./test.sh              the suite CI runs (bound by compiling: tens of minutes on 2 cores with empty caches, less warm)
 #   ./test.sh --slow       also the full acceptance matrix against PySCF (tens of minutes)
 #   ./test.sh -k scf -x    any other arguments go to pytest
 set -euo pipefail

@@ -19,7 +19,11 @@ def enable_compilation_cache(path: str | Path | None = None) -> Path:
     """Turn on JAX's persistent compilation cache, so a new process does not recompile.
 
     Every program is kept, however quickly it compiled: below JAX's default threshold (1 s) a
-    program compiled again in every new process. Called by the command-line entry points and the
+    program compiled again in every new process. XLA's own extra caches, which JAX would switch on
+    beside it (a GPU's autotuning results), stay off: JAX writes their directory, under this one,
+    into every compiled program's key, so a cache moved to another path (another user's home, a
+    node of a cluster, an unpacked archive of programs) would never hit
+    (``docs/decisions/relocatable-cache.md``). Called by the command-line entry points and the
     tests, never at import. A cache directory that cannot be made (a read-only shared cache without
     it) leaves the cache off: the run compiles what it needs and stores nothing.
     """
@@ -32,6 +36,7 @@ def enable_compilation_cache(path: str | Path | None = None) -> Path:
         return cache
     jax.config.update("jax_compilation_cache_dir", str(cache))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_enable_xla_caches", "")
     return cache
 
 

@@ -3,6 +3,8 @@
     qm1b generate --smiles FILE --out DIR [--conformers K] [--seed S] [--batch-size B] [--resume]
                   [--shard i/n] [--executor local|ray] [DFT settings: --basis, --xc, ...]
     qm1b generate --geometries FILE.sdf|FILE.xyz|DIR --out DIR ...
+    qm1b warm [generate's options] [--pack FILE]    build the run's programs ahead (and pack them)
+    qm1b warm --unpack FILE                          install packed programs built on a machine like this
     qm1b info DIR
     qm1b export DIR --parquet FILE
     qm1b validate DIR --sample K [--tolerance MEV]
@@ -50,6 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
     gen = commands.add_parser("generate", help="SMILES -> conformers -> DFT labels -> HDF5 shards")
     add_config_arguments(gen.add_argument_group("generation"), GenerateConfig)
     add_config_arguments(gen.add_argument_group("DFT settings"), RKSConfig, GENERATOR_DFT_DEFAULTS)
+    warm = commands.add_parser("warm", help="build the programs a generate run with the same options will need, "
+                               "before it starts; or install them from an archive")  # fmt: skip
+    shipping = warm.add_argument_group("shipping").add_mutually_exclusive_group()
+    shipping.add_argument("--pack", metavar="FILE", help="also write the programs to FILE (a .tar.gz with a manifest "
+                          "of what they were built for), to install on machines like this one with --unpack")  # fmt: skip
+    shipping.add_argument("--unpack", metavar="FILE", help="install the programs of FILE into this machine's cache "
+                          "($PYSCF_IPU_CACHE), if it was built for this package, jax and device; builds nothing")  # fmt: skip
+    add_config_arguments(warm.add_argument_group("generation"), GenerateConfig)
+    add_config_arguments(warm.add_argument_group("DFT settings"), RKSConfig, GENERATOR_DFT_DEFAULTS)
     info = commands.add_parser("info", help="counts, failures, convergence, throughput, label statistics")
     info.add_argument("directory")
     info.add_argument("--json", action="store_true")
@@ -94,6 +105,51 @@ def _generate(args) -> int:
     print("\n".join(summary.lines()))
     if gen.report:  # a list of one summary, as the report has always been written
         Path(gen.report).write_text(json.dumps([summary.to_dict()], indent=1))
+    return 0
+
+
+def _warm(args) -> int:
+    """Build a run's programs ahead (qm1b.warm), pack them, or install packed ones; a file or cache that
+    cannot be written is a :class:`~qm1b.store.StorageError` (one line, exit 3)."""
+    from .store import StorageError
+
+    try:
+        return _warm_or_unpack(args)
+    except OSError as err:
+        if isinstance(err, (StorageError, FileNotFoundError)) or err.filename is None:
+            raise
+        raise StorageError(f"cannot write {err.filename}: {err.strerror}") from None
+
+
+def _warm_or_unpack(args) -> int:
+    if args.unpack is not None:
+        from pyscf_ipu.program_archive import unpack
+        from pyscf_ipu.runtime import default_cache_dir
+
+        installed = unpack(Path(args.unpack), default_cache_dir())
+        print(f"{args.unpack}: {installed.added} program files installed in {default_cache_dir()}, "
+              f"{installed.present} already there ({installed.manifest.get('method', 'programs')}; "
+              f"built {installed.manifest.get('created', '?')})")  # fmt: skip
+        return 0
+    reuse_freed_memory()  # first: before JAX runs anything
+    from pyscf_ipu.resolution import resolve
+
+    from .settings import GenerateConfig
+    from .warm import warm, warm_and_pack
+
+    try:
+        gen = config_from_arguments(args, GenerateConfig)
+        dft = config_from_arguments(args, RKSConfig)
+        resolve(dft)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    run = gen.resolved(dft)
+    if args.pack is None:
+        print("\n".join(warm(run, progress=gen.progress).lines()))
+        return 0
+    warmed, packed = warm_and_pack(run, Path(args.pack), progress=gen.progress)
+    print("\n".join(warmed.lines()))
+    print(f"{packed.path}: {packed.files} program files, {packed.bytes / 1e6:.1f} MB")
     return 0
 
 
@@ -177,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     from .inputs import InputError
     from .store import StorageError
 
-    handlers = {"generate": _generate, "info": _info, "export": _export, "validate": _validate, "plot": _plot}
+    handlers = {"generate": _generate, "warm": _warm, "info": _info, "export": _export, "validate": _validate,
+                "plot": _plot}
     try:
         args = build_parser().parse_args(argv)
         with warnings.catch_warnings():

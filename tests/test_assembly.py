@@ -45,13 +45,15 @@ def template_points(bucket: SizeBucket, molecule) -> tuple[np.ndarray, np.ndarra
     return coords[slots] + tables.grid_offsets[rows[slots], places], tables.grid_volumes[rows[slots], places] != 0
 
 
-@pytest.mark.parametrize("basis", ["sto-3g", "6-31g*"])
-def test_assembled_integrals_equal_libcints_at_each_geometry(basis):
+@pytest.mark.parametrize("basis, float32", [("sto-3g", True), ("6-31g*", False),
+                                            pytest.param("6-31g*", True, marks=pytest.mark.slow)])  # fmt: skip
+def test_assembled_integrals_equal_libcints_at_each_geometry(basis, float32):
     """Two conformers of water (STO-3G's hydrogen capacity of 4 leaves two slots absent; 6-31G* has d
     shells, through the spherical transform) and, at STO-3G, ammonia and methane in one batch: each
     conformer's overlap, core Hamiltonian and nuclear repulsion within 1e-10 of libcint's, its guess
     PySCF's atom guess, its float64 ERIs within 1e-12 (measured 1e-14) and float32 ones within 1e-6
-    (tests/test_integrals.py), its grid's points and weights
+    (tests/test_integrals.py; at 6-31G* only with --slow: each 6-31G* ERI program takes minutes to
+    compile, and the float32 one is the float64 kernel in another dtype), its grid's points and weights
     PySCF's, its AO values PySCF's ``eval_ao``; the padded AOs' rows, columns and ERIs are zero."""
     water = from_name("water")
     rng = np.random.default_rng(3)
@@ -59,7 +61,8 @@ def test_assembled_integrals_equal_libcints_at_each_geometry(basis):
     groups = [conformers] + ([[from_atom_string(AMMONIA), from_atom_string(METHANE)]] if basis == "sto-3g" else [])
     for molecules in groups:
         ints, members, bucket = assembled(molecules, RKSConfig(basis=basis))
-        float32_eris = assembled(molecules, RKSConfig(basis=basis), JaxIntegrals(eri_precision="float32"))[0].eris
+        if float32:
+            float32_eris = assembled(molecules, RKSConfig(basis=basis), JaxIntegrals(eri_precision="float32"))[0].eris
         npad = bucket.nao_padded
         for c, (molecule, member) in enumerate(zip(molecules, members)):
             mol = build_mole(molecule, basis)
@@ -74,8 +77,9 @@ def test_assembled_integrals_equal_libcints_at_each_geometry(basis):
             eri = ao2mo.restore(1, np.asarray(ints.eris[c], np.float64), npad)
             np.testing.assert_allclose(eri[np.ix_(*[member.aos] * 4)], mol.intor("int2e"), rtol=0, atol=1e-12)
             assert not eri[padded].any()
-            rounded = ao2mo.restore(1, np.asarray(float32_eris[c], np.float64), npad)[np.ix_(*[member.aos] * 4)]
-            np.testing.assert_allclose(rounded, mol.intor("int2e"), rtol=0, atol=1e-6)
+            if float32:
+                rounded = ao2mo.restore(1, np.asarray(float32_eris[c], np.float64), npad)
+                np.testing.assert_allclose(rounded[np.ix_(*[member.aos] * 4)], mol.intor("int2e"), rtol=0, atol=1e-6)
             # the grid: PySCF's points and weights, in another order
             points, real = template_points(bucket, molecule)
             grids = dft.gen_grid.Grids(mol)
