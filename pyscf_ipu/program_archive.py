@@ -11,8 +11,8 @@ on: programs built elsewhere would not load (a different source or jax) or could
 using instructions this CPU lacks), so a mismatch is refused with a message naming it.
 
 Unpacking never overwrites a file the cache already holds, writes each file through a temporary
-name and a rename (a reader never sees part of one), and takes only regular files under the two
-directories: an archive is data, never a path outside the cache.
+name and a rename (a reader never sees part of one) once its hash is the manifest's, and takes only
+regular files under the two directories: an archive is data, never a path outside the cache.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ MANIFEST = "manifest.json"
 ARCHIVE_FORMAT = 1
 # The cache's two directories an archive holds: JAX's compiled executables and the exported programs
 DIRECTORIES = ("jax", "jax-programs")
+FILE_MODE = 0o644  # an archive's and an installed program's: readable by the other users of a shared cache
 
 
 class ArchiveError(ValueError):
@@ -42,7 +43,7 @@ class ArchiveError(ValueError):
 
 def machine() -> dict[str, str]:
     """What decides whether compiled programs can be reused: this package's source and jax's versions,
-    the platform and the device; on a CPU, its model and a hash of its instruction-set flags."""
+    the platform and the device kind; on a CPU, a hash of its instruction-set flags."""
     import importlib.metadata
 
     import jax
@@ -90,11 +91,14 @@ def pack(cache: Path, path: Path, description: dict) -> Packed:
     files = sorted(p for d in DIRECTORIES for p in (cache / d).rglob("*") if p.is_file() and not p.is_symlink())
     if not files:
         raise ArchiveError(f"{cache} holds no compiled programs to pack")
+    # each file's hash, checked before it is installed: gzip's own check comes only at the stream's end
+    hashes = {file.relative_to(cache).as_posix(): hashlib.sha256(file.read_bytes()).hexdigest() for file in files}
     manifest = {"format": ARCHIVE_FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "machine": machine(), **description}  # fmt: skip
+                "machine": machine(), **description, "files": hashes}  # fmt: skip
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(descriptor, FILE_MODE)
     try:
         with os.fdopen(descriptor, "wb") as out, tarfile.open(fileobj=out, mode="w:gz") as tar:
             data = json.dumps(manifest, indent=1, sort_keys=True).encode()
@@ -120,7 +124,7 @@ def read_manifest(path: Path) -> dict:
             if member is None or member.name != MANIFEST or not member.isfile():
                 raise ArchiveError(f"{path} is not a program archive (no {MANIFEST} first)")
             manifest = json.loads(tar.extractfile(member).read())
-    except (OSError, tarfile.TarError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (OSError, tarfile.TarError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as err:
         if isinstance(err, FileNotFoundError):
             raise ArchiveError(f"{path} does not exist") from None
         raise ArchiveError(f"{path} is not a readable program archive ({err})") from None
@@ -128,6 +132,8 @@ def read_manifest(path: Path) -> dict:
         raise ArchiveError(f"{path} is a program archive of another format ({manifest.get('format')!r}, this "
                            f"package reads {ARCHIVE_FORMAT})" if isinstance(manifest, dict) else
                            f"{path} has no readable manifest")  # fmt: skip
+    if not isinstance(manifest.get("machine"), dict) or not isinstance(manifest.get("files"), dict):
+        raise ArchiveError(f"{path} has no readable manifest")
     return manifest
 
 
@@ -156,7 +162,7 @@ def unpack(path: Path, cache: Path) -> Installed:
     (:func:`machine`); :class:`ArchiveError` naming the difference otherwise, with nothing written.
     Files the cache holds are kept; the others are written through a temporary name and a rename."""
     manifest = read_manifest(path)
-    difference = mismatch(manifest.get("machine", {}), machine())
+    difference = mismatch(manifest["machine"], machine())
     if difference is not None:
         raise ArchiveError(f"{path} was built for another setup ({difference}); its programs would not load "
                            "here: build them on this machine with qm1b warm")  # fmt: skip
@@ -170,7 +176,11 @@ def unpack(path: Path, cache: Path) -> Installed:
                 if target.exists():
                     present += 1
                     continue
-                _install(tar.extractfile(member).read(), target)
+                data = tar.extractfile(member).read()
+                if hashlib.sha256(data).hexdigest() != manifest["files"].get(member.name):
+                    raise ArchiveError(f"{path} is damaged ({member.name} is not the file it was built with); "
+                                       f"{added} of its programs were installed")  # fmt: skip
+                _install(data, target)
                 added += 1
     except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as err:
         raise ArchiveError(f"{path} is damaged ({err}); {added} of its programs were installed") from None
@@ -183,6 +193,7 @@ def _install(data: bytes, target: Path) -> None:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         descriptor, temporary = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
+        os.fchmod(descriptor, FILE_MODE)
         with os.fdopen(descriptor, "wb") as out:
             out.write(data)
         os.replace(temporary, target)

@@ -6,7 +6,10 @@ that work ahead, for the run that the same options would start: it labels one ba
 bucket of the inputs (the first molecule of the bucket whose conformers embed, filled up to the
 bucket's batch size, exactly as the run fills a batch) through the run's own programs and keeps
 nothing but the programs, in the cache a later run reads (``$PYSCF_IPU_CACHE``). Its batch sizes
-are the run's, decided from all of the inputs, so the programs are the ones the run will ask for.
+are the run's, decided from all of the inputs, so the programs are the ones a local run will ask
+for. Not covered: a Ray run's tasks, which decide batch sizes from their own molecules (on an
+accelerator, fewer conformers may mean narrower batches), and the programs that host-side
+gradients (``--forces`` on a CPU) compile per composition of a bucket, beyond the first molecule's.
 
 :func:`pyscf_ipu.program_archive.pack` and ``unpack`` turn such a cache into one file and back, for
 machines of one kind (a cluster's nodes, a user's download); the archive's manifest says what it
@@ -15,6 +18,7 @@ was built for, and a machine it does not suit refuses it.
 
 from __future__ import annotations
 
+import errno
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -56,12 +60,17 @@ class Warmed:
 
 def warm(run: Run, cache: Path | None = None, progress: bool = True) -> Warmed:
     """Build the programs that ``run`` will need, one batch per size bucket of its inputs, into
-    ``cache`` (default: the run's, ``$PYSCF_IPU_CACHE``). Labels are computed and discarded."""
+    ``cache`` (default: the run's, ``$PYSCF_IPU_CACHE``). Labels are computed and discarded. Once per
+    process: JAX fixes its persistent cache's directory at its first compile. An OSError naming the
+    cache if it cannot be made (where a run would go on without one)."""
+    import jax
     from tqdm import tqdm
 
     start = time.perf_counter()
     cache = Path(cache) if cache is not None else default_cache_dir()
-    enable_compilation_cache(cache / "jax")
+    enabled = enable_compilation_cache(cache / "jax")
+    if jax.config.jax_compilation_cache_dir != str(enabled):
+        raise OSError(errno.EACCES, "cannot make the program cache there", str(cache))
     method = resolve(run.dft)
     inputs = run.inputs()
     buckets = run.buckets(method, inputs)
@@ -75,10 +84,11 @@ def warm(run: Run, cache: Path | None = None, progress: bool = True) -> Warmed:
         if not molecules:
             skipped.append(bucket.label())
             continue
+        molecules = fill_batch(molecules, width)  # as the run fills its batches: a full one's programs
         if run.gen.relaxes:  # one optimiser step per conformer: every program of a relaxation's step
             relax(molecules, method, max_steps=1, width=width, workers=0)
         else:
-            _label_once(fill_batch(molecules, width), method, run.gen.forces)
+            _label_once(molecules, method, run.gen.forces)
         built.append((bucket.label(), width))
     return Warmed(chosen(run.dft, sizes), built, skipped, time.perf_counter() - start, cache)
 
@@ -106,12 +116,13 @@ def _label_once(molecules: list, method, forces: bool) -> None:
 
 
 def warm_and_pack(run: Run, path: Path, progress: bool = True) -> tuple[Warmed, Packed]:
-    """:func:`warm` into a cache of its own (a temporary directory), so that the archive ``path`` holds
-    exactly the run's programs, then :func:`~pyscf_ipu.program_archive.pack` it; the programs are
-    installed in the run's cache too."""
+    """:func:`warm` into a cache of its own (a temporary directory beside ``path``, on the disk the
+    archive goes to), so that the archive ``path`` holds exactly the run's programs, then
+    :func:`~pyscf_ipu.program_archive.pack` it; the programs are installed in the run's cache too."""
     from pyscf_ipu.program_archive import unpack
 
-    with tempfile.TemporaryDirectory(prefix="qm1b-warm-") as scratch:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".qm1b-warm-", dir=Path(path).parent) as scratch:
         warmed = warm(run, Path(scratch), progress)
         packed = pack(Path(scratch), path, {"settings": run.label_settings(), "method": warmed.method,
                                             "buckets": [label for label, _ in warmed.buckets]})  # fmt: skip

@@ -4,8 +4,10 @@ outside the cache, no links, nothing the cache already holds overwritten)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import stat
 import tarfile
 
 import pytest
@@ -36,6 +38,7 @@ def test_pack_then_unpack_installs_every_file_and_keeps_what_was_there(tmp_path)
     for name in FILES:
         if name != "jax/jit_call-abc-cache":
             assert (target / name).read_bytes() == FILES[name]
+            assert stat.S_IMODE((target / name).stat().st_mode) == 0o644  # readable in a shared cache
     assert not (target / "references").exists()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["programs.tar.gz"]  # no temporary left
 
@@ -46,10 +49,13 @@ def test_an_empty_cache_is_not_packed(tmp_path):
     assert not (tmp_path / "p.tar.gz").exists()
 
 
-def archive(path, manifest: dict, members: list[tarfile.TarInfo | tuple[str, bytes]]):
-    """A gzipped tar file of ``manifest`` first and then ``members`` (TarInfo, or (name, data))."""
+def archive(path, manifest: dict, members: list[tarfile.TarInfo | tuple[str, bytes]], hashes: dict | None = None):
+    """A gzipped tar file of ``manifest`` first and then ``members`` (TarInfo, or (name, data)); the
+    manifest lists the members' hashes, or ``hashes``."""
+    if hashes is None:
+        hashes = {m[0]: hashlib.sha256(m[1]).hexdigest() for m in members if isinstance(m, tuple)}
     with tarfile.open(path, "w:gz") as tar:
-        data = json.dumps(manifest).encode()
+        data = json.dumps({"files": hashes, **manifest}).encode()
         info = tarfile.TarInfo(MANIFEST)
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
@@ -115,6 +121,16 @@ def test_files_that_are_not_our_archives_are_refused(tmp_path, content, message)
         read_manifest(path)
     with pytest.raises(ArchiveError, match="does not exist"):
         read_manifest(tmp_path / "missing.tar.gz")
+
+
+def test_a_file_that_is_not_the_one_packed_is_refused_and_not_installed(tmp_path):
+    """gzip checks its stream only at its end: each file's hash in the manifest is checked first."""
+    members = [("jax/a-cache", b"good"), ("jax/b-cache", b"flipped bits")]
+    hashes = {"jax/a-cache": hashlib.sha256(b"good").hexdigest(), "jax/b-cache": hashlib.sha256(b"other").hexdigest()}
+    path = archive(tmp_path / "p.tar.gz", {"format": 1, "machine": machine()}, members, hashes)
+    with pytest.raises(ArchiveError, match="is damaged \\(jax/b-cache is not the file it was built with\\); 1 of"):
+        unpack(path, tmp_path / "cache")
+    assert sorted(p.name for p in (tmp_path / "cache" / "jax").iterdir()) == ["a-cache"]
 
 
 def test_a_truncated_archive_installs_nothing_partial(tmp_path):

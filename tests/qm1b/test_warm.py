@@ -65,3 +65,12 @@ def test_unpacking_onto_a_full_disk_is_one_line_and_exit_3(tmp_path):
             ": No space left on device")  # fmt: skip
         for file in (disk / "cache" / "jax").iterdir():  # what was installed is whole, no temporary left
             assert file.read_bytes() == (source / "jax" / file.name).read_bytes()
+
+
+def test_a_cache_that_cannot_be_made_is_one_line_and_exit_3_before_any_work(tmp_path):
+    (tmp_path / "file").write_text("a file where the cache's directory would go")
+    smiles = write_smiles(tmp_path / "in.smi", ["O"])
+    proc = qm1b("warm", "--smiles", str(smiles), "--no-progress", cache=tmp_path / "file" / "cache")
+    assert proc.returncode == EXIT_STORAGE, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"qm1b warm: error: cannot write {tmp_path / 'file' / 'cache'}: cannot make the program cache there"]
