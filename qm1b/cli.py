@@ -88,19 +88,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _generate(args) -> int:
-    reuse_freed_memory()  # first: before JAX runs anything
+def _run_settings(args):
+    """(GenerateConfig, RKSConfig) of ``generate``'s and ``warm``'s arguments, their names and
+    combinations (e.g. screening with density fitting) checked before any input is read; sets up the
+    process first, before JAX runs anything (:func:`~pyscf_ipu.runtime.reuse_freed_memory`)."""
+    reuse_freed_memory()
     from pyscf_ipu.resolution import resolve
 
-    from .generate import generate
     from .settings import GenerateConfig
 
     try:
         gen = config_from_arguments(args, GenerateConfig)
         dft = config_from_arguments(args, RKSConfig)
-        resolve(dft)  # the names and their combinations (e.g. screening with density fitting), before any input is read
+        resolve(dft)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    return gen, dft
+
+
+def _generate(args) -> int:
+    from .generate import generate
+
+    gen, dft = _run_settings(args)
     summary = generate(gen, dft)
     print("\n".join(summary.lines()))
     if gen.report:  # a list of one summary, as the report has always been written
@@ -131,18 +140,9 @@ def _warm_or_unpack(args) -> int:
               f"{installed.present} already there ({installed.manifest.get('method', 'programs')}; "
               f"built {installed.manifest.get('created', '?')})")  # fmt: skip
         return 0
-    reuse_freed_memory()  # first: before JAX runs anything
-    from pyscf_ipu.resolution import resolve
-
-    from .settings import GenerateConfig
     from .warm import warm, warm_and_pack
 
-    try:
-        gen = config_from_arguments(args, GenerateConfig)
-        dft = config_from_arguments(args, RKSConfig)
-        resolve(dft)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    gen, dft = _run_settings(args)
     run = gen.resolved(dft)
     if args.pack is None:
         print("\n".join(warm(run, progress=gen.progress).lines()))
