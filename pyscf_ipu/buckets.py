@@ -7,7 +7,9 @@ the grid's radii), never a shape. A :class:`SizeBucket` holds, for each kind, a 
 molecule's count of that kind rounded up (kinds of fewer than 4 AOs per atom in steps of 4 AOs' worth
 of atoms, others exactly), so the padded AO count is at most three above the molecule's: coarse
 enough that a run over a few dozen molecules compiles a few buckets, fine enough that the padding
-costs little (the choice is in ``docs/decisions/size-buckets.md``). Where a J-K backend's shapes
+costs little (the choice is in ``docs/decisions/size-buckets.md``); a run may choose a coarser step
+(``RKSConfig.bucket_step``; an accelerator's default, :func:`default_bucket_step`, is 16 AOs' worth,
+where padding costs less than compiling). Where a J-K backend's shapes
 depend on the occupied orbitals (density fitting), a bucket also holds their count rounded up to a
 step (the run's ``occupied_step``), and its kinds split further by fitting functions per atom, in
 steps of :data:`FITTING_STEP` (so that lithium's 83 at 6-31G* do not pad carbon's 70); elsewhere the
@@ -32,6 +34,17 @@ LABEL_ELEMENTS = ("C", "H")  # a kind's name in labels: the first of these it ho
 GRID_ALIGNMENT = 1024  # padded grid sizes are multiples of the XC quadrature's block
 FITTING_STEP = 8  # a density-fitted bucket's kinds hold elements of equal fitting functions rounded up to this
 OCCUPIED_STEP = 8  # a density-fitted bucket rounds its occupied-orbital count up to a multiple of this
+CPU_BUCKET_STEP = 4  # AOs' worth of atoms: a CPU's step for kinds of fewer than 4 AOs per atom
+ACCELERATOR_BUCKET_STEP = 16  # the same on an accelerator, whose programs wait on latency more than on work
+
+
+def default_bucket_step(platform: str) -> int:
+    """The step (in AOs' worth of atoms) to which a size bucket rounds up the counts of its kinds of
+    fewer than 4 AOs per atom, on a JAX ``platform``: :data:`CPU_BUCKET_STEP` on a CPU, where every
+    padded AO costs work in every conformer; :data:`ACCELERATOR_BUCKET_STEP` elsewhere, where a padded
+    AO costs little and every extra bucket costs its programs' compilation
+    (``docs/decisions/size-buckets.md``)."""
+    return CPU_BUCKET_STEP if platform == "cpu" else ACCELERATOR_BUCKET_STEP
 
 
 @lru_cache(maxsize=None)
@@ -184,7 +197,7 @@ def _kind_maximum(basis: str, kind: tuple, count) -> int:
     return max(values)
 
 
-def capacity(count: int, aos_per_atom: int, step_aos: int = 4) -> int:
+def capacity(count: int, aos_per_atom: int, step_aos: int = CPU_BUCKET_STEP) -> int:
     """A kind's count rounded up to a multiple of ``step_aos`` AOs' worth of its atoms (at 4, STO-3G
     hydrogen: 4 atoms, 6-31G hydrogen: 2); kinds of 4 or more AOs per atom exactly."""
     step = max(1, step_aos // aos_per_atom) if aos_per_atom < 4 else 1
@@ -201,16 +214,19 @@ class SizeBucket:
     occupied: int = 0  # doubly occupied orbitals rounded up to the run's step; 0: not a dimension
 
     @classmethod
-    def of(cls, molecule: Molecule, basis: str, grid_level: int, occupied_step: int = 0) -> SizeBucket:
-        return cls.of_symbols(molecule.symbols, basis, grid_level, occupied_step, molecule.charge)
+    def of(cls, molecule: Molecule, basis: str, grid_level: int, occupied_step: int = 0,
+           step_aos: int = CPU_BUCKET_STEP) -> SizeBucket:  # fmt: skip
+        return cls.of_symbols(molecule.symbols, basis, grid_level, occupied_step, molecule.charge, step_aos)
 
     @classmethod
-    def of_symbols(cls, symbols, basis: str, grid_level: int, occupied_step: int = 0, charge: int = 0) -> SizeBucket:
-        """The bucket of a closed-shell molecule with these element symbols and total ``charge``;
-        ``occupied_step`` > 0 (a density-fitted run) adds its occupied-orbital count, rounded up to a
-        multiple of it, and counts atoms by fitted kinds (:func:`element_kind`)."""
+    def of_symbols(cls, symbols, basis: str, grid_level: int, occupied_step: int = 0, charge: int = 0,
+                   step_aos: int = CPU_BUCKET_STEP) -> SizeBucket:  # fmt: skip
+        """The bucket of a closed-shell molecule with these element symbols and total ``charge``: kinds
+        of fewer than 4 AOs per atom rounded up to multiples of ``step_aos`` AOs' worth of atoms
+        (:func:`capacity`); ``occupied_step`` > 0 (a density-fitted run) adds its occupied-orbital
+        count, rounded up to a multiple of it, and counts atoms by fitted kinds (:func:`element_kind`)."""
         counts = Counter(element_kind(basis, symbol, fitted=occupied_step > 0) for symbol in symbols)
-        kinds = tuple(sorted((kind, capacity(n, element_aos(kind))) for kind, n in counts.items()))
+        kinds = tuple(sorted((kind, capacity(n, element_aos(kind), step_aos)) for kind, n in counts.items()))
         occupied = 0
         if occupied_step:
             pairs = -(-(sum(atomic_number(s) for s in symbols) - charge) // 2)
@@ -306,8 +322,3 @@ class SizeBucket:
 
         parts = "".join(f"{name(kind)}{cap}" for kind, cap in self.kinds)
         return f"{self.basis}:{parts}" + (f":occ{self.occupied}" if self.occupied else "")
-
-    def fits(self, molecule: Molecule) -> bool:
-        """True if ``molecule`` belongs to this bucket."""
-        step = OCCUPIED_STEP if self.occupied else 0
-        return SizeBucket.of(molecule, self.basis, self.grid_level, step) == self

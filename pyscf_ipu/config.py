@@ -125,7 +125,17 @@ class RKSConfig:
         "forces need it, labels do not; auto: 5e-7 with --forces, else none (0)",
         auto=True,
     )
+    bucket_step: int | None = option(
+        None,
+        "size buckets' step for kinds of atom with fewer than 4 AOs (hydrogen at STO-3G), in AOs' worth of atoms: "
+        "a coarser step pads more and compiles fewer programs; never changes a label beyond float32 rounding; "
+        "auto: 4 on a CPU, 16 on an accelerator",
+        auto=True,
+    )
     ipu: IPUConfig = field(default=IPUConfig(), metadata={"nested": True})
+
+    # fields that decide where and how the work runs, never a label: a dataset does not record them
+    PLACEMENT: ClassVar[tuple[str, ...]] = ("bucket_step",)
 
     def __post_init__(self) -> None:
         for name, renamed in _renamed_values(RKSConfig).items():  # an old spelling becomes the current one
@@ -146,6 +156,8 @@ class RKSConfig:
             raise ConfigError(f"the ERI threshold must be >= 0, got {self.eri_threshold}")
         if self.eri_expcutoff < 0:
             raise ConfigError(f"the ERI exponent cutoff must be >= 0, got {self.eri_expcutoff}")
+        if self.bucket_step is not None and self.bucket_step < 1:
+            raise ConfigError(f"--bucket-step is in AOs and must be at least 1, got {self.bucket_step}")
         if self.refine_commutator is not None and not 0 <= self.refine_commutator < 1:
             raise ConfigError(f"--refine-commutator must be in [0, 1), got {self.refine_commutator}")
 

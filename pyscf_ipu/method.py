@@ -40,6 +40,7 @@ class Method:
     functional: Functional
     backend: JKBackend
     integrals: IntegralSource
+    bucket_step: int  # the size buckets' step for light kinds (RKSConfig.bucket_step, auto resolved by platform)
 
     @property
     def dtype(self) -> np.dtype:
@@ -57,10 +58,18 @@ class Method:
 
     def bucket_of(self, symbols, charge: int = 0) -> SizeBucket:
         """The size bucket of a molecule of ``symbols`` (with ``charge``) at this basis and grid level,
-        at the J-K backend's occupied-orbital step; :class:`~pyscf_ipu.molecule.MoleculeError` where
-        the basis lacks an element."""
+        at the run's bucket step and the J-K backend's occupied-orbital step;
+        :class:`~pyscf_ipu.molecule.MoleculeError` where the basis lacks an element."""
         config = self.config
-        return SizeBucket.of_symbols(symbols, config.basis, config.grid_level, self.backend.occupied_step, charge)
+        return SizeBucket.of_symbols(symbols, config.basis, config.grid_level, self.backend.occupied_step, charge,
+                                     self.bucket_step)  # fmt: skip
+
+    def same_bucket(self, molecules) -> SizeBucket:
+        """The size bucket of ``molecules``, which must share one (a batch's); ValueError otherwise."""
+        bucket = self.bucket(molecules[0])
+        if any(self.bucket(molecule) != bucket for molecule in molecules[1:]):
+            raise ValueError("a batch needs molecules of one size bucket")
+        return bucket
 
     @property
     def loop(self) -> LoopSettings:

@@ -162,9 +162,7 @@ def prepare(molecules: list[Molecule], method: Method) -> list[PreparedProblem]:
     """
     config = method.config
     mols = [build_mole(molecule, config.basis) for molecule in molecules]  # checks the elements and basis
-    bucket = method.bucket(molecules[0])
-    if any(not bucket.fits(molecule) for molecule in molecules[1:]):
-        raise ValueError("a batch needs molecules of one size bucket")
+    bucket = method.same_bucket(molecules)
     return [_prepare_one(molecule, mol, method, bucket) for molecule, mol in zip(molecules, mols)]
 
 

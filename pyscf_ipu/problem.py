@@ -158,9 +158,7 @@ def prepare_batch(molecules: list[Molecule], method: Method, shapes: tuple[int, 
     element the basis lacks."""
     config = method.config
     check_basis({symbol for molecule in molecules for symbol in molecule.symbols}, config.basis)
-    bucket = method.bucket(molecules[0])
-    if any(not bucket.fits(molecule) for molecule in molecules[1:]):
-        raise ValueError("a batch needs molecules of one size bucket")
+    bucket = method.same_bucket(molecules)
     return batch_of(*method.integrals.integrals(molecules, bucket, method, shapes), bucket, method)
 
 

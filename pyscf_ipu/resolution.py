@@ -3,7 +3,8 @@
 
 The functional (:data:`~pyscf_ipu.xc.functionals.FUNCTIONALS`), the J-K backend
 (:data:`~pyscf_ipu.jk.JK_BACKENDS`), the integral source
-(:data:`~pyscf_ipu.integral_sources.INTEGRAL_SOURCES`) and the precision are looked up here, above
+(:data:`~pyscf_ipu.integral_sources.INTEGRAL_SOURCES`), the size buckets' step and the precision
+are looked up here, above
 the strategies they name; the :class:`~pyscf_ipu.method.Method` they make sits below them.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import jax
 
+from .buckets import default_bucket_step
 from .config import AUTO, ConfigError, RKSConfig
 from .integral_sources import INTEGRAL_SOURCES, auto_integrals
 from .jk import JK_BACKENDS
@@ -27,7 +29,8 @@ def resolve(config: RKSConfig) -> Method:
         integrals = auto_integrals(jax.default_backend())
     else:
         integrals = _named(INTEGRAL_SOURCES, config.integrals, config.integrals, "integral source")
-    return Method(config, functional, backend, integrals)
+    step = config.bucket_step or default_bucket_step(jax.default_backend())
+    return Method(config, functional, backend, integrals, step)
 
 
 def _named(registry: dict, key: str, given, what: str):

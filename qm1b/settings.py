@@ -173,7 +173,8 @@ class Run:
         """Everything that defines the labels, as the dataset records it: a resumed run must use the
         same, and :func:`dft_config` reads the DFT settings back."""
         dft, gen = self.dft, self.gen
-        own = {f.name: getattr(dft, f.name) for f in dataclasses.fields(dft) if f.name != "ipu"}
+        own = {f.name: getattr(dft, f.name) for f in dataclasses.fields(dft)
+               if f.name != "ipu" and f.name not in RKSConfig.PLACEMENT}  # fmt: skip
         return {
             **own,
             "refine_commutator": dft.refine_threshold,  # auto (none) and 0 are the same labels
@@ -190,7 +191,7 @@ class Run:
 
 def dft_config(settings: dict) -> RKSConfig:
     """The :class:`RKSConfig` a dataset was generated with, from its recorded settings (:meth:`Run.label_settings`)."""
-    names = {f.name for f in dataclasses.fields(RKSConfig)} - {"ipu"}
+    names = {f.name for f in dataclasses.fields(RKSConfig)} - {"ipu", *RKSConfig.PLACEMENT}
     ipu = {f.name for f in dataclasses.fields(IPUConfig)}
     return RKSConfig(**{k: v for k, v in settings.items() if k in names},
                      ipu=IPUConfig(**{k: v for k, v in settings.items() if k in ipu}))  # fmt: skip
