@@ -3,10 +3,13 @@
 #   ./test.sh              the suite CI runs (bound by compiling: tens of minutes on 2 cores with empty caches, less warm)
 #   ./test.sh --slow       also the full acceptance matrix against PySCF (tens of minutes)
 #   ./test.sh -k scf -x    any other arguments go to pytest
+# The tests run in one pytest-xdist worker per core (at most 4), each test file in one worker (its
+# module fixtures computed once); `-n 0` runs them in this process.
 set -euo pipefail
 cd "$(dirname "$0")"
 PYSCF_IPU_EXTRAS=test source tools/venv.sh
-args=()
+workers="$("$PY" -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')"
+args=(-n "$workers" --dist loadfile)
 for a in "$@"; do
     if [ "$a" = "--slow" ]; then args+=(-m "slow or not slow"); else args+=("$a"); fi
 done
