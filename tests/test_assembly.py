@@ -45,19 +45,23 @@ def template_points(bucket: SizeBucket, molecule) -> tuple[np.ndarray, np.ndarra
     return coords[slots] + tables.grid_offsets[rows[slots], places], tables.grid_volumes[rows[slots], places] != 0
 
 
-@pytest.mark.parametrize("basis, float32", [("sto-3g", True), ("6-31g*", False),
-                                            pytest.param("6-31g*", True, marks=pytest.mark.slow)])  # fmt: skip
-def test_assembled_integrals_equal_libcints_at_each_geometry(basis, float32):
-    """Two conformers of water (STO-3G's hydrogen capacity of 4 leaves two slots absent; 6-31G* has d
-    shells, through the spherical transform) and, at STO-3G, ammonia and methane in one batch: each
-    conformer's overlap, core Hamiltonian and nuclear repulsion within 1e-10 of libcint's, its guess
-    PySCF's atom guess, its float64 ERIs within 1e-12 (measured 1e-14) and float32 ones within 1e-6
-    (tests/test_integrals.py; at 6-31G* only with --slow: each 6-31G* ERI program takes minutes to
-    compile, and the float32 one is the float64 kernel in another dtype), its grid's points and weights
-    PySCF's, its AO values PySCF's ``eval_ao``; the padded AOs' rows, columns and ERIs are zero."""
-    water = from_name("water")
+@pytest.mark.parametrize("basis, float32, name", [
+    ("sto-3g", True, "water"), ("6-31g*", False, "carbon monoxide"),
+    pytest.param("6-31g*", False, "water", marks=pytest.mark.slow),
+    pytest.param("6-31g*", True, "water", marks=pytest.mark.slow)])  # fmt: skip
+def test_assembled_integrals_equal_libcints_at_each_geometry(basis, float32, name):
+    """Two conformers of a molecule (water: STO-3G's hydrogen capacity of 4 leaves two slots absent;
+    6-31G* has d shells, through the spherical transform) and, at STO-3G, ammonia and methane in one
+    batch: each conformer's overlap, core Hamiltonian and nuclear repulsion within 1e-10 of libcint's,
+    its guess PySCF's atom guess, its float64 ERIs within 1e-12 (measured 1e-14) and float32 ones
+    within 1e-6 (tests/test_integrals.py), its grid's points and weights PySCF's, its AO values
+    PySCF's ``eval_ao``; the padded AOs' rows, columns and ERIs are zero. At 6-31G* the suite takes
+    carbon monoxide (55 ERI quartet classes, its d shells among them); water's 176 classes, and the
+    float32 kernel (the float64 one in another dtype), only with --slow: each takes minutes to compile."""
+    molecule = from_name("water") if name == "water" else from_atom_string("C 0 0 0; O 0 0 1.13")
     rng = np.random.default_rng(3)
-    conformers = [water.with_positions(water.positions + 0.1 * rng.normal(size=(3, 3))) for _ in range(2)]
+    shape = molecule.positions.shape
+    conformers = [molecule.with_positions(molecule.positions + 0.1 * rng.normal(size=shape)) for _ in range(2)]
     groups = [conformers] + ([[from_atom_string(AMMONIA), from_atom_string(METHANE)]] if basis == "sto-3g" else [])
     for molecules in groups:
         ints, members, bucket = assembled(molecules, RKSConfig(basis=basis))
