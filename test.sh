@@ -4,11 +4,11 @@
 #   ./test.sh --slow       also the full acceptance matrix against PySCF (tens of minutes)
 #   ./test.sh -k scf -x    any other arguments go to pytest
 # The tests run in one pytest-xdist worker per core (at most 4), each test file in one worker (its
-# module fixtures computed once); `-n 0` runs them in this process.
+# module fixtures computed once); `-n 0` runs them in this process (needed for --pdb).
 set -euo pipefail
 cd "$(dirname "$0")"
 PYSCF_IPU_EXTRAS=test source tools/venv.sh
-workers="$("$PY" -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')"
+workers="$("$PY" -c 'import os; print(min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')"
 args=(-n "$workers" --dist loadfile)
 for a in "$@"; do
     if [ "$a" = "--slow" ]; then args+=(-m "slow or not slow"); else args+=("$a"); fi

@@ -9,7 +9,7 @@ of atoms, others exactly), so the padded AO count is at most three above the mol
 enough that a run over a few dozen molecules compiles a few buckets, fine enough that the padding
 costs little (the choice is in ``docs/decisions/size-buckets.md``); a run may choose a coarser step
 (``RKSConfig.bucket_step``; an accelerator's default, :func:`default_bucket_step`, is 16 AOs' worth,
-where padding costs less than compiling). Where a J-K backend's shapes
+where padding costs less than compiling, and pads by at most 15 AOs). Where a J-K backend's shapes
 depend on the occupied orbitals (density fitting), a bucket also holds their count rounded up to a
 step (the run's ``occupied_step``), and its kinds split further by fitting functions per atom, in
 steps of :data:`FITTING_STEP` (so that lithium's 83 at 6-31G* do not pad carbon's 70); elsewhere the

@@ -21,7 +21,8 @@ from .xc.functionals import FUNCTIONALS
 
 
 def resolve(config: RKSConfig) -> Method:
-    """``config``'s functional, J-K backend and integral source as objects; :class:`ConfigError`
+    """``config``'s functional, J-K backend and integral source as objects, and its size buckets' step
+    (``auto``: by the platform, :func:`~pyscf_ipu.buckets.default_bucket_step`); :class:`ConfigError`
     naming the choices where a name is unknown (functional names are case-insensitive)."""
     functional = _named(FUNCTIONALS, str(config.xc).strip().lower(), config.xc, "functional")
     backend = _named(JK_BACKENDS, config.jk, config.jk, "J-K backend")(config)

@@ -28,7 +28,7 @@ import numpy as np
 from pyscf import gto, scf
 from pyscf.dft import radi
 
-from .buckets import SizeBucket, element_aos, kind_grid_size, auxiliary_layout, auxiliary_mole, capacity
+from .buckets import SizeBucket, element_aos, kind_grid_size, auxiliary_layout, auxiliary_mole
 from .grid import atom_grids
 from .integrals.ao_values import AOTables, ao_tables
 from .integrals.basis import MAX_FITTING_L, PrimitiveBasis, contracted_shells, primitive_basis
@@ -263,7 +263,7 @@ def _template(bucket: SizeBucket) -> BucketTemplate:
     # rank by rank, the others', so that absent slots' points come last (the XC loops stop before
     # them); then the padding to the bucket's aligned size, each point a column past every grid
     sizes = [kind_grid_size(bucket.basis, kind, bucket.grid_level) for kind, cap in bucket.kinds for _ in range(cap)]
-    rounded = np.array([capacity(1, element_aos(kind)) > 1 for kind, _ in bucket.kinds])[bucket.slot_kinds]
+    rounded = np.array([element_aos(kind) < 4 for kind, _ in bucket.kinds])[bucket.slot_kinds]  # at any bucket step
     order = np.lexsort((rank, rounded))  # exact kinds' slots, then the rounded kinds' by rank
     points = SlotRows.of(np.repeat(order, np.asarray(sizes)[order]))
     padding = bucket.grid_points_padded - len(points.slot)

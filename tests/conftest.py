@@ -14,6 +14,8 @@ import functools
 import hashlib
 import inspect
 import json
+import os
+import tempfile
 import warnings
 
 import numpy as np
@@ -128,9 +130,11 @@ def reference():
             return Reference(**json.loads(path.read_text()))
         ref = pyscf_reference(molecule, resolve(config))
         assert ref.converged, f"PySCF did not converge for {molecule.name} {config}"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(ref)))
-        tmp.replace(path)  # atomic: a killed run never leaves half a file
+        # a temporary file of its own, then a rename: a killed run never leaves half a file, and two
+        # test workers computing the same reference never write into one file
+        with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as tmp:
+            tmp.write(json.dumps(dataclasses.asdict(ref)))
+        os.replace(tmp.name, path)
         return ref
 
     return get

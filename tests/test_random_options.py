@@ -51,6 +51,7 @@ SETTINGS = {
     "--ipu-memory-proportion": ["0", "0.5", "2"],
     "--jk-strategy": ["auto", "rows", "s8", "tiles"],
     "--memory-budget": ["0.001", "-1", "8"],
+    "--bucket-step": ["auto", "4", "0", "x"],
 }
 RUN_OPTIONS = {
     **SETTINGS,
