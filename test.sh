@@ -3,12 +3,18 @@
 #   ./test.sh              the suite CI runs (bound by compiling: tens of minutes on 2 cores with empty caches, less warm)
 #   ./test.sh --slow       also the full acceptance matrix against PySCF (tens of minutes)
 #   ./test.sh -k scf -x    any other arguments go to pytest
-# The tests run in one pytest-xdist worker per core (at most 4), each test file in one worker (its
-# module fixtures computed once); `-n 0` runs them in this process (needed for --pdb).
+# The tests run in pytest-xdist workers, one per core (at most 4, and at most one per 6 GiB of
+# memory), each test file in one worker (its module fixtures computed once); `-n 0` runs them in
+# this process (needed for --pdb).
 set -euo pipefail
 cd "$(dirname "$0")"
 PYSCF_IPU_EXTRAS=test source tools/venv.sh
-workers="$("$PY" -c 'import os; print(min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))')"
+workers="$("$PY" -c '
+import os
+cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+print(max(1, min(4, cores, int(gib // 6))))  # at most 4, one per core, one per 6 GiB of memory
+')"
 args=(-n "$workers" --dist loadfile)
 for a in "$@"; do
     if [ "$a" = "--slow" ]; then args+=(-m "slow or not slow"); else args+=("$a"); fi
