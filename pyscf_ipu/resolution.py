@@ -4,8 +4,8 @@
 The functional (:data:`~pyscf_ipu.xc.functionals.FUNCTIONALS`), the J-K backend
 (:data:`~pyscf_ipu.jk.JK_BACKENDS`), the integral source
 (:data:`~pyscf_ipu.integral_sources.INTEGRAL_SOURCES`), the size buckets' step and the precision
-are looked up here, above
-the strategies they name; the :class:`~pyscf_ipu.method.Method` they make sits below them.
+are looked up here, above the strategies they name; the :class:`~pyscf_ipu.method.Method` they make
+sits below them.
 """
 
 from __future__ import annotations

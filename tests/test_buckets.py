@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pyscf_ipu.buckets import SizeBucket
-from pyscf_ipu.config import RKSConfig
+from pyscf_ipu.config import ConfigError, RKSConfig
 from pyscf_ipu.resolution import resolve
 from pyscf_ipu.problem import prepare_batch
 from pyscf_ipu.molecule import from_atom_string
@@ -152,7 +152,7 @@ def test_a_coarser_bucket_step_gives_ethylene_and_ethane_one_bucket_and_pyscfs_l
         reference = pyscf_reference(molecule, method)
         mev = [abs(getattr(result, k) - getattr(reference, k)) * HARTREE_TO_MEV for k in ("energy", "homo", "lumo")]
         assert max(mev) < LABEL_MEV and result.converged
-    with pytest.raises(Exception, match="bucket.step"):
+    with pytest.raises(ConfigError, match="--bucket-step is in AOs"):
         RKSConfig(bucket_step=0)
 
 
