@@ -5,11 +5,13 @@ libxc) and grid level. Its grid is built the same way ours is, so differences me
 Screening (``eri_threshold``) is not applied to the reference: there the difference shows its cost.
 A density-fitted run (``--jk df``) is compared with PySCF's density fitting in the same fitting basis.
 
-PySCF keeps the ERIs in memory only while the process's resident memory plus their size stays under
-``max_memory`` (4000 MB by default). Run after our own SCF in one process, whose freed memory is kept
-for reuse (:func:`~pyscf_ipu.runtime.reuse_freed_memory`), the reference would then fall back to
-direct SCF and take several times as long as alone. It gets its default budget on top of what the
-process already holds, so it chooses as it would in a process of its own.
+PySCF keeps the ERIs (or the density-fitted 3-centre tensor) in memory only while the process's
+resident memory plus their size stays under ``max_memory`` (4000 MB by default). Run after our own
+SCF in one process, whose freed memory is kept for reuse (:func:`~pyscf_ipu.runtime.reuse_freed_memory`),
+the reference would then fall back to direct SCF (or build its fitted tensor on disk, in small blocks)
+and take several times as long as alone. Its molecule gets the default budget on top of what the
+process already holds, and the SCF and fitting objects made from it inherit that, so it chooses as it
+would in a process of its own.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class Reference:
 
 def _how_eris(mf) -> str:
     if getattr(mf, "with_df", None) is not None:
-        return "density fitted"
+        return "density fitted, " + ("in memory" if isinstance(mf.with_df._cderi, np.ndarray) else "on disk")
     return "in memory" if mf._eri is not None else "recomputed every cycle (direct SCF)"
 
 
@@ -53,6 +55,7 @@ def pyscf_method(molecule: Molecule, method: Method):
     process already holds (see the module doc)."""
     config, functional = method.config, method.functional
     mol = build_mole(molecule, config.basis)
+    mol.max_memory = lib.current_memory()[0] + mol.max_memory  # MB: the default, beside what we hold
     if functional.pieces:
         mf = dft.RKS(mol)
         mf.xc = functional.libxc_code
@@ -61,7 +64,6 @@ def pyscf_method(molecule: Molecule, method: Method):
         mf = scf.RHF(mol)
     mf = method.backend.pyscf_counterpart(mf, config.basis)  # density fitted in the same basis where the run is
     mf.verbose = 0
-    mf.max_memory = lib.current_memory()[0] + mol.max_memory  # MB: the default, beside what we hold
     return mf
 
 
