@@ -32,7 +32,7 @@ import numpy as np
 
 from .buckets import auxiliary_basis
 from .integral_sources import eri_plan
-from .integrals.eri import device_tables, eri_s8
+from .integrals.eri import device_tables, eri_s8, eri_shares
 from .packed import degeneracy_weights, tril_unpack
 from .prepare import screened
 from .programs import usable_cores
@@ -54,33 +54,40 @@ def exact_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange:
     """(natm, 3) the exact-ERI two-electron energy's derivative at the density of ``occupied`` (N, nocc):
     ``jax.grad`` of the s8 ERIs' dot product with :func:`two_electron_coefficients`, computed in
     ``dtype`` (the SCF's precision: in float32 within a few 1e-6 Hartree/Bohr of float64, at half the
-    time), the quartets shared out over one thread per core, each differentiating its share."""
+    time), the quartets shared out over one thread per core, each differentiating its share with the
+    one program that serves them all (compiled here first, so that the threads do not each compile it)."""
     from concurrent.futures import ThreadPoolExecutor
 
     plan = eri_plan(basis, tuple(mol.elements))
     workers = min(usable_cores(), 8)
     device_tables(plan, workers)  # before any trace: the caches may have let this plan's tables go
+    shares = eri_shares(plan, workers)
     with jax.enable_x64(True):
         coefficients = jnp.asarray(two_electron_coefficients(2.0 * occupied @ occupied.T, exchange), dtype)
         coords = jnp.asarray(mol.atom_coords(), dtype)
+        gradient = _share_gradient(plan, jnp.dtype(dtype).name, coefficients.shape, coords.shape, workers)
 
         def share(k: int) -> np.ndarray:
             with jax.enable_x64(True):  # worker threads do not inherit the caller's context
-                return np.asarray(_share_gradient(plan, k, workers)(coefficients, coords), np.float64)
+                return np.asarray(gradient(coefficients, coords, shares[k]), np.float64)
 
         with ThreadPoolExecutor(workers) as pool:
             return sum(pool.map(share, range(workers)))
 
 
 @lru_cache(maxsize=64)
-def _share_gradient(plan, k: int, workers: int):
-    """The compiled gradient, in the positions, of the dot product of coefficients with the k-th of
-    ``workers`` shares of ``plan``'s s8 ERIs; its caller builds the plan's device tables first."""
+def _share_gradient(plan, dtype: str, coefficients_shape: tuple[int], coords_shape: tuple[int, int], workers: int):
+    """The compiled gradient, in the positions (``coords_shape``, in ``dtype``), of the dot product of
+    the coefficients (``coefficients_shape``) with the s8 ERIs of one of ``workers`` shares of
+    ``plan``'s quartets, the share's tables an argument (:func:`~pyscf_ipu.integrals.eri.eri_s8`): one
+    program for every share. Its caller builds the plan's device tables first, in x64 mode."""
 
-    def energy(coefficients, coords):
-        return jnp.dot(coefficients, eri_s8(plan, coords[None], coefficients.dtype, share=(k, workers))[0])
+    def energy(coefficients, coords, share):
+        return jnp.dot(coefficients, eri_s8(plan, coords[None], coefficients.dtype, share=share)[0])
 
-    return jax.jit(jax.grad(energy, argnums=1))
+    arguments = (jax.ShapeDtypeStruct(coefficients_shape, dtype), jax.ShapeDtypeStruct(coords_shape, dtype),
+                 eri_shares(plan, workers)[0])  # fmt: skip
+    return jax.jit(jax.grad(energy, argnums=1)).lower(*arguments).compile()
 
 
 def fitted_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange: float, expcutoff: float = 0.0

@@ -295,7 +295,7 @@ def test_a_plan_may_compute_at_a_wider_templates_counts():
     """``eri_capacity(mol, wider)``: water's s8 layout at the counts of a molecule with four more
     hydrogens, so both run one compiled program. The wider plan's extra pair rows and chunks are
     padding, skipped at run time: the ERIs are the narrow plan's, to the bit, and libcint's."""
-    from pyscf_ipu.integrals.eri import _shares, static_tables
+    from pyscf_ipu.integrals.eri import eri_shares, static_tables
     from pyscf_ipu.integrals.eri_plan import eri_capacity
     from pyscf_ipu.pyscf_mole import placeholder_mole
 
@@ -304,7 +304,7 @@ def test_a_plan_may_compute_at_a_wider_templates_counts():
     widened, own = plan_eri(water, eri_capacity(water, wider)), plan_eri(wider, eri_capacity(wider))
     assert widened.size == plan_eri(water, eri_capacity(water)).size < own.size  # water's own layout
     assert static_tables(widened) == static_tables(own)  # one program: the same classes, counts and length
-    shapes = lambda plan: [a.shape for a in jax.tree.leaves(_shares(plan, 2))]  # noqa: E731
+    shapes = lambda plan: [a.shape for a in jax.tree.leaves(eri_shares(plan, 2))]  # noqa: E731
     assert shapes(widened) == shapes(own)
     coords = water.atom_coords()[None]
     ours = np.asarray(eri_s8(widened, coords, jnp.float32, workers=2)[0])

@@ -47,7 +47,7 @@ def plan_values(plan: EriPlan, conformers: int) -> ShellValues:
 
 
 def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
-           values: ShellValues | None = None, share: tuple[int, int] = (0, 1)) -> jax.Array:  # fmt: skip
+           values: ShellValues | None = None, share: tuple | None = None) -> jax.Array:  # fmt: skip
     """The ERIs packed as PySCF's s8, (C, size), of C conformers at atom positions ``coords``
     (C, natm, 3) in Bohr, computed as one batch under ``plan``; positions beyond the plan's atoms are
     ignored. ``values`` (default: the plan's own) are each conformer's shells and one-centre
@@ -62,9 +62,11 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
     thread's keeps large freed blocks for the next batch (``docs/decisions/memory-reuse.md``).
 
     Traced positions are differenced in ``dtype`` and the whole computation is one program (no
-    threads), so the result can be differentiated with respect to them (the forces do). ``share``
-    (k, n) then computes only the k-th of n shares of the quartets (zeros elsewhere), so that n
-    threads can each differentiate one.
+    threads), so the result can be differentiated with respect to them (the forces do). ``share``, one
+    share's tables from :func:`eri_shares` (default: every quartet in one share), then computes only
+    that share's quartets (zeros elsewhere), so that n threads can each differentiate one; passed in
+    as an argument of the caller's program, not a constant, it lets the n shares, all of one shape,
+    run one compiled program.
     """
     if coords.ndim != 3 or coords.shape[-1] != 3 or not plan.natm <= coords.shape[-2] <= plan.padded_natm:
         raise ValueError(f"coords has shape {coords.shape}: expected (conformers, {plan.natm}, 3)")
@@ -78,7 +80,7 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
         coords = jnp.pad(coords, extra_atoms)
         data, shifts = pair_program(static[0], eri_structure(plan), (exponents, coefficients), coords, present,
                                     dtype.name)  # fmt: skip
-        index, selection, arrays = _shares(plan, share[1])[share[0]]
+        index, selection, arrays = eri_shares(plan, 1)[0] if share is None else share
         return quartet_program(static, arrays, (index, selection, one_centre), data, shifts, at_once)[..., : plan.size]
     workers = default_workers() if workers is None else workers
     if workers < 1:
@@ -88,7 +90,7 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
     with jax.enable_x64(True):
         data, shifts = pair_program(static[0], eri_structure(plan), (exponents, coefficients), coords, present,
                                     dtype.name)  # fmt: skip
-    shares = _shares(plan, workers)
+    shares = eri_shares(plan, workers)
 
     def run(k: int) -> jax.Array:
         index, selection, arrays = shares[k]
@@ -112,7 +114,7 @@ def device_tables(plan: EriPlan, workers: int) -> None:
     in ``workers`` shares: made inside a ``jax.jit`` trace, the cache would keep that trace's values."""
     static_tables(plan)
     eri_structure(plan)
-    _shares(plan, workers)
+    eri_shares(plan, workers)
 
 
 def computed_counts(plan: EriPlan) -> tuple[int, int, int]:
@@ -238,7 +240,7 @@ def eri_structure(plan: EriPlan) -> tuple:
 
 
 @lru_cache(maxsize=4)
-def _shares(plan: EriPlan, workers: int) -> tuple:
+def eri_shares(plan: EriPlan, workers: int) -> tuple:
     """Per share of :func:`_parts`, on the device: (one-centre positions, their selection, and per
     quartet class the chunks, whether each has anything to compute and its s8 destinations)."""
     return on_device(tuple((share.one_centre_index, share.one_centre_selection,
