@@ -108,7 +108,7 @@ def test_buckets_that_differ_in_hydrogens_share_their_eri_programs():
     quartet programs, each in its own s8 layout; ethane's labels, computed so, are PySCF's."""
     import jax
 
-    from pyscf_ipu.integrals.eri import _shares, eri_structure, shared_eri_aos, static_tables
+    from pyscf_ipu.integrals.eri import eri_shares, eri_structure, shared_eri_aos, static_tables
     from pyscf_ipu.reference import pyscf_reference
     from pyscf_ipu.templates import bucket_template
     from pyscf_ipu.units import HARTREE_TO_MEV
@@ -120,7 +120,7 @@ def test_buckets_that_differ_in_hydrogens_share_their_eri_programs():
     plans = [bucket_template(SizeBucket.of(m, "sto-3g", 0)).plan for m in (ethylene, ethane)]
     assert plans[0].size < plans[1].size  # each bucket's own layout
     assert static_tables(plans[0]) == static_tables(plans[1])
-    for arrays in (eri_structure, lambda plan: _shares(plan, 2)):
+    for arrays in (eri_structure, lambda plan: eri_shares(plan, 2)):
         shapes = [[a.shape for a in jax.tree.leaves(arrays(plan))] for plan in plans]
         assert shapes[0] == shapes[1]
     method = resolve(RKSConfig(integrals="jax"))
