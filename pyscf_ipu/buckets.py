@@ -27,6 +27,7 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
+from .integrals.basis import MAX_L, UnsupportedBasisError
 from .molecule import Molecule, atomic_number
 
 KIND_SEARCH_ELEMENTS = 36  # elements H..Kr are searched for the members of a kind (their grids)
@@ -224,8 +225,15 @@ class SizeBucket:
         """The bucket of a closed-shell molecule with these element symbols and total ``charge``: kinds
         of fewer than 4 AOs per atom rounded up to multiples of ``step_aos`` AOs' worth of atoms
         (:func:`capacity`); ``occupied_step`` > 0 (a density-fitted run) adds its occupied-orbital
-        count, rounded up to a multiple of it, and counts atoms by fitted kinds (:func:`element_kind`)."""
+        count, rounded up to a multiple of it, and counts atoms by fitted kinds (:func:`element_kind`).
+        :class:`~pyscf_ipu.integrals.basis.UnsupportedBasisError` where the basis gives an element
+        shells the integrals do not cover: the method cannot run, whatever the molecule."""
         counts = Counter(element_kind(basis, symbol, fitted=occupied_step > 0) for symbol in symbols)
+        for symbol in sorted(set(symbols)):
+            highest = max(shell[0] for shell in _shells(basis, symbol)[0])
+            if highest > MAX_L:
+                raise UnsupportedBasisError(f"basis {basis!r} has {'spdfghi'[highest]} functions on {symbol}: the integrals "
+                                    f"here cover s, p and d shells only; choose another basis")  # fmt: skip
         kinds = tuple(sorted((kind, capacity(n, element_aos(kind), step_aos)) for kind, n in counts.items()))
         occupied = 0
         if occupied_step:

@@ -27,6 +27,7 @@ from .config import (
     AUTO, COMMAND_LINE_DEFAULTS, MAX_STEPS, ConfigError, Criteria, RKSConfig, add_config_arguments, config_from_arguments,
 )
 from .runtime import disable_numpy_huge_pages, enable_compilation_cache, reuse_freed_memory
+from .integrals.basis import UnsupportedBasisError
 from .ipu.plan import TileMemoryError
 from .geometries import parse_molecule
 from .molecule import NAMED_MOLECULES, Molecule, MoleculeError
@@ -343,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_command(args)
         if args.command == "optimize":
             return optimize_command(args)
-    except (MoleculeError, ConfigError, TileMemoryError) as err:
+    except (MoleculeError, ConfigError, TileMemoryError, UnsupportedBasisError) as err:
         print(f"pyscf-ipu: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:

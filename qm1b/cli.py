@@ -226,6 +226,7 @@ def _plot(args) -> int:
 
 @reports_missing_extras("qm1b")
 def main(argv: list[str] | None = None) -> int:
+    from pyscf_ipu.ipu.plan import TileMemoryError
     from pyscf_ipu.molecule import MoleculeError
 
     from .ray_executor import ClusterLostError
@@ -251,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     except NotConvergingError as err:
         print(f"qm1b {args.command}: stopped: {err}", file=sys.stderr)
         return EXIT_NOT_CONVERGING
-    except (InputError, ConfigError, MoleculeError, FileExistsError, FileNotFoundError, ValueError) as err:
+    except (InputError, ConfigError, MoleculeError, TileMemoryError, FileExistsError, FileNotFoundError,
+            ValueError) as err:  # fmt: skip
         print(f"qm1b {args.command}: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

@@ -24,6 +24,10 @@ MAX_L = 2  # s, p and d shells in the orbital bases
 MAX_FITTING_L = 4  # up to g in the density-fitting bases (their shells enter the kernels alone)
 
 
+class UnsupportedBasisError(ValueError):
+    """A basis with shells beyond what the kernels evaluate (or with ECPs): bad input, one line."""
+
+
 def cartesian_powers(l: int) -> list[tuple[int, int, int]]:
     """PySCF's order of the Cartesian components of a shell: xx, xy, xz, yy, yz, zz for d."""
     return [(l - a, a - b, b) for a in range(l + 1) for b in range(a + 1)]
@@ -53,16 +57,17 @@ def contracted_shells(mol: gto.Mole, max_l: int = MAX_L):
     (of at most ``max_l``).
 
     PySCF's radially normalised contraction coefficients, without libcint's angular factors; no ECPs
-    (a ValueError names the offending shell).
+    (an :class:`UnsupportedBasisError` names the offending shell's kind and atom).
     """
     if mol.has_ecp():
-        raise ValueError("ECP basis sets are not supported by the JAX integrals")
+        raise UnsupportedBasisError(f"basis {mol.basis}: ECP basis sets are not supported")
     for shell in range(mol.nbas):
         l, nprim, nctr = (int(mol._bas[shell, k]) for k in (gto.ANG_OF, gto.NPRIM_OF, gto.NCTR_OF))
         if l > max_l:
             kinds = "spdfghi"
-            raise ValueError(f"shell {shell} has l = {l}: only {', '.join(kinds[:max_l])} and {kinds[max_l]} shells "
-                             "are supported")  # fmt: skip
+            raise UnsupportedBasisError(
+                f"basis {mol.basis}: {mol.atom_symbol(mol.bas_atom(shell))} has {kinds[l]} functions (shell {shell}); "
+                f"only {', '.join(kinds[:max_l])} and {kinds[max_l]} shells are supported")  # fmt: skip
         start = int(mol._bas[shell, gto.PTR_COEFF])
         coefficients = mol._env[start : start + nprim * nctr].reshape(nctr, nprim)
         yield shell, l, mol.bas_atom(shell), mol.bas_exp(shell), coefficients

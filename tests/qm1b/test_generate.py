@@ -574,3 +574,17 @@ def test_batches_that_fit_only_one_at_a_time_wait_for_each_other_with_the_same_l
     assert len(threads) == 2 and threading.main_thread() not in threads
     assert len(sorted_rows(tight.out)) == 3
     assert_same_rows(tight.out, tmp_path / "overlapped")
+
+
+@pytest.mark.parametrize("args, message", [(["--basis", "def2-tzvp"], "f functions on C"),
+                                           (["--basis", "def2-svp", "--jk", "ipu"], "does not fit")],
+                         ids=["f shells", "too large for the tiles"])  # fmt: skip
+def test_a_method_that_cannot_run_the_molecule_is_one_line(tmp_path, capsys, args, message):
+    """A basis with shells the integrals do not cover, and a 19-heavy-atom molecule the simulated
+    IPU's tiles cannot hold: one line naming the cause, exit code 2, no traceback."""
+    smiles = write_smiles(tmp_path / "in.smi", ["CC(=O)Nc1ccc(O)cc1OCCOc1ccccc1"])
+    code = main(["generate", "--smiles", str(smiles), "--out", str(tmp_path / "out"), "--conformers", "1",
+                 "--no-progress", *args])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
