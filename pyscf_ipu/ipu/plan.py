@@ -267,5 +267,5 @@ def _no_fit_message(workload: Workload, model: IPUModel, attempts: list[TilePlan
         + f"; but a tile may use only {budget:,} bytes ({model.available_memory_proportion:.0%} of "
         f"{model.tile_memory_bytes:,}; {model.tiles} tiles per IPU, at most {model.num_ipus} IPU(s)). "
         "Try more IPUs (--ipus), "
-        f"Schwarz screening (--eri-threshold){hint}"
+        f"Schwarz screening (--eri-threshold){hint}, or density fitting (--jk df), which holds no N^4 array"
     )

@@ -581,10 +581,12 @@ def test_batches_that_fit_only_one_at_a_time_wait_for_each_other_with_the_same_l
                          ids=["f shells", "too large for the tiles"])  # fmt: skip
 def test_a_method_that_cannot_run_the_molecule_is_one_line(tmp_path, capsys, args, message):
     """A basis with shells the integrals do not cover, and a 19-heavy-atom molecule the simulated
-    IPU's tiles cannot hold: one line naming the cause, exit code 2, no traceback."""
+    IPU's tiles cannot hold: one line naming the cause (and for the tiles, density fitting among the
+    ways out), exit code 2, no traceback."""
     smiles = write_smiles(tmp_path / "in.smi", ["CC(=O)Nc1ccc(O)cc1OCCOc1ccccc1"])
     code = main(["generate", "--smiles", str(smiles), "--out", str(tmp_path / "out"), "--conformers", "1",
                  "--no-progress", *args])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and message in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert ("--jk df" in err) == ("ipu" in args)
