@@ -37,6 +37,26 @@ def pytest_configure(config):
     pyscf_may_use_the_machines_memory()
 
 
+#: Test files that compile many of the same programs, run by one worker one after the other (the
+#: first file named): apart, each worker compiles them (test_optimize alone compiled 29 programs in
+#: 167 s, after test_relax 15 in 95 s; benchmarks/RESULTS.md)
+SHARED_PROGRAMS = {"tests/test_optimize.py": "tests/qm1b/test_relax.py"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (``./test.sh``'s), with the files of :data:`SHARED_PROGRAMS` in one unit."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedProgramsScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return SHARED_PROGRAMS.get(path, path)
+
+    return SharedProgramsScheduling(config, log)
+
+
 def pyscf_may_use_the_machines_memory() -> None:
     """Give every PySCF molecule made in this process (and the SCF and fitting objects that copy its
     ``max_memory``) the machine's physical memory as its budget instead of PySCF's 4000 MB.
