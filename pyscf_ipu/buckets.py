@@ -27,7 +27,7 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
-from .integrals.basis import MAX_L, UnsupportedBasisError
+from .integrals.basis import MAX_L, unsupported_shell
 from .molecule import Molecule, atomic_number
 
 KIND_SEARCH_ELEMENTS = 36  # elements H..Kr are searched for the members of a kind (their grids)
@@ -54,8 +54,13 @@ def element_kind(basis: str, symbol: str, fitted: bool = False) -> tuple:
     pattern of shared exponents, F), where F is 0, or for a ``fitted`` (density-fitted) run
     :func:`auxiliary_functions` rounded up to :data:`FITTING_STEP`. Elements of one signature fill
     the same slots of a bucket's template (:mod:`pyscf_ipu.templates`): every array of their atoms
-    has the same shape and layout, only the values differ."""
-    return _shells(basis, symbol), _fitting_tier(basis, symbol) if fitted else 0
+    has the same shape and layout, only the values differ. :class:`~pyscf_ipu.integrals.basis.UnsupportedBasisError`
+    where the element has shells the integrals do not cover."""
+    shells = _shells(basis, symbol)
+    highest = max(l for l, _, _ in shells[0])
+    if highest > MAX_L:
+        raise unsupported_shell(basis, symbol, highest)
+    return shells, _fitting_tier(basis, symbol) if fitted else 0
 
 
 def _shells(basis: str, symbol: str) -> tuple:
@@ -229,11 +234,6 @@ class SizeBucket:
         :class:`~pyscf_ipu.integrals.basis.UnsupportedBasisError` where the basis gives an element
         shells the integrals do not cover: the method cannot run, whatever the molecule."""
         counts = Counter(element_kind(basis, symbol, fitted=occupied_step > 0) for symbol in symbols)
-        for symbol in sorted(set(symbols)):
-            highest = max(shell[0] for shell in _shells(basis, symbol)[0])
-            if highest > MAX_L:
-                raise UnsupportedBasisError(f"basis {basis!r} has {'spdfghi'[highest]} functions on {symbol}: the integrals "
-                                    f"here cover s, p and d shells only; choose another basis")  # fmt: skip
         kinds = tuple(sorted((kind, capacity(n, element_aos(kind), step_aos)) for kind, n in counts.items()))
         occupied = 0
         if occupied_step:

@@ -28,6 +28,16 @@ class UnsupportedBasisError(ValueError):
     """A basis with shells beyond what the kernels evaluate (or with ECPs): bad input, one line."""
 
 
+def unsupported_shell(basis, symbol: str, l: int, max_l: int = MAX_L) -> UnsupportedBasisError:
+    """The error for a shell of angular momentum ``l`` > ``max_l`` on ``symbol`` in ``basis`` (a name,
+    or PySCF's parsed basis, which is not named)."""
+    kinds = "spdfghi"
+    name = f"basis {basis!r}" if isinstance(basis, str) else "the basis"
+    supported = f"{', '.join(kinds[:max_l])} and {kinds[max_l]}"
+    return UnsupportedBasisError(f"{name} has {kinds[l]} functions on {symbol}: only {supported} shells are "
+                                 "supported by the integrals here; choose another basis")
+
+
 def cartesian_powers(l: int) -> list[tuple[int, int, int]]:
     """PySCF's order of the Cartesian components of a shell: xx, xy, xz, yy, yz, zz for d."""
     return [(l - a, a - b, b) for a in range(l + 1) for b in range(a + 1)]
@@ -60,14 +70,11 @@ def contracted_shells(mol: gto.Mole, max_l: int = MAX_L):
     (an :class:`UnsupportedBasisError` names the offending shell's kind and atom).
     """
     if mol.has_ecp():
-        raise UnsupportedBasisError(f"basis {mol.basis}: ECP basis sets are not supported")
+        raise UnsupportedBasisError("ECP basis sets are not supported by the integrals here")
     for shell in range(mol.nbas):
         l, nprim, nctr = (int(mol._bas[shell, k]) for k in (gto.ANG_OF, gto.NPRIM_OF, gto.NCTR_OF))
         if l > max_l:
-            kinds = "spdfghi"
-            raise UnsupportedBasisError(
-                f"basis {mol.basis}: {mol.atom_symbol(mol.bas_atom(shell))} has {kinds[l]} functions (shell {shell}); "
-                f"only {', '.join(kinds[:max_l])} and {kinds[max_l]} shells are supported")  # fmt: skip
+            raise unsupported_shell(mol.basis, mol.atom_symbol(mol.bas_atom(shell)), l, max_l)
         start = int(mol._bas[shell, gto.PTR_COEFF])
         coefficients = mol._env[start : start + nprim * nctr].reshape(nctr, nprim)
         yield shell, l, mol.bas_atom(shell), mol.bas_exp(shell), coefficients
