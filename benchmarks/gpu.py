@@ -42,9 +42,9 @@ Phases, in this order, each skipped (and said so) where the time left cannot hol
   are larger than one call's carry: ``benchmarks/gpu4pyscf_deps.sh`` packs them in parts, one per
   call, and says how to put them together there.
 
-It needs JAX, PySCF, RDKit and h5py, and nothing from the network: on a machine without PySCF and
-RDKit, unpack the archive that ``benchmarks/gpu_deps.sh`` makes and put it on ``PYTHONPATH`` (that
-script's header says how). ``--size tiny`` runs two molecules of two conformers each, the STO-3G,
+It needs JAX, PySCF, RDKit, geomeTRIC and h5py, and nothing from the network: on a machine without
+PySCF, RDKit and geomeTRIC, unpack the archive that ``benchmarks/gpu_deps.sh`` makes and put it on
+``PYTHONPATH`` (that script's header says how). ``--size tiny`` runs two molecules of two conformers each, the STO-3G,
 programs, PySCF and labels phases only (the test suite's smoke test), unless ``--phases`` names
 others: each then runs at its tiny size.
 """
@@ -52,6 +52,7 @@ others: each then runs at its tiny size.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -161,12 +162,24 @@ def generate(out: Path, cache: Path, smiles: Path, extra: list[str], timeout: fl
         except subprocess.TimeoutExpired as stopped:
             text = [t.decode(errors="replace") if isinstance(t, bytes) else t or "" for t in (stopped.stdout, stopped.stderr)]
             out.with_suffix(".log").write_text("".join(text))
-            return Run(time.perf_counter() - start, None, monitor.summary(), f"stopped after {timeout:.0f} s")
+            return Run(time.perf_counter() - start, None, monitor.summary(),
+                       f"stopped after {timeout:.0f} s, {written(out)}")
     wall = time.perf_counter() - start
     out.with_suffix(".log").write_text(done.stdout + done.stderr)  # kept where --work keeps the datasets
     if done.returncode != 0:
         return Run(wall, None, monitor.summary(), (done.stderr.strip().splitlines() or ["exit code %d" % done.returncode])[-1])
     return Run(wall, json.loads(report.read_text())[0], monitor.summary())
+
+
+def written(out: Path) -> str:
+    """How far a stopped run got: the conformers in its dataset."""
+    from qm1b.store import open_dataset
+
+    try:
+        with open_dataset(out) as dataset:
+            return f"{len(dataset)} conformers written"
+    except FileNotFoundError:  # stopped before its first batch was written
+        return "nothing written"
 
 
 def describe(name: str, run: Run) -> list[str]:
@@ -446,13 +459,10 @@ def first_frames(directory: Path) -> list[dict]:
 def pyscf_relax_one(task: tuple) -> dict:
     """One conformer relaxed by PySCF with geomeTRIC (B3LYP5/STO-3G, grid level 0, its gradient with
     grid response, geomeTRIC's defaults)."""
-    import logging
-
     from pyscf import dft, gto
     from pyscf.geomopt import geometric_solver
 
     numbers, positions, basis, _ = task
-    logging.getLogger("geometric").setLevel(logging.ERROR)
     start = time.perf_counter()
     mol = gto.M(atom=[(int(z), tuple(p)) for z, p in zip(numbers, positions)], unit="Bohr", basis=basis, verbose=0)
     mf = dft.RKS(mol, xc="b3lyp5")
@@ -460,7 +470,9 @@ def pyscf_relax_one(task: tuple) -> dict:
     gradient = mf.nuc_grad_method()
     gradient.grid_response = True
     steps = []
-    converged, _ = geometric_solver.kernel(gradient, maxsteps=100, callback=lambda env: steps.append(env["energy"]))
+    # geomeTRIC configures its own loggers onto the console at each call: its banner and every step
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        converged, _ = geometric_solver.kernel(gradient, maxsteps=100, callback=lambda env: steps.append(env["energy"]))
     return {"converged": bool(converged), "steps": len(steps), "seconds": time.perf_counter() - start}
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pack PySCF and RDKit for a GPU machine without them or the network: their CPython 3.12 x86-64 wheels,
+# Pack PySCF, RDKit and geomeTRIC for a GPU machine without them or the network: their CPython 3.12 x86-64 wheels,
 # unpacked into one folder and trimmed, as one .tar.xz (about 49 MB) that travels with the working tree.
 #   benchmarks/gpu_deps.sh [ARCHIVE]          default: .gpu/deps.tar.xz (ignored by git)
 # There, in the repository's root:
@@ -19,6 +19,8 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 source benchmarks/cp312_wheels.sh
 cp312_wheels "$work/wheels" "pyscf==$(version pyscf)" "rdkit==$(version rdkit)"
+# geomeTRIC is pure Python and published as source only: built into a wheel here
+"$python" -m pip wheel --quiet --no-deps -w "$work/wheels" "geometric==$(version geometric)"
 mkdir -p "$work/site"
 for wheel in "$work"/wheels/*.whl; do
     "$python" -m zipfile -e "$wheel" "$work/site"
@@ -28,4 +30,4 @@ rmdir "$work/site/pyscf/pbc"
 rm -rf "$work/site/pyscf/lib/deps/lib64" "$work/site/pyscf/lib/libxcfun_itrf.so" "$work/site/rdkit/Contrib"
 mkdir -p "$(dirname "$archive")"
 tar -cJf "$archive" -C "$work/site" .
-echo "$archive: $(du -h "$archive" | cut -f1) (pyscf $(version pyscf), rdkit $(version rdkit), cp312)"
+echo "$archive: $(du -h "$archive" | cut -f1) (pyscf $(version pyscf), rdkit $(version rdkit), geometric $(version geometric), cp312)"
