@@ -23,6 +23,11 @@ Phases, in this order, each skipped (and said so) where the time left cannot hol
   process per core, on a sample of the STO-3G run's very conformers (read back from its dataset).
 - ``labels``: ours minus PySCF float64 on that sample, in meV (and, once the ``def2svp`` phase has
   run, ours minus PySCF's density fitting on one conformer of each of its molecules).
+- ``variants``: settings of the device's ERIs that no option of the generator offers, each over the
+  first 8 of those molecules (64 conformers each) with the STO-3G phase's caches
+  (``benchmarks/program_times.py``): float32 ERIs, and other numbers of ERI chunks computed at once.
+  Each program's device time per conformer, and the labels against PySCF float64 on a conformer per
+  host core: whether a device should take another default.
 - ``def2svp``: cold, then restarted, for a molecule of 20-30 atoms at def2-SVP with density
   fitting, on the device's own integrals (``--integrals jax``: the path a GPU takes by default,
   forced where the device is a CPU).
@@ -71,19 +76,25 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 LABELS = ("energy", "homo", "lumo", "y")
-PHASES = ("sto3g", "programs", "pyscf", "labels", "def2svp", "jk", "forces", "relax", "gpu4pyscf")
+PHASES = ("sto3g", "programs", "pyscf", "labels", "variants", "def2svp", "jk", "forces", "relax", "gpu4pyscf")
 # def2-SVP: a molecule of 20 to 30 atoms, aspirin (21 atoms, 13 heavy); each more costs a compile
 DEF2SVP_SMILES = ["CC(=O)Oc1ccccc1C(=O)O"]
+# settings of the JAX integrals to choose between on a device (benchmarks/program_times.py's options)
+ERI_VARIANTS = (("float64 ERIs, 32 chunks at once (the default)", []),
+                ("float32 ERIs", ["--eri-precision", "float32"]),
+                ("128 chunks at once", ["--chunk-batch", "128"]),
+                ("8 chunks at once", ["--chunk-batch", "8"]),
+                ("float32 ERIs, 128 chunks at once", ["--eri-precision", "float32", "--chunk-batch", "128"]))
 OTHER_JK = ("dense",)  # the J-K backends besides the default that suit STO-3G (s8 gathers, df fits)
 # the phases each size runs, molecules and conformers of the STO-3G phase, its PySCF sample, the
 # def2-SVP conformers per molecule and their PySCF sample (one process per conformer, so a sample no
 # larger than the host's cores costs one conformer's time)
 SIZES = {"full": {"phases": PHASES, "molecules": 64, "conformers": 64, "sample": 128, "def2svp": 32,
                   "def2svp_sample": 8, "forces": 16, "relax_molecules": 32, "relax_conformers": 2, "relax_sample": 16,
-                  "relax_steps": 100, "gpu4pyscf_sample": 4},
+                  "relax_steps": 100, "gpu4pyscf_sample": 4, "variant_molecules": 8},
          "tiny": {"phases": ("sto3g", "programs", "pyscf", "labels"), "molecules": 2, "conformers": 2, "sample": 4, "def2svp": 0,
                   "def2svp_sample": 0, "forces": 2, "relax_molecules": 1, "relax_conformers": 2, "relax_sample": 1,
-                  "relax_steps": 2, "gpu4pyscf_sample": 1}}  # fmt: skip
+                  "relax_steps": 2, "gpu4pyscf_sample": 1, "variant_molecules": 1}}  # fmt: skip
 
 
 class Budget:
@@ -370,6 +381,9 @@ def run_phases(phases: set[str], size: dict, work: Path, budget: Budget, results
             if "labels" in phases:
                 results["labels_sto3g_mev"] = compare(records, reference, "labels, ours - PySCF float64")
 
+    if "variants" in phases:
+        variants_phase(size, common, work, budget, results)
+
     if "def2svp" in phases:
         smiles = write_smiles(work / "def2svp.smi", DEF2SVP_SMILES)
         extra = ["--conformers", str(size["def2svp"]), "--basis", "def2-svp", "--jk", "df", "--integrals", "jax"]
@@ -423,10 +437,12 @@ def run_phases(phases: set[str], size: dict, work: Path, budget: Budget, results
         gpu4pyscf_phase(size, work, budget, results)
 
 
-def program_times(smiles: Path, extra: list[str], work: Path, timeout: float) -> dict | None:
-    """``benchmarks/program_times.py`` over the STO-3G phase's molecules with its caches: each
-    program's wall time per conformer, its calls waited for, beside the host's time; printed."""
-    out, report = work / "programs", work / "programs.json"
+def program_times(smiles: Path, extra: list[str], work: Path, timeout: float, name: str = "programs",
+                  title: str = "STO-3G") -> dict | None:  # fmt: skip
+    """``benchmarks/program_times.py`` over ``smiles`` with the STO-3G phase's caches, its dataset in
+    ``work``/``name``: each program's wall time per conformer, its calls waited for, beside the host's
+    time; printed under ``title``."""
+    out, report = work / name, work / f"{name}.json"
     shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, str(ROOT / "benchmarks" / "program_times.py"), "--json", str(report),
                "--smiles", str(smiles), "--out", str(out), *extra]  # fmt: skip
@@ -435,11 +451,34 @@ def program_times(smiles: Path, extra: list[str], work: Path, timeout: float) ->
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=max(1.0, timeout))
     except subprocess.TimeoutExpired:
-        print(f"programs: stopped after {timeout:.0f} s")
+        print(f"{name}: stopped after {timeout:.0f} s")
         return None
-    print("STO-3G, each program waited for (benchmarks/program_times.py):\n" + done.stdout.rstrip()
+    print(f"{title}, each program waited for (benchmarks/program_times.py):\n" + done.stdout.rstrip()
           + (f"\n  failed: {(done.stderr.strip().splitlines() or ['?'])[-1]}" if done.returncode else ""), flush=True)
     return json.loads(report.read_text()) if done.returncode == 0 else None
+
+
+def variants_phase(size: dict, common: list[str], work: Path, budget: Budget, results: dict) -> None:
+    """Each of :data:`ERI_VARIANTS` over the first of the STO-3G phase's molecules: its programs' device
+    time per conformer (:func:`program_times`; its new programs' compiling not counted), and its labels
+    against PySCF float64 on a sample of its conformers, one per host core."""
+    from qm1b.inputs import builtin_sample
+
+    sample = [m.smiles for m in builtin_sample() if m.heavy_atoms is not None and 9 <= m.heavy_atoms <= 11]
+    smiles = write_smiles(work / "variants.smi", sample[: size["variant_molecules"]])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    for name, extra in ERI_VARIANTS:
+        if budget.left < 60:
+            print(f"variant {name}: skipped, {budget.left:.0f} s left")
+            continue
+        key = "variant-" + "-".join(extra[1::2] or ["default"])
+        figures = program_times(smiles, [*common, *extra], work, budget.left - 30, key, f"variant: {name}")
+        results[key] = {"name": name, "programs": figures}
+        if figures is not None and budget.left > 40:
+            records = spread(conformers_of(work / key), cores)
+            done = pyscf_on_every_core(records, "sto-3g", False, budget.left - 20)
+            if done is not None:
+                results[key]["labels_mev"] = compare(records, done[0], f"  {name}: labels, ours - PySCF float64")
 
 
 def first_frames(directory: Path) -> list[dict]:

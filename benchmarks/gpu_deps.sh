@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Pack PySCF, RDKit and geomeTRIC for a GPU machine without them or the network: their CPython 3.12 x86-64 wheels,
-# unpacked into one folder and trimmed, as one .tar.xz (about 49 MB) that travels with the working tree.
+# Pack PySCF, RDKit and geomeTRIC for a GPU machine without them or the network: their CPython 3.12
+# x86-64 wheels, unpacked into one folder and trimmed, as one .tar.xz (about 49 MB) that travels with
+# the working tree.
 #   benchmarks/gpu_deps.sh [ARCHIVE]          default: .gpu/deps.tar.xz (ignored by git)
-# There, in the repository's root:
+# There, in the repository's root, benchmarks/gpu_call.sh unpacks it and runs benchmarks/gpu.py; or by hand:
 #   mkdir -p /tmp/site && tar -xJf .gpu/deps.tar.xz -C /tmp/site
 #   PYTHONPATH=/tmp/site:. python3 benchmarks/gpu.py --budget 480 --json gpu.json
 # The versions are this environment's own, so that both machines label with the same code. Trimmed:
@@ -30,4 +31,5 @@ rmdir "$work/site/pyscf/pbc"
 rm -rf "$work/site/pyscf/lib/deps/lib64" "$work/site/pyscf/lib/libxcfun_itrf.so" "$work/site/rdkit/Contrib"
 mkdir -p "$(dirname "$archive")"
 tar -cJf "$archive" -C "$work/site" .
-echo "$archive: $(du -h "$archive" | cut -f1) (pyscf $(version pyscf), rdkit $(version rdkit), geometric $(version geometric), cp312)"
+echo "$archive: $(du -h "$archive" | cut -f1) (pyscf $(version pyscf), rdkit $(version rdkit)," \
+    "geometric $(version geometric), cp312)"

@@ -11,6 +11,11 @@ run it with the caches a restarted run has (``PYSCF_IPU_CACHE``). The waits take
 between the host and the device, so this run's own rate is not the generator's: the host's figures
 are its clock (CPU time outside compiled programs, every thread), the device's the sum of the
 programs' times.
+
+Two variants of the JAX integrals, for choosing their settings on a device (neither is a generator
+option): ``--eri-precision float32|float64`` computes the ERIs in that precision (the JAX source's
+default is float64), and ``--chunk-batch N`` computes N ERI chunks at once on an accelerator in place
+of ``pyscf_ipu.integrals.eri.GPU_CHUNK_BATCH``.
 """
 
 from __future__ import annotations
@@ -60,11 +65,29 @@ def timed_programs(device: Counter, loading: Counter, calls: Counter):
     CompiledFunction.__call__ = call
 
 
+def vary(eri_precision: str | None, chunk_batch: int | None) -> None:
+    """This process's variant of the JAX integrals: their ERI precision, the ERI chunks an accelerator
+    computes at once (each read when a program is built, so set before the run)."""
+    if eri_precision is not None:
+        from pyscf_ipu.integral_sources import INTEGRAL_SOURCES, JaxIntegrals
+
+        INTEGRAL_SOURCES["jax"] = JaxIntegrals(eri_precision=eri_precision)
+    if chunk_batch is not None:
+        if chunk_batch < 1:
+            sys.exit("program_times.py: --chunk-batch must be at least 1")
+        from pyscf_ipu.integrals import eri
+
+        eri.GPU_CHUNK_BATCH = chunk_batch
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--json", metavar="FILE", help="also write the figures here")
+    parser.add_argument("--eri-precision", choices=("float32", "float64"), help="the JAX integrals' ERI precision")
+    parser.add_argument("--chunk-batch", type=int, help="ERI chunks computed at once on an accelerator")
     args, generate = parser.parse_known_args()
     sys.path.insert(0, str(ROOT))
+    vary(args.eri_precision, args.chunk_batch)
     from pyscf_ipu.runtime import reuse_freed_memory
 
     reuse_freed_memory()  # as qm1b generate does, before JAX runs anything
