@@ -19,7 +19,7 @@ INTEGRALS = ("libcint", "jax", AUTO)
 # Old spellings of renamed option values, still accepted (and read in stored settings) as the new ones.
 RENAMED_VALUES: dict[str, dict[str, str]] = {"integrals": {"host": "libcint", "device": "jax"}}
 # Settings added after datasets were first written, with the value that older datasets were made with.
-ADDED_SETTINGS: dict[str, object] = {"refine_commutator": 0.0}
+ADDED_SETTINGS: dict[str, object] = {"refine_commutator": 0.0, "dispersion": "none"}
 COMMAND_LINE_DEFAULTS = {"jk": AUTO}  # both command lines' defaults where they differ from RKSConfig's
 # Basis-name prefixes (lower case, no dashes) of minimal bases: --jk auto keeps their ERIs exact.
 MINIMAL_BASES = ("sto", "minao")
@@ -90,6 +90,8 @@ class RKSConfig:
 
     basis: str = option("sto-3g", "Gaussian basis set, any name PySCF knows (QM1B: sto-3g)")
     xc: str = option("b3lyp", "functional: b3lyp (PySCF's, VWN-RPA), b3lyp5 (VWN5), pbe or hf")
+    dispersion: str = option("none", "empirical dispersion added to the energy and forces: none, or d3bj "
+                             "(Grimme's D3 with Becke-Johnson damping, two-body, with the functional's parameters)")
     grid_level: int = option(0, "PySCF Becke grid level, 0 (coarse, QM1B) to 9")
     precision: str = option("float32", "floating-point precision of the SCF loop", choices=PRECISIONS)
     jk: str = option("ipu", "J-K contraction backend: ipu (simulated IPU tiles), dense (reference), s8, df (density "

@@ -283,6 +283,7 @@ def finalise(member: BatchMember, trace: SCFTrace, final: FinalDensity, method: 
         terms, mo_energy, mo_coeff = labels(dm, prepared.hcore, potentials, x, 0.0, ax, prepared.nuclear_repulsion,
                                             scipy.linalg.eigh)  # fmt: skip
         terms = {k: float(v) for k, v in terms.items()}
+    terms = {**terms, **method.dispersion.energy_terms(member.molecule, method.functional)}
     nocc = member.nocc
     iterations = int(trace.iterations)
     return SCFResult(

@@ -60,8 +60,8 @@ def nuclear_gradient(molecule: Molecule, result: SCFResult, method: Method, grid
     ``grid_response=False`` holds the grid (PySCF's at ``molecule``) fixed in space (PySCF's default
     gradient); True moves the points and Becke weights with the atoms (:mod:`pyscf_ipu.grid`), as
     PySCF's ``grid_response = True`` does: the exact derivative of the energy as the SCF computes it.
-    ``method`` is the run's: its functional, and its J-K backend, which gives the derivative of the
-    two-electron energy it computed.
+    ``method`` is the run's: its functional, its J-K backend, which gives the derivative of the
+    two-electron energy it computed, and its dispersion correction, whose gradient is added.
     """
     mol = build_mole(molecule, result.config.basis)
     nocc = molecule.nelectron // 2
@@ -77,7 +77,7 @@ def nuclear_gradient(molecule: Molecule, result: SCFResult, method: Method, grid
         gradient = grid_and_nuclei_gradient(composition, functional, mol.atom_coords(), dm, fixed)
         one_electron = one_electron_gradient(mol, dm, weighted)
         two_electron = method.backend.two_electron_gradient(mol, config, occupied, functional.hf_exchange)
-        return np.asarray(gradient) + one_electron + two_electron
+        return method.dispersion.gradient(molecule, functional, np.asarray(gradient) + one_electron + two_electron)
 
 
 def one_electron_gradient(mol, dm: np.ndarray, weighted: np.ndarray) -> np.ndarray:

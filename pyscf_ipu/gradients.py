@@ -46,10 +46,14 @@ class GradientSource(Protocol):
 class _DevicePending:
     by_slot: jax.Array  # (C, natm_padded, 3)
     slots: list[np.ndarray]  # each member's slot of each of its atoms
+    molecules: list
+    method: Method
 
     def gradients(self, results):
         by_slot = np.asarray(self.by_slot)
-        return [None if r is None else by_slot[c][slot] for c, (r, slot) in enumerate(zip(results, self.slots))]
+        dispersion, functional = self.method.dispersion, self.method.functional
+        return [None if r is None else dispersion.gradient(m, functional, by_slot[c][slot])
+                for c, (r, slot, m) in enumerate(zip(results, self.slots, self.molecules))]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ class DeviceGradients:
             slot = np.empty(molecule.natom, int)
             slot[atoms[atoms >= 0]] = np.flatnonzero(atoms >= 0)
             slots.append(slot)
-        return _DevicePending(by_slot, slots)
+        return _DevicePending(by_slot, slots, molecules, method)
 
 
 @dataclass(frozen=True)

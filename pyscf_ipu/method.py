@@ -16,7 +16,7 @@ import numpy as np
 from .buckets import SizeBucket
 from .config import RKSConfig
 from .molecule import Molecule
-from .strategies import IntegralSource, JKBackend
+from .strategies import Dispersion, IntegralSource, JKBackend
 from .xc.functionals import Functional
 
 
@@ -41,6 +41,7 @@ class Method:
     backend: JKBackend
     integrals: IntegralSource
     bucket_step: int  # the size buckets' step for light kinds (RKSConfig.bucket_step, auto resolved by platform)
+    dispersion: Dispersion  # the empirical dispersion added to the energy and forces
 
     @property
     def dtype(self) -> np.dtype:

@@ -51,7 +51,7 @@ def _how_eris(mf) -> str:
 def pyscf_method(molecule: Molecule, method: Method):
     """PySCF's own counterpart of a run under ``method``, not yet run (default convergence, quiet):
     RKS with the functional through libxc and the grid level (RHF for ``hf``), density fitted in the
-    same fitting basis where the run is. It gets PySCF's default memory budget on top of what this
+    same fitting basis where the run is, with the same dispersion correction. It gets PySCF's default memory budget on top of what this
     process already holds (see the module doc)."""
     config, functional = method.config, method.functional
     mol = build_mole(molecule, config.basis)
@@ -63,6 +63,7 @@ def pyscf_method(molecule: Molecule, method: Method):
     else:
         mf = scf.RHF(mol)
     mf = method.backend.pyscf_counterpart(mf, config.basis)  # density fitted in the same basis where the run is
+    mf = method.dispersion.pyscf_counterpart(mf)
     mf.verbose = 0
     return mf
 

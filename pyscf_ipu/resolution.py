@@ -3,7 +3,8 @@
 
 The functional (:data:`~pyscf_ipu.xc.functionals.FUNCTIONALS`), the J-K backend
 (:data:`~pyscf_ipu.jk.JK_BACKENDS`), the integral source
-(:data:`~pyscf_ipu.integral_sources.INTEGRAL_SOURCES`), the size buckets' step and the precision
+(:data:`~pyscf_ipu.integral_sources.INTEGRAL_SOURCES`), the dispersion
+(:data:`~pyscf_ipu.dispersion.DISPERSIONS`), the size buckets' step and the precision
 are looked up here, above the strategies they name; the :class:`~pyscf_ipu.method.Method` they make
 sits below them.
 """
@@ -14,6 +15,7 @@ import jax
 
 from .buckets import default_bucket_step
 from .config import AUTO, ConfigError, RKSConfig
+from .dispersion import DISPERSIONS
 from .integral_sources import INTEGRAL_SOURCES, auto_integrals
 from .jk import JK_BACKENDS
 from .method import Method
@@ -31,7 +33,9 @@ def resolve(config: RKSConfig) -> Method:
     else:
         integrals = _named(INTEGRAL_SOURCES, config.integrals, config.integrals, "integral source")
     step = config.bucket_step or default_bucket_step(jax.default_backend())
-    return Method(config, functional, backend, integrals, step)
+    dispersion = _named(DISPERSIONS, str(config.dispersion).strip().lower(), config.dispersion, "dispersion")
+    dispersion.check(functional)
+    return Method(config, functional, backend, integrals, step, dispersion)
 
 
 def _named(registry: dict, key: str, given, what: str):

@@ -1,4 +1,5 @@
-"""The interfaces of the run's strategy objects: what a J-K backend and an integral source answer.
+"""The interfaces of the run's strategy objects: what a J-K backend, an integral source and a
+dispersion correction answer.
 
 They sit below every stage that takes them, the resolved settings (:class:`~pyscf_ipu.method.Method`)
 included, and name no stage above: the concrete strategies (:mod:`pyscf_ipu.jk`,
@@ -17,6 +18,7 @@ from .buckets import SizeBucket
 from .config import RKSConfig
 from .molecule import Molecule
 from .packed import PackedERI
+from .xc.functionals import Functional
 
 
 class JKBackend(Protocol):
@@ -92,3 +94,22 @@ class IntegralSource(Protocol):
     fitting_bytes: int
     """Bytes per value of a density-fitted factor that making it holds beside the factor itself (the
     float64 3-centre integrals, and the triangular solve's output where it is not in place)."""
+
+
+class Dispersion(Protocol):
+    """An empirical dispersion correction, from the geometry alone: one object per kind, chosen by name
+    (``RKSConfig.dispersion``, resolved by :func:`pyscf_ipu.resolution.resolve`)."""
+
+    name: str
+
+    def energy_terms(self, molecule: Molecule, functional: Functional) -> dict[str, float]:
+        """The terms (Hartree) the correction adds to ``molecule``'s energy, by name; none for no correction."""
+
+    def gradient(self, molecule: Molecule, functional: Functional, gradient: np.ndarray) -> np.ndarray:
+        """``gradient`` (natm, 3) (Hartree/Bohr) with the correction's gradient added."""
+
+    def check(self, functional: Functional) -> None:
+        """:class:`~pyscf_ipu.config.ConfigError` where the correction has no parameters for ``functional``."""
+
+    def pyscf_counterpart(self, mf):
+        """PySCF's mean-field object ``mf`` (not yet run) with the same correction."""

@@ -134,7 +134,8 @@ def reference_key(molecule: Molecule, config: RKSConfig) -> str:
     PySCF sees, the PySCF method it runs (e.g. ``RKS`` or its density-fitted class), PySCF's version and
     the source of the code that builds the reference: ``pyscf_ipu.reference``, the J-K backend's
     ``pyscf_counterpart``, the molecule's PySCF form (``pyscf_ipu.pyscf_mole``), the functionals' libxc
-    codes (``pyscf_ipu.xc.functionals``) and the fitting basis (``buckets.auxiliary_basis``)."""
+    codes (``pyscf_ipu.xc.functionals``), the fitting basis (``buckets.auxiliary_basis``) and the
+    dispersion correction's class, where there is one."""
     import pyscf
 
     method = resolve(config)
@@ -150,6 +151,9 @@ def reference_key(molecule: Molecule, config: RKSConfig) -> str:
         "pyscf": pyscf.__version__,
         "code": code,
     }
+    if config.dispersion != "none":  # keyed only where there is one: the other references keep their keys
+        source = inspect.getsource(type(method.dispersion))
+        payload["dispersion"] = [config.dispersion, hashlib.sha256(source.encode()).hexdigest()]
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
 

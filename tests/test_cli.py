@@ -34,6 +34,7 @@ BAD_INPUT = [
     (["--mol", "water", "--fixed-grid"], "--fixed-grid describes the forces"),
     (["--mol", "water", "--integrals", "gpu"], "invalid choice"),
     (["--mol", "water", "--basis", "def2-tzvp"], "f functions on O"),
+    (["--mol", "water", "--dispersion", "d4"], "unknown dispersion 'd4'"),
 ]
 
 

@@ -16,7 +16,7 @@ BACKENDS = ("pyscf_ipu/jk/", "pyscf_ipu/ipu/backend.py")
 BACKEND_NAMES = {"ipu", "dense", "s8", "df"}
 BACKEND_CLASSES = {"DenseJK", "S8JK", "IPUJK", "FittedJK", "ExactERIs"}
 REGISTRIES = {"FUNCTIONALS": "pyscf_ipu/xc/functionals.py", "JK_BACKENDS": "pyscf_ipu/jk/__init__.py",
-              "INTEGRAL_SOURCES": "pyscf_ipu/integral_sources.py"}  # fmt: skip
+              "INTEGRAL_SOURCES": "pyscf_ipu/integral_sources.py", "DISPERSIONS": "pyscf_ipu/dispersion.py"}  # fmt: skip
 
 
 def _modules():

@@ -37,6 +37,7 @@ def _stop(*args, **kwargs):
 SETTINGS = {
     "--basis": ["sto-3g", "6-31g", "def2-svp", "no-such-basis"],
     "--xc": ["b3lyp", "PBE", "hf", "m06"],
+    "--dispersion": ["none", "d3bj", "D3BJ", "d4"],
     "--jk": ["auto", "ipu", "dense", "s8", "df", "magic"],
     "--grid-level": ["0", "3", "-1", "10", "x"],
     "--precision": ["float32", "float64", "float16"],
