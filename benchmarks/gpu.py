@@ -28,6 +28,9 @@ Phases, in this order, each skipped (and said so) where the time left cannot hol
   (``benchmarks/program_times.py``): float32 ERIs, and other numbers of ERI chunks computed at once.
   Each program's device time per conformer, and the labels against PySCF float64 on a conformer per
   host core: whether a device should take another default.
+- ``d3bj``: the STO-3G run again with ``--dispersion d3bj`` and the STO-3G phase's caches (the
+  correction adds no program): its rate beside the run without it, and, with ``labels``, its labels
+  against PySCF's with ``mf.disp = "d3bj"`` on the same sample's size.
 - ``def2svp``: cold, then restarted, for a molecule of 20-30 atoms at def2-SVP with density
   fitting, on the device's own integrals (``--integrals jax``: the path a GPU takes by default,
   forced where the device is a CPU).
@@ -76,7 +79,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 LABELS = ("energy", "homo", "lumo", "y")
-PHASES = ("sto3g", "programs", "pyscf", "labels", "variants", "def2svp", "jk", "forces", "relax", "gpu4pyscf")
+PHASES = ("sto3g", "programs", "pyscf", "labels", "variants", "d3bj", "def2svp", "jk", "forces", "relax", "gpu4pyscf")
 # def2-SVP: a molecule of 20 to 30 atoms, aspirin (21 atoms, 13 heavy); each more costs a compile
 DEF2SVP_SMILES = ["CC(=O)Oc1ccccc1C(=O)O"]
 # settings of the JAX integrals to choose between on a device (benchmarks/program_times.py's options)
@@ -219,7 +222,7 @@ def describe(name: str, run: Run) -> list[str]:
 
 def pyscf_one(task: tuple) -> dict:
     """One conformer by PySCF (RKS at the run's settings, its default convergence), labels in eV."""
-    numbers, positions, basis, fitted = task
+    numbers, positions, basis, fitted, dispersion = task
     from pyscf import dft, gto
 
     from pyscf_ipu.units import HARTREE_TO_EV
@@ -230,6 +233,8 @@ def pyscf_one(task: tuple) -> dict:
     mf.grids.level = 0
     if fitted:
         mf = mf.density_fit()
+    if dispersion != "none":
+        mf.disp = dispersion
     energy = mf.kernel()
     nocc = mol.nelectron // 2
     homo, lumo = mf.mo_energy[nocc - 1], mf.mo_energy[nocc]
@@ -247,19 +252,19 @@ def conformers_of(directory: Path) -> list[dict]:
     return [{"z": r["z"], "pos": r["pos"].astype(float), **{q: float(r[q]) for q in LABELS}} for r in records]
 
 
-def pyscf_on_every_core(records: list[dict], basis: str, fitted: bool, timeout: float, relax: bool = False
-                        ) -> tuple[list[dict], float] | None:  # fmt: skip
+def pyscf_on_every_core(records: list[dict], basis: str, fitted: bool, timeout: float, relax: bool = False,
+                        dispersion: str = "none") -> tuple[list[dict], float] | None:  # fmt: skip
     """PySCF over ``records``, one single-threaded process per host core: (labels, wall seconds), or
     None past ``timeout`` (the workers are then terminated); with ``relax``, each relaxed by geomeTRIC
-    instead (converged, steps, seconds)."""
+    instead (converged, steps, seconds); with ``dispersion``, PySCF's ``mf.disp``."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
     os.environ.update(dict.fromkeys(saved, "1"))  # the workers inherit it before they import numpy
     pool = get_context("spawn").Pool(min(cores, len(records)))
     try:
         start = time.perf_counter()
-        work = pool.map_async(pyscf_relax_one if relax else pyscf_one, [(r["z"], r["pos"], basis, fitted) for r in records],
-                              chunksize=1)  # fmt: skip
+        tasks = [(r["z"], r["pos"], basis, fitted, dispersion) for r in records]
+        work = pool.map_async(pyscf_relax_one if relax else pyscf_one, tasks, chunksize=1)
         labels = work.get(timeout=max(1.0, timeout))
         return labels, time.perf_counter() - start
     except PoolTimeout:
@@ -384,6 +389,21 @@ def run_phases(phases: set[str], size: dict, work: Path, budget: Budget, results
     if "variants" in phases:
         variants_phase(size, common, work, budget, results)
 
+    if "d3bj" in phases and results.get("sto3g_restarted", {}).get("summary") and budget.left > 30:
+        out = work / "d3bj"  # the STO-3G run's programs serve it: the correction is the host's
+        run = generate(out, work / "cache-sto3g", sto3g, [*common, "--dispersion", "d3bj"], budget.left - 20)
+        results["d3bj_restarted"] = run.__dict__
+        print("\n".join(describe("STO-3G with D3(BJ), restarted", run)), flush=True)
+        if run.summary is not None:
+            rate = run.summary["conformers_per_hour"] / results["sto3g_restarted"]["summary"]["conformers_per_hour"]
+            print(f"  {rate:.2f}x the rate without it", flush=True)
+            if "labels" in phases and budget.left > 30:
+                records = spread(conformers_of(out), size["sample"])
+                done = pyscf_on_every_core(records, "sto-3g", False, budget.left - 10, dispersion="d3bj")
+                if done is not None:
+                    results["labels_d3bj_mev"] = compare(records, done[0], "  D3(BJ) labels, ours - PySCF float64 "
+                                                         "with mf.disp")  # fmt: skip
+
     if "def2svp" in phases:
         smiles = write_smiles(work / "def2svp.smi", DEF2SVP_SMILES)
         extra = ["--conformers", str(size["def2svp"]), "--basis", "def2-svp", "--jk", "df", "--integrals", "jax"]
@@ -501,7 +521,7 @@ def pyscf_relax_one(task: tuple) -> dict:
     from pyscf import dft, gto
     from pyscf.geomopt import geometric_solver
 
-    numbers, positions, basis, _ = task
+    numbers, positions, basis, *_ = task
     start = time.perf_counter()
     mol = gto.M(atom=[(int(z), tuple(p)) for z, p in zip(numbers, positions)], unit="Bohr", basis=basis, verbose=0)
     mf = dft.RKS(mol, xc="b3lyp5")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Pack PySCF, RDKit and geomeTRIC for a GPU machine without them or the network: their CPython 3.12
-# x86-64 wheels, unpacked into one folder and trimmed, as one .tar.xz (about 49 MB) that travels with
+# Pack PySCF (with pyscf-dispersion), RDKit and geomeTRIC for a GPU machine without them or the network: their CPython 3.12
+# x86-64 wheels, unpacked into one folder and trimmed, as one .tar.xz (about 53 MB) that travels with
 # the working tree.
 #   benchmarks/gpu_deps.sh [ARCHIVE]          default: .gpu/deps.tar.xz (ignored by git)
 # There, in the repository's root, benchmarks/gpu_call.sh unpacks it and runs benchmarks/gpu.py; or by hand:
@@ -19,7 +19,8 @@ version() { "$python" -c "import importlib.metadata as m; print(m.version('$1'))
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 source benchmarks/cp312_wheels.sh
-cp312_wheels "$work/wheels" "pyscf==$(version pyscf)" "rdkit==$(version rdkit)"
+cp312_wheels "$work/wheels" "pyscf==$(version pyscf)" "rdkit==$(version rdkit)" \
+    "pyscf-dispersion==$(version pyscf-dispersion)"
 # geomeTRIC is pure Python and published as source only: built into a wheel here
 "$python" -m pip wheel --quiet --no-deps -w "$work/wheels" "geometric==$(version geometric)"
 mkdir -p "$work/site"
@@ -31,5 +32,5 @@ rmdir "$work/site/pyscf/pbc"
 rm -rf "$work/site/pyscf/lib/deps/lib64" "$work/site/pyscf/lib/libxcfun_itrf.so" "$work/site/rdkit/Contrib"
 mkdir -p "$(dirname "$archive")"
 tar -cJf "$archive" -C "$work/site" .
-echo "$archive: $(du -h "$archive" | cut -f1) (pyscf $(version pyscf), rdkit $(version rdkit)," \
-    "geometric $(version geometric), cp312)"
+echo "$archive: $(du -h "$archive" | cut -f1) (pyscf $(version pyscf), pyscf-dispersion" \
+    "$(version pyscf-dispersion), rdkit $(version rdkit), geometric $(version geometric), cp312)"
