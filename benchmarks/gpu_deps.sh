@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Pack PySCF (with pyscf-dispersion), RDKit and geomeTRIC for a GPU machine without them or the network: their CPython 3.12
-# x86-64 wheels, unpacked into one folder and trimmed, as one .tar.xz (about 53 MB) that travels with
-# the working tree.
+# Pack PySCF (with pyscf-dispersion), RDKit and geomeTRIC for a GPU machine without them or the
+# network: their CPython 3.12 x86-64 wheels, unpacked into one folder and trimmed, as one .tar.xz
+# (about 53 MB) that travels with the working tree.
 #   benchmarks/gpu_deps.sh [ARCHIVE]          default: .gpu/deps.tar.xz (ignored by git)
 # There, in the repository's root, benchmarks/gpu_call.sh unpacks it and runs benchmarks/gpu.py; or by hand:
 #   mkdir -p /tmp/site && tar -xJf .gpu/deps.tar.xz -C /tmp/site
