@@ -50,6 +50,8 @@ PIECES = {
     "lyp_c": (xc.lyp_c, ",GGA_C_LYP"),
     "pbe_x": (xc.pbe_x, "GGA_X_PBE,"),
     "pbe_c": (xc.pbe_c, ",GGA_C_PBE"),
+    "wb97x_xc": (xc.wb97x_xc, "wb97x"),  # the semi-local part: libxc leaves the exact exchange out too
+    "wb97x_d_xc": (xc.wb97x_d_xc, "wb97x-d"),
 }
 PIECE_CODE = {fn: code for fn, code in PIECES.values()}
 COMPOSITES = ["b3lyp", "b3lyp5", "pbe"]
@@ -65,6 +67,9 @@ RTOL32 = 1e-4
 # Round-off allowance relative to the zero-gradient magnitude Z (module doc).
 C64 = 1e-12
 C32 = 1e-6
+# The omegaB97 pieces' series have alternating coefficients up to 51 in size, which sum to about 1:
+# their float32 round-off is that much larger relative to Z (measured 3.3e-6 at worst, water's vrho).
+C32_SERIES = {"wb97x_xc": 1e-5, "wb97x_d_xc": 1e-5}
 # Below this density float32 cannot represent the quantities well enough for
 # 1e-4 (e.g. vsigma ~ rho^(-4/3) and exponentials of rho^(-1/3) of size ~30+).
 RHO_MIN32 = 1e-6
@@ -218,7 +223,7 @@ def test_float32_matches_libxc(name, dataset):
     ours = _ours_on_datasets(name, "float32")[dataset]  # float32 inputs and math
     mask = rho > max(DENSITY_CUTOFF, RHO_MIN32)
     assert mask.sum() > 100
-    _check(ours, ref, scale, zscale, RTOL32, C32, mask, f"{name}/{dataset}/f32")
+    _check(ours, ref, scale, zscale, RTOL32, C32_SERIES.get(name, C32), mask, f"{name}/{dataset}/f32")
 
 
 # ---------------------------------------------------------------------------
