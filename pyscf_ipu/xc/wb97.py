@@ -9,10 +9,12 @@ For a closed shell (ρ_α = ρ_β = ρ/2, x_σ² = |∇ρ_σ|² / ρ_σ^{8/3} = 
 with g(γ, c, x²) = Σ_{i=0}^{4} c_i u^i, u = γx²/(1 + γx²); e_x^{LDA}(ρ_σ) = -(3/4)(6/π)^{1/3} ρ_σ^{4/3};
 the erf attenuation F(a) = 1 - (8/3) a [√π erf(1/(2a)) + (2a - 4a³) e^{-1/(4a²)} - 3a + 4a³] at
 a_σ = ω / (2 (6π²ρ_σ)^{1/3}); and Stoll's partition of Perdew-Wang 92 correlation (the paper's
-constants, libxc ``LDA_C_PW``): e_c^{σσ} = ρ_σ ε_c(r_s(ρ_σ), ζ = 1), e_c^{αβ} = ρ ε_c(r_s(ρ), 0) - Σ_σ e_c^{σσ}.
+constants, libxc ``LDA_C_PW``): e_c^{σσ} = ρ_σ ε_c(r_s(ρ_σ), ζ = 1),
+e_c^{αβ} = ρ ε_c(r_s(ρ), 0) - Σ_σ e_c^{σσ}.
 
 The exact exchange these functionals add (all of the long-range part, a fraction of the short-range
-part) is not here: it comes from the J-K contraction. References: J.-D. Chai and M. Head-Gordon,
+part) is not here: it comes from the J-K contraction, which does not yet compute the long-range
+exchange, so no functional of :data:`~pyscf_ipu.xc.functionals.FUNCTIONALS` uses these pieces yet. References: J.-D. Chai and M. Head-Gordon,
 J. Chem. Phys. 128, 084106 (2008) (ωB97X); Phys. Chem. Chem. Phys. 10, 6615 (2008) (ωB97X-D).
 """
 
