@@ -12,8 +12,10 @@
 
 Bad input (unreadable SMILES file, an existing output without --resume, other settings on resume,
 a directory with no dataset, a truncated or corrupt shard file) prints one line naming the problem
-and exits with code 2. An output directory that cannot be written (full disk, read-only, permissions)
-prints one line naming it and the cause and exits with code 3; for ``generate``, what was committed
+and exits with code 2; so does a ``generate`` run none of whose inputs gave a labelled conformer, each
+failing for its own reason (its failures are recorded in the dataset). An output directory that
+cannot be written (full disk, read-only, permissions) prints one line naming it and the cause and
+exits with code 3; for ``generate``, what was committed
 stays, and ``--resume`` completes the run. A run whose recent conformers mostly fail to converge
 (``--min-converged``) stops with one line saying what to check and exits with code 4; what was
 committed stays. A lost Ray node (``--executor ray``) is one line naming what died, with the
@@ -114,6 +116,10 @@ def _generate(args) -> int:
     print("\n".join(summary.lines()))
     if gen.report:  # a list of one summary, as the report has always been written
         Path(gen.report).write_text(json.dumps([summary.to_dict()], indent=1))
+    if summary.failures and not summary.conformers and not summary.skipped:  # each input failed for its own reason
+        print(f"qm1b generate: error: no input gave a labelled conformer ({summary.failures} failures, recorded in "
+              f"{gen.out}: qm1b info {gen.out})", file=sys.stderr)  # fmt: skip
+        return EXIT_BAD_INPUT
     return 0
 
 

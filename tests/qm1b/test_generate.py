@@ -128,6 +128,18 @@ def test_failures_are_recorded_not_raised(small_run):
     assert settings["basis"] == "sto-3g" and settings["seed"] == 1 and settings["jk"] == "ipu"
 
 
+def test_a_run_whose_every_input_fails_exits_2_and_keeps_the_failures(tmp_path, capsys):
+    """Each input failing for its own reason (bad SMILES, a charge, a radical, an element the basis
+    lacks) is bad input as a whole: one line, exit code 2, and every failure recorded."""
+    smiles = write_smiles(tmp_path / "in.smi", list(BAD))
+    out = tmp_path / "out"
+    code = main(["generate", "--smiles", str(smiles), "--out", str(out), "--conformers", "1", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no input gave a labelled conformer (4 failures" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert {f.input for f in open_dataset(out).failures()} == set(BAD)
+
+
 def test_provenance_names_the_device_and_the_precision(small_run):
     """Beside the package versions: the device the labels came from and the precision of its products."""
     versions = open_dataset(small_run[0].out).attrs["versions"]
