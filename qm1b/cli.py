@@ -10,17 +10,18 @@
     qm1b validate DIR --sample K [--tolerance MEV]
     qm1b plot DIR [--png FILE]
 
-Bad input (unreadable SMILES file, an existing output without --resume, other settings on resume,
-a directory with no dataset, a truncated or corrupt shard file) prints one line naming the problem
-and exits with code 2; so does a ``generate`` run none of whose inputs gave a labelled conformer, each
+Bad input (unreadable SMILES file, an existing output without --resume, other settings on resume, a
+directory with no dataset, a truncated or corrupt shard file) prints one line naming the problem and
+exits with code 2; so does a ``generate`` run none of whose inputs gave a labelled conformer, each
 failing for its own reason (its failures are recorded in the dataset). An output directory that
 cannot be written (full disk, read-only, permissions) prints one line naming it and the cause and
 exits with code 3; for ``generate``, what was committed stays, and ``--resume`` completes the run. A
-run whose recent conformers mostly fail to converge (``--min-converged``) stops with one line saying what to check and exits with code 4; what was
-committed stays. A lost Ray node (``--executor ray``) is one line naming what died, with the
-``--resume`` advice, and exit code 5. ``validate`` exits with code 6, with one line naming the worst,
-when a converged record sampled has a label further from PySCF than ``--tolerance`` (or none
-converged). A closed pipe (``qm1b info DIR | head``) ends quietly with 141.
+run whose recent conformers mostly fail to converge (``--min-converged``) stops with one line saying
+what to check and exits with code 4; what was committed stays. A lost Ray node (``--executor ray``)
+is one line naming what died, with the ``--resume`` advice, and exit code 5. ``validate`` exits with
+code 6, with one line naming the worst, when a converged record sampled has a label further from
+PySCF than ``--tolerance`` (or none converged). A closed pipe (``qm1b info DIR | head``) ends
+quietly with 141.
 Without the generator's dependencies (``pip install 'pyscf-ipu[generator]'``), one line says so (code 2).
 """
 
