@@ -52,9 +52,9 @@ Phases, in this order, each skipped (and said so) where the time left cannot hol
 
 It needs JAX, PySCF, RDKit, geomeTRIC and h5py, and nothing from the network: on a machine without
 PySCF, RDKit and geomeTRIC, unpack the archive that ``benchmarks/gpu_deps.sh`` makes and put it on
-``PYTHONPATH`` (that script's header says how). ``--size tiny`` runs two molecules of two conformers each, the STO-3G,
-programs, PySCF and labels phases only (the test suite's smoke test), unless ``--phases`` names
-others: each then runs at its tiny size.
+``PYTHONPATH`` (that script's header says how). ``--size tiny`` runs two molecules of two conformers
+each, the STO-3G, programs, PySCF and labels phases only (the test suite's smoke test), unless
+``--phases`` names others: each then runs at its tiny size.
 """
 
 from __future__ import annotations
@@ -387,7 +387,7 @@ def run_phases(phases: set[str], size: dict, work: Path, budget: Budget, results
                 results["labels_sto3g_mev"] = compare(records, reference, "labels, ours - PySCF float64")
 
     if "variants" in phases:
-        variants_phase(size, common, work, budget, results)
+        variants_phase(sample[: size["variant_molecules"]], common, work, budget, results)
 
     if "d3bj" in phases and results.get("sto3g_restarted", {}).get("summary") and budget.left > 30:
         out = work / "d3bj"  # the STO-3G run's programs serve it: the correction is the host's
@@ -478,15 +478,14 @@ def program_times(smiles: Path, extra: list[str], work: Path, timeout: float, na
     return json.loads(report.read_text()) if done.returncode == 0 else None
 
 
-def variants_phase(size: dict, common: list[str], work: Path, budget: Budget, results: dict) -> None:
-    """Each of :data:`ERI_VARIANTS` over the first of the STO-3G phase's molecules: its programs' device
-    time per conformer (:func:`program_times`; its new programs' compiling not counted), and its labels
-    against PySCF float64 on a sample of its conformers, one per host core."""
-    from qm1b.inputs import builtin_sample
+def variants_phase(sample: list[str], common: list[str], work: Path, budget: Budget, results: dict) -> None:
+    """Each of :data:`ERI_VARIANTS` over the SMILES ``sample``: its programs' device time per conformer
+    (:func:`program_times`; its new programs' compiling not counted), and its labels against PySCF
+    float64 on a sample of its conformers, one per host core."""
+    from pyscf_ipu.programs import usable_cores
 
-    sample = [m.smiles for m in builtin_sample() if m.heavy_atoms is not None and 9 <= m.heavy_atoms <= 11]
-    smiles = write_smiles(work / "variants.smi", sample[: size["variant_molecules"]])
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    smiles = write_smiles(work / "variants.smi", sample)
+    cores = usable_cores()
     for name, extra in ERI_VARIANTS:
         if budget.left < 60:
             print(f"variant {name}: skipped, {budget.left:.0f} s left")

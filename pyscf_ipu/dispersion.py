@@ -15,11 +15,13 @@ functional. The three-body term is left out, as PySCF leaves it out for ``disp =
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from .config import ConfigError
 from .molecule import Molecule
+from .pyscf_mole import build_mole
 from .xc.functionals import Functional
 
 
@@ -54,35 +56,41 @@ class D3BJ:
 
     def energy_terms(self, molecule: Molecule, functional: Functional) -> dict[str, float]:
         """``{"dispersion": E_disp}`` in Hartree."""
-        return {"dispersion": float(self._evaluate(molecule, functional, gradient=False)["energy"])}
+        return {"dispersion": float(_d3bj(molecule, functional.name).get_dispersion()["energy"])}
 
     def gradient(self, molecule: Molecule, functional: Functional, gradient: np.ndarray) -> np.ndarray:
         """``gradient`` (natm, 3) (Hartree/Bohr) plus dE_disp/dR."""
-        return gradient + np.asarray(self._evaluate(molecule, functional, gradient=True)["gradient"], np.float64)
+        correction = _d3bj(molecule, functional.name).get_dispersion(grad=True)["gradient"]
+        return gradient + np.asarray(correction, np.float64)
 
     def check(self, functional: Functional) -> None:
         """:class:`ConfigError` where the library has no parameters for ``functional``."""
-        hydrogen = Molecule(np.array([1, 1]), np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 1.4]]))
-        self._evaluate(hydrogen, functional, gradient=False)
+        _d3bj(_HYDROGEN, functional.name)
 
     def pyscf_counterpart(self, mf):
         """PySCF's mean-field object ``mf`` with the same correction (``mf.disp``)."""
         mf.disp = "d3bj"
         return mf
 
-    @staticmethod
-    def _evaluate(molecule: Molecule, functional: Functional, gradient: bool) -> dict:
-        from pyscf import gto
-        from pyscf.dispersion import dftd3
 
-        # the library reads the atoms from a Mole; its basis is never used
-        mol = gto.M(atom=molecule.pyscf_atom(), unit="Bohr", basis="sto-3g", spin=molecule.nelectron % 2, verbose=0)
-        try:
-            d3 = dftd3.DFTD3Dispersion(mol, functional.name, version="d3bj")
-        except RuntimeError:  # the library's way of saying it has no parameters for the functional
-            raise ConfigError(f"D3(BJ) has no parameters for the functional {functional.name!r}: choose "
-                              "--dispersion none") from None
-        return d3.get_dispersion(grad=gradient)
+_HYDROGEN = Molecule(np.array([1, 1]), np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 1.4]]))
+
+
+# By molecule object (a Molecule compares by identity): a conformer's energy, in its finalisation, and
+# its gradient, with --forces, share one model and one PySCF Mole, whose building costs more than both.
+# The size holds a batch's conformers, whose labels are all read before their gradients.
+@lru_cache(maxsize=1024)
+def _d3bj(molecule: Molecule, functional: str):
+    """The library's D3(BJ) model of ``molecule`` with ``functional``'s parameters."""
+    from pyscf.dispersion import dftd3  # only where the correction is asked for
+
+    # the library reads the atoms from a Mole; its basis is never used, def2-SVP's covers H to Rn
+    mol = build_mole(molecule, "def2-svp")
+    try:
+        return dftd3.DFTD3Dispersion(mol, functional, version="d3bj")
+    except RuntimeError:  # the library's way of saying it has no parameters for the functional
+        raise ConfigError(f"D3(BJ) has no parameters for the functional {functional!r}: choose --dispersion "
+                          "none") from None
 
 
 DISPERSIONS: dict[str, NoDispersion | D3BJ] = {d.name: d for d in (NoDispersion(), D3BJ())}

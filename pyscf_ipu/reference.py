@@ -49,10 +49,10 @@ def _how_eris(mf) -> str:
 
 
 def pyscf_method(molecule: Molecule, method: Method):
-    """PySCF's own counterpart of a run under ``method``, not yet run (default convergence, quiet):
-    RKS with the functional through libxc and the grid level (RHF for ``hf``), density fitted in the
-    same fitting basis where the run is, with the same dispersion correction. It gets PySCF's default memory budget on top of what this
-    process already holds (see the module doc)."""
+    """PySCF's own counterpart of a run under ``method``, not yet run (default convergence, quiet): RKS
+    with the functional through libxc and the grid level (RHF for ``hf``), density fitted in the
+    same fitting basis where the run is, with the same dispersion correction. It gets PySCF's
+    default memory budget on top of what this process already holds (see the module doc)."""
     config, functional = method.config, method.functional
     mol = build_mole(molecule, config.basis)
     mol.max_memory = lib.current_memory()[0] + mol.max_memory  # MB: the default, beside what we hold

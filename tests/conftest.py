@@ -116,16 +116,16 @@ def host_of(qm9_nine_heavy):
 
 
 @functools.lru_cache(maxsize=None)
-def _reference_code(backend: type) -> str:
-    """A hash of the source that builds PySCF's reference under a J-K backend of class ``backend``
-    (read once per class and process, not on every lookup)."""
+def _reference_code(backend: type, dispersion: type) -> str:
+    """A hash of the source that builds PySCF's reference under a J-K backend of class ``backend`` and a
+    dispersion correction of class ``dispersion`` (read once per pair and process, not on every lookup)."""
     import pyscf_ipu.pyscf_mole
     import pyscf_ipu.reference
     import pyscf_ipu.xc.functionals
     from pyscf_ipu.buckets import auxiliary_basis
 
-    sources = (pyscf_ipu.reference, backend.pyscf_counterpart, pyscf_ipu.pyscf_mole, pyscf_ipu.xc.functionals,
-               auxiliary_basis)  # fmt: skip
+    sources = (pyscf_ipu.reference, backend.pyscf_counterpart, dispersion.pyscf_counterpart, pyscf_ipu.pyscf_mole,
+               pyscf_ipu.xc.functionals, auxiliary_basis)  # fmt: skip
     return hashlib.sha256("".join(inspect.getsource(source) for source in sources).encode()).hexdigest()
 
 
@@ -135,25 +135,23 @@ def reference_key(molecule: Molecule, config: RKSConfig) -> str:
     the source of the code that builds the reference: ``pyscf_ipu.reference``, the J-K backend's
     ``pyscf_counterpart``, the molecule's PySCF form (``pyscf_ipu.pyscf_mole``), the functionals' libxc
     codes (``pyscf_ipu.xc.functionals``), the fitting basis (``buckets.auxiliary_basis``) and the
-    dispersion correction's class, where there is one."""
+    dispersion correction's ``pyscf_counterpart``."""
     import pyscf
 
     method = resolve(config)
-    code = _reference_code(type(method.backend))
+    code = _reference_code(type(method.backend), type(method.dispersion))
     payload = {
         "z": molecule.atomic_numbers.tolist(),
         "pos": np.round(molecule.positions, 10).tolist(),
         "charge": molecule.charge,
         "basis": config.basis,
         "xc": config.xc,
+        "dispersion": method.dispersion.name,
         "grid_level": config.grid_level,
         "pyscf_method": type(pyscf_method(molecule, method)).__name__,
         "pyscf": pyscf.__version__,
         "code": code,
     }
-    if config.dispersion != "none":  # keyed only where there is one: the other references keep their keys
-        source = inspect.getsource(type(method.dispersion))
-        payload["dispersion"] = [config.dispersion, hashlib.sha256(source.encode()).hexdigest()]
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
 

@@ -10,8 +10,8 @@ Pieces: :func:`slater_x` (LDA_X), :func:`b88_x` (GGA_X_B88),
 :func:`vwn5_c` (LDA_C_VWN), :func:`vwn_rpa_c` (LDA_C_VWN_RPA),
 :func:`lyp_c` (GGA_C_LYP), :func:`pbe_x` (GGA_X_PBE), :func:`pbe_c`
 (GGA_C_PBE), and the semi-local parts of the range-separated hybrids :func:`wb97x_xc`
-(HYB_GGA_XC_WB97X) and :func:`wb97x_d_xc` (HYB_GGA_XC_WB97X_D).  Composite functionals: :data:`FUNCTIONALS`, by name
-(:func:`pyscf_ipu.resolution.resolve` looks them up).
+(HYB_GGA_XC_WB97X) and :func:`wb97x_d_xc` (HYB_GGA_XC_WB97X_D).  Composite functionals:
+:data:`FUNCTIONALS`, by name (:func:`pyscf_ipu.resolution.resolve` looks them up).
 """
 from ._common import DENSITY_CUTOFF
 from .b88 import b88_x

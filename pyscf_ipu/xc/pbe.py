@@ -65,14 +65,9 @@ def pbe_x(rho, sigma):
 # ----------------------------------------------------------------------------
 # Correlation
 # ----------------------------------------------------------------------------
-#: Paramagnetic Perdew-Wang 92 parameters, libxc's "modified" set (LDA_C_PW_MOD,
-#: used inside libxc's GGA_C_PBE): A has more digits than the paper's 0.031091.
-PW92_A = 0.0310907
-PW92_ALPHA1 = 0.21370
-PW92_BETA1 = 7.5957
-PW92_BETA2 = 3.5876
-PW92_BETA3 = 1.6382
-PW92_BETA4 = 0.49294
+#: Paramagnetic Perdew-Wang 92 parameters (A, alpha1, beta1, beta2, beta3, beta4), libxc's "modified"
+#: set (LDA_C_PW_MOD, used inside libxc's GGA_C_PBE): A has more digits than the paper's 0.031091.
+PW92_MOD = (0.0310907, 0.21370, 7.5957, 3.5876, 1.6382, 0.49294)
 #: PBE correlation gamma = (1 - ln 2) / pi^2.
 GAMMA = (1.0 - math.log(2.0)) / math.pi**2
 #: t^2 = sigma / (4 k_s^2 rho^2) = T2_FACTOR * sigma / rho^(7/3),
@@ -85,22 +80,24 @@ T2_MAX = 1e25
 Y_MAX = 1e15
 
 
-def pw92_eps(rs):
-    r"""Perdew-Wang 92 paramagnetic correlation energy per electron.
+def pw92_eps(rs, parameters=PW92_MOD):
+    r"""Perdew-Wang 92 correlation energy per electron at one spin polarisation.
 
     .. math::
         \epsilon_c(r_s) = -2A(1 + \alpha_1 r_s)\,
         \ln\Big(1 + \frac{1}{2A(\beta_1 r_s^{1/2} + \beta_2 r_s
         + \beta_3 r_s^{3/2} + \beta_4 r_s^{2})}\Big)
 
-    with libxc's modified constants A = 0.0310907, alpha1 = 0.21370,
-    beta1 = 7.5957, beta2 = 3.5876, beta3 = 1.6382, beta4 = 0.49294.
+    with ``parameters`` = (A, alpha1, beta1, beta2, beta3, beta4): by default libxc's modified
+    paramagnetic constants, A = 0.0310907, alpha1 = 0.21370, beta1 = 7.5957, beta2 = 3.5876,
+    beta3 = 1.6382, beta4 = 0.49294.
 
     Reference: J. P. Perdew, Y. Wang, Phys. Rev. B 45, 13244 (1992).
     """
+    a, alpha1, beta1, beta2, beta3, beta4 = parameters
     srs = jnp.sqrt(rs)
-    q = srs * (PW92_BETA1 + srs * (PW92_BETA2 + srs * (PW92_BETA3 + srs * PW92_BETA4)))
-    return -2.0 * PW92_A * (1.0 + PW92_ALPHA1 * rs) * jnp.log1p(1.0 / (2.0 * PW92_A * q))
+    q = srs * (beta1 + srs * (beta2 + srs * (beta3 + srs * beta4)))
+    return -2.0 * a * (1.0 + alpha1 * rs) * jnp.log1p(1.0 / (2.0 * a * q))
 
 
 @gga

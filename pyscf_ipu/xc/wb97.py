@@ -29,6 +29,8 @@ import jax.numpy as jnp
 from jax.scipy.special import erf
 
 from ._common import gga, masked, safe_inputs
+from .pbe import pw92_eps
+from .vwn import RS_FACTOR
 
 
 class B97Coefficients(NamedTuple):
@@ -53,7 +55,6 @@ GAMMA_X, GAMMA_SS, GAMMA_AB = 0.004, 0.2, 0.006
 PW92_PARAMAGNETIC = (0.031091, 0.21370, 7.5957, 3.5876, 1.6382, 0.49294)
 PW92_FERROMAGNETIC = (0.015545, 0.20548, 14.1189, 6.1977, 3.3662, 0.62517)
 C_X_SPIN = 0.75 * (6.0 / math.pi) ** (1.0 / 3.0)  # e_x^LDA(rho_s) = -C_X_SPIN rho_s^(4/3)
-RS_FACTOR = (3.0 / (4.0 * math.pi)) ** (1.0 / 3.0)  # r_s = RS_FACTOR rho^(-1/3)
 KF_FACTOR = (6.0 * math.pi**2) ** (1.0 / 3.0)  # a spin's Fermi wavevector, k_F = KF_FACTOR rho_s^(1/3)
 X2_FACTOR = 2.0 ** (2.0 / 3.0)  # x_s^2 = X2_FACTOR sigma / rho^(8/3)
 X2_MAX = 1e20  # the series are saturated (u = 1) long before: keeps float32 intermediates finite
@@ -86,18 +87,10 @@ def attenuation(a):
                                          + (2.0 * near - 4.0 * near**3) * jnp.exp(-0.25 / (near * near))
                                          - 3.0 * near + 4.0 * near**3)  # fmt: skip
     inverse = 1.0 / (far * far)
-    series = jnp.zeros_like(far)
+    tail = jnp.zeros_like(far)
     for coefficient in reversed(ATTENUATION_SERIES):  # Horner's rule in a^-2
-        series = (series + coefficient) * inverse
-    return jnp.where(small, closed, series)
-
-
-def pw92(rs, parameters):
-    """Perdew-Wang 92 correlation energy per electron at ``rs`` for one spin polarisation's set."""
-    a, alpha1, beta1, beta2, beta3, beta4 = parameters
-    srs = jnp.sqrt(rs)
-    q = srs * (beta1 + srs * (beta2 + srs * (beta3 + srs * beta4)))
-    return -2.0 * a * (1.0 + alpha1 * rs) * jnp.log1p(1.0 / (2.0 * a * q))
+        tail = (tail + coefficient) * inverse
+    return jnp.where(small, closed, tail)
 
 
 def series(gamma: float, coefficients: tuple[float, ...], x2):
@@ -122,8 +115,8 @@ def wb97_family(coefficients: B97Coefficients):
         x2 = jnp.minimum(X2_FACTOR * s * (tm4 * tm4), X2_MAX)  # each spin's x_s^2
         h13 = jnp.cbrt(half)
         exchange = -C_X_SPIN * half * h13 * attenuation(coefficients.omega / (2.0 * KF_FACTOR * h13))
-        same = half * pw92(RS_FACTOR / h13, PW92_FERROMAGNETIC)  # e_c of one spin alone
-        opposite = r * pw92(RS_FACTOR / r13, PW92_PARAMAGNETIC) - 2.0 * same
+        same = half * pw92_eps(RS_FACTOR / h13, PW92_FERROMAGNETIC)  # e_c of one spin alone
+        opposite = r * pw92_eps(RS_FACTOR / r13, PW92_PARAMAGNETIC) - 2.0 * same
         e = 2.0 * (exchange * series(GAMMA_X, coefficients.exchange, x2)
                    + same * series(GAMMA_SS, coefficients.same_spin, x2)) \
             + opposite * series(GAMMA_AB, coefficients.opposite_spin, x2)  # fmt: skip
