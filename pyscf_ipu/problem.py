@@ -125,8 +125,7 @@ def build_problem(integrals: BatchIntegrals, method: Method) -> tuple[SCFProblem
         problem = replace(problem, ao=ao)
         if backend.keeps_final_eris(method):  # computed more precisely than the loop reads them
             final = replace(final, eris=eris)
-            eris = cast_program(eris, dtype.name)
-    jk = backend.prepare(eris, integrals.overlap.shape[-1], dtype)
+    jk = backend.prepare(eris, integrals.overlap.shape[-1], dtype)  # rounds them to dtype in its own program
     devices = {device for leaf in jax.tree.leaves(jk) for device in leaf.sharding.device_set}
     if len(devices) > 1:  # the backend spread its arrays over devices (simulated IPUs): the rest goes beside, whole
         mesh = Mesh(np.array(sorted(devices, key=lambda d: d.id)), ("devices",))

@@ -28,7 +28,10 @@ class JKBackend(Protocol):
     cpu_batch: int  # conformers per batch on a CPU, by default
     memory_advice: str  # what a memory error suggests first where not even one conformer fits
 
-    def prepare(self, eris, nao_padded: int, dtype): ...
+    def prepare(self, eris, nao_padded: int, dtype):
+        """The batch's J-K arrays in ``dtype`` from its two-electron integrals ``eris`` as the integral
+        source made them (s8 arrays (C, size) in any float precision, or a fitted factor), rounded to
+        ``dtype`` inside the layout's own program: a separate cast would be one more program to compile."""
 
     def contract(self, data, dm: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
         """(J, K) of one conformer's density ``dm`` from ``data``, what ``prepare`` made (its member); traced."""

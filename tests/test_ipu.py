@@ -290,7 +290,7 @@ def test_rows_placement_puts_every_row_where_row_source_says(ipus):
     source = row_source(p)
     s8 = np.stack([host.eri_s8, 2.0 * host.eri_s8]).astype(np.float32)
     for eri in (s8[:1], s8):  # a batch of one, and of two
-        placed = np.asarray(_tiled_rows(jnp.asarray(eri), row_placement(p), n, npad))
+        placed = np.asarray(_tiled_rows(jnp.asarray(eri), row_placement(p), n, npad, "float32"))
         assert placed.shape == eri.shape[:-1] + tile_shape(p) + (npad * (npad + 1) // 2,)
         for k, one in enumerate(eri.reshape(-1, eri.shape[-1])):
             matrix = np.asarray(row_matrix(s8_to_s4(jnp.asarray(one), n * (n + 1) // 2), n, npad))

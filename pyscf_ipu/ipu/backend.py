@@ -56,8 +56,8 @@ class IPUJK(ExactERIs):
         shape = self.shape_plan(nao_padded, s8_size(nao_padded), value_bytes)
         sharded = shape.num_ipus > 1 and len(jax.devices()) >= shape.num_ipus  # placed IPU by IPU
         if shape.strategy.name == "rows" and not sharded:
-            return rows_layout(shape, eris)
-        members = [PackedERI.of(np.asarray(s8)) for s8 in np.asarray(eris)]
+            return rows_layout(shape, eris, dtype)
+        members = [PackedERI.of(s8) for s8 in np.asarray(eris, dtype)]
         return stack_members([place(layout(shape, self.real_plan(shape, eri.nao, eri.kept), eri, dtype), shape.num_ipus)
                               for eri in members])  # fmt: skip
 

@@ -99,7 +99,7 @@ def layout(shape_plan: TilePlan, real_plan: TilePlan, eri: PackedERI, dtype) -> 
     if shape_plan.strategy.name == "rows":
         # Cast on the host: half the bytes to send; unpacked on the device. Padded AOs' pairs last.
         s8 = jnp.asarray(eri.s8.astype(dtype))[None]  # a batch of one
-        rows = _tiled_rows(s8, row_placement(shape_plan), eri.nao, shape_plan.workload.nao)
+        rows = _tiled_rows(s8, row_placement(shape_plan), eri.nao, shape_plan.workload.nao, np.dtype(dtype).name)
         return jax.tree.map(lambda a: a[0], {"rows": rows, **_shared_rows_arrays(shape_plan, 1)})
     values, index = unique_quartets(eri.s8, eri.nao)
     values = (values * degeneracy_weights(index)).astype(dtype)
@@ -109,12 +109,12 @@ def layout(shape_plan: TilePlan, real_plan: TilePlan, eri: PackedERI, dtype) -> 
     }
 
 
-def rows_layout(shape_plan: TilePlan, eris: jax.Array) -> dict:
+def rows_layout(shape_plan: TilePlan, eris: jax.Array, dtype) -> dict:
     """:func:`layout` of a batch's ERIs ``eris`` (C, s8 size), the s8 arrays of the plan's padded AOs
     (padded AOs' integrals zero), for a ``rows`` plan: the row blocks of all of them built on the
-    device by one vmapped program; the index arrays the contraction reads are the plan's."""
+    device in ``dtype`` by one vmapped program; the index arrays the contraction reads are the plan's."""
     npad = shape_plan.workload.nao
-    rows = _tiled_rows(eris, row_placement(shape_plan), npad, npad)
+    rows = _tiled_rows(eris, row_placement(shape_plan), npad, npad, np.dtype(dtype).name)
     return {"rows": rows, **_shared_rows_arrays(shape_plan, rows.shape[0])}
 
 
@@ -132,20 +132,20 @@ def _shared_rows_arrays(shape_plan: TilePlan, batch: int) -> dict:
     return on_device({k: np.ascontiguousarray(np.broadcast_to(v, (batch,) + v.shape)) for k, v in shared.items()})
 
 
-def _tiled_rows(s8, placement, nao: int, nao_padded: int) -> jax.Array:
+def _tiled_rows(s8, placement, nao: int, nao_padded: int, dtype: str) -> jax.Array:
     """:func:`~pyscf_ipu.packed.row_matrix` of a batch of s8 arrays (B, size), laid out
     (B, num_ipus, T, L, npair_pad) by the IPUs' row runs ``placement`` (:func:`row_placement`),
     which fix the plan's :func:`tile_shape` too: T tiles for the longest run, L rows for the fullest tile.
 
-    Two programs: the s4 unpacking on its own, so that it is materialised once, and the rows placed
-    by slices and pads (``docs/decisions/rows-layout.md``)."""
-    return _placed_rows(_unpacked(s8, nao * (nao + 1) // 2), placement, nao, nao_padded)
+    Two programs: the s4 unpacking in ``dtype`` on its own, so that it is materialised once, and the
+    rows placed by slices and pads (``docs/decisions/rows-layout.md``)."""
+    return _placed_rows(_unpacked(s8, nao * (nao + 1) // 2, dtype), placement, nao, nao_padded)
 
 
-@partial(compiled, static_argnums=1)
-def _unpacked(s8, npair: int) -> jax.Array:
-    """(B, npair, npair) s4 of a batch of s8 arrays."""
-    return jax.vmap(s8_to_s4, in_axes=(0, None))(s8, npair)
+@partial(compiled, static_argnums=(1, 2))
+def _unpacked(s8, npair: int, dtype: str) -> jax.Array:
+    """(B, npair, npair) s4 in ``dtype`` of a batch of s8 arrays (in any precision: rounded here)."""
+    return jax.vmap(s8_to_s4, in_axes=(0, None))(s8.astype(dtype), npair)
 
 
 @partial(compiled, static_argnums=(1, 2, 3))

@@ -90,7 +90,7 @@ class DenseJK(ExactERIs):
     name: str = "dense"
 
     def prepare(self, eris, nao_padded, dtype):
-        return _dense_matrices(eris, nao_padded)
+        return _dense_matrices(eris, nao_padded, np.dtype(dtype).name)
 
     def profile(self, eri, nao_padded, dtype, iterations):
         return None
@@ -124,14 +124,14 @@ def s8_coulomb_exchange(s8: jax.Array, dm: jax.Array) -> tuple[jax.Array, jax.Ar
     return jax.lax.map(row, pairs)
 
 
-@partial(compiled, static_argnums=1, name="dense_layout")
-def _dense_matrices(eris, nao_padded):
-    """Each conformer's s8 ERIs (C, size) as the J and K matrices (C, Np^2, Np^2), on the device."""
+@partial(compiled, static_argnums=(1, 2), name="dense_layout")
+def _dense_matrices(eris, nao_padded, dtype: str):
+    """Each conformer's s8 ERIs (C, size) as the J and K matrices (C, Np^2, Np^2) in ``dtype``, on the device."""
     npair = nao_padded * (nao_padded + 1) // 2
     pairs = jnp.asarray(pair_index(nao_padded)).reshape(-1)
 
     def member(s8):
-        full = s8_to_s4(s8, npair)[pairs][:, pairs]  # [(ij), (kl)]: (ij|kl); symmetric
+        full = s8_to_s4(s8.astype(dtype), npair)[pairs][:, pairs]  # [(ij), (kl)]: (ij|kl); symmetric
         eri = full.reshape((nao_padded,) * 4)
         return {"eri_j": full, "eri_k": eri.transpose(0, 3, 1, 2).reshape(full.shape)}  # [(il), (jk)]
 
@@ -149,7 +149,7 @@ class S8JK(ExactERIs):
 
     def prepare(self, eris, nao_padded, dtype):
         # the unique integrals are sorted out on the host (a scatter's index list)
-        quartets = [unique_quartets(s8, nao_padded) for s8 in np.asarray(eris)]
+        quartets = [unique_quartets(s8, nao_padded) for s8 in np.asarray(eris, dtype)]
         size = padded_size(max(len(values) for values, _ in quartets), minimum=1024)  # one shape for the batch
         return stack_members([{"values": pad_to(values * degeneracy_weights(index), (size,), dtype),
                                "index": pad_to(index, (size, 4))} for values, index in quartets])  # fmt: skip
