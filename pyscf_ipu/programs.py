@@ -197,8 +197,10 @@ class CompiledFunction:
                     fresh = True
                 self._seen[quick] = program
         run, out_tree = program
-        if any(isinstance(leaf, np.ndarray) for leaf in leaves):
-            leaves = on_device(leaves)  # host arrays copied before the program runs: see on_device
+        host = [i for i, leaf in enumerate(leaves) if isinstance(leaf, np.ndarray)]
+        if host:  # host arrays copied before the program runs (see on_device); device arrays pass as they are
+            for i, copy in zip(host, on_device([leaves[i] for i in host])):
+                leaves[i] = copy
         ran = time.thread_time()
         try:
             return out_tree.unflatten(run(*leaves))
