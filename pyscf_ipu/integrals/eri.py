@@ -224,10 +224,10 @@ def _parts(plan: EriPlan, workers: int) -> tuple[Share, ...]:
 
 def static_tables(plan: EriPlan):
     """The plan's compile-time part: each pair class's (l_a, l_b, K_a, K_b), each quartet class's
-    (bra, ket), the s8 array's padded length, and how many chunks the map computes at once
-    (:func:`chunk_batch`)."""
+    (bra, ket), the s8 array's padded length, how many chunks the map computes at once
+    (:func:`chunk_batch`) and the operator's range separation ω (0: Coulomb)."""
     return (tuple((c.la, c.lb, c.ka, c.kb) for c in plan.pairs), tuple((q.bra, q.ket) for q in plan.quartets),
-            plan.padded_size, chunk_batch())  # fmt: skip
+            plan.padded_size, chunk_batch(), plan.omega)  # fmt: skip
 
 
 @lru_cache(maxsize=4)  # a 6-31G* plan's destinations alone are hundreds of MB

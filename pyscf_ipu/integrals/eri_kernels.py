@@ -167,10 +167,15 @@ def ket_signed(ket_order: int, e_ket):
     return (e_ket * sign).transpose(0, 2, 1, 3).reshape(n, y, k2 * h)
 
 
-def chunk_of(bra_order, ket_order, bra, ket, signed):
+def chunk_of(bra_order, ket_order, bra, ket, signed, omega: float = 0.0):
     """(I, S_a S_b, J, S_c S_d) ERIs of one CHUNK x CHUNK square of quartets, from the data of its I bra
     pairs (E (I, K2b, S_ab, H_b), p (I, K2b), P - A (3, I, K2b)) and J ket pairs (p (J, K2k), P - A
     (3, J, K2k), the signed Hermite matrices of :func:`ket_signed`, and A - C (J, I, 3)).
+
+    ``omega`` > 0 gives the integrals of the long-range operator erf(ω r)/r instead of 1/r: with
+    erf(ω r)/r = (2/√π) ∫_0^ω exp(-t² r²) dt, each primitive quartet is the Coulomb one with α replaced
+    by α ω²/(α + ω²) in R and the prefactor multiplied by (ω²/(α + ω²))^{1/2} (Ahlrichs, Phys. Chem.
+    Chem. Phys. 8, 3072 (2006)).
 
     Primitive quartets are laid out (J, K2k, I K2b): XLA's CPU loops vectorise along the last axis
     only, and this one is long. R (with the prefactor) is laid out as G[(l, g), (h, i, k)] =
@@ -199,6 +204,9 @@ def chunk_of(bra_order, ket_order, bra, ket, signed):
     product = (p_k.reshape(-1, 1) @ p_b.reshape(1, -1)).reshape(-1)
     # 1/sqrt would become rsqrt, whose float32 values run 1e-8 low on average: sqrt and a division do not
     alpha, weight = product / total, scaled(jnp.sqrt(total) / total, 2.0 * math.pi**2.5)
+    if omega:  # long-range: attenuated (a Python branch: the Coulomb program is unchanged)
+        attenuation = omega**2 / (alpha + omega**2)
+        alpha, weight = alpha * attenuation, weight * jnp.sqrt(attenuation)
     r = hermite_coulomb(bra_order + ket_order, alpha, pq)
     indices = hermite_indices(bra_order + ket_order)
     r = [jnp.broadcast_to(r[h] * weight, alpha.shape).reshape(j, kk, 1, -1) for h in indices]
@@ -239,7 +247,7 @@ def quartet_stage(static, quartet_arrays, one_centre, data, shifts):
     to compute, the padding of a size bucket's full chunk grids and the chunks of pairs of atoms that
     are not there, a template's absent slots, are skipped). ``one_centre``: (positions (M,), values
     (M,)) of the integrals with all four AOs on one atom."""
-    kinds, quartet_classes, size, batch = static
+    kinds, quartet_classes, size, batch, omega = static
     one_centre_index, one_centre_value = one_centre
     out = jnp.zeros(size, shifts.dtype).at[one_centre_index].set(one_centre_value.astype(shifts.dtype), mode="drop")
     for (x, y), (chunks, active, destination) in zip(quartet_classes, quartet_arrays):
@@ -258,7 +266,7 @@ def quartet_stage(static, quartet_arrays, one_centre, data, shifts):
 
         def chunk(arguments, orders=orders, signed=signed, shape=shape):
             work, bra_chunk, ket_chunk = arguments
-            return jax.lax.cond(work, lambda: chunk_of(*orders, bra_chunk, ket_chunk, signed),
+            return jax.lax.cond(work, lambda: chunk_of(*orders, bra_chunk, ket_chunk, signed, omega),
                                 lambda: jnp.zeros(shape, shifts.dtype))  # fmt: skip
 
         # checkpointed: a gradient recomputes each chunk instead of keeping every chunk's Boys values.
@@ -300,7 +308,7 @@ def quartet_member_bytes(static, pairs, itemsize: int) -> int:
     its s8 array as computed, and one step of the chunk map over the largest class (per primitive
     quartet its Hermite integrals R and the bra-ket matrix of them, and each chunk's values).
     ``static``: the plan's :func:`~.eri.static_tables`; ``pairs``: its pair classes."""
-    _, classes, size, batch = static
+    _, classes, size, batch, _ = static
     largest = 0
     for x, y in classes:
         bra, ket = pairs[x], pairs[y]

@@ -172,6 +172,8 @@ class EriPlan:
     padded_size: int  # the s8 array as computed (the tail beyond ``size`` is cut off)
     one_centre_count: int  # the one-centre constants' capacity
     padded_shells: int  # shells as computed (the extra rows are never read)
+    # the operator's range separation: 0 for the Coulomb operator 1/r, else ω of the long-range erf(ω r)/r
+    omega: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,7 @@ def eri_capacity(template: gto.Mole, computed: gto.Mole | None = None) -> EriCap
 
 
 def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None, atom_rank: np.ndarray | None = None,
-             quartets: bool = True) -> EriPlan:  # fmt: skip
+             quartets: bool = True, omega: float = 0.0) -> EriPlan:  # fmt: skip
     """Group ``mol``'s shell pairs and quartets into classes and chunks and work out the s8 destinations.
 
     Without ``capacity``, every count is rounded up on its own (:func:`~pyscf_ipu.padding.padded_size`)
@@ -242,7 +244,12 @@ def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None, atom_rank: np.n
     that the pairs of the slots a molecule leaves absent (the last of a kind) come last and fill
     whole chunks, which the kernel skips. ``quartets`` False plans the shell pairs alone (a
     density-fitted run pairs them with fitting functions instead: :mod:`.fitting`), with no s8 array.
+    ``omega`` > 0 plans the long-range ERIs of erf(ω r)/r (range-separated hybrids' exchange) instead of
+    the Coulomb ERIs: the same quartets (the long-range integrals are bounded by the Coulomb ones, so
+    the same screening holds), other one-centre constants.
     """
+    if omega < 0:
+        raise ValueError(f"omega = {omega}: the range separation must be 0 (Coulomb) or positive")
     shells = shells_of(mol)
     nao = mol.nao_nr() if capacity is None else capacity.nao
     size = s8_size(nao)
@@ -265,14 +272,14 @@ def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None, atom_rank: np.n
             quartet = _quartet_class(shells, pairs, x, y, every_chunk=capacity is not None)
             if quartet is not None:
                 classes.append(quartet)
-    index, value = one_centre_eris(mol) if quartets else (np.zeros(0, np.int32), np.zeros(0))
+    index, value = one_centre_eris(mol, omega) if quartets else (np.zeros(0, np.int32), np.zeros(0))
     if capacity is None:
         padded_natm, padded_shells = padded_size(mol.natm, minimum=4), padded_size(len(shells.atom))
         one_centre = padded_size(len(index), minimum=64)
     else:
         padded_natm, one_centre, padded_shells = capacity.natm, capacity.one_centre, capacity.shells
     return EriPlan(shells, tuple(pairs), tuple(classes), nao, size, mol.natm, index, value, padded_natm,
-                   length, one_centre, padded_shells)  # fmt: skip
+                   length, one_centre, padded_shells, float(omega))  # fmt: skip
 
 
 def _quartet_class(shells: Shells, pairs, x: int, y: int, every_chunk: bool = False) -> QuartetClass | None:
@@ -307,8 +314,9 @@ def _quartet_class(shells: Shells, pairs, x: int, y: int, every_chunk: bool = Fa
     return QuartetClass(x, y, chunks.astype(np.int32), np.ascontiguousarray(destination))
 
 
-def one_centre_eris(mol: gto.Mole) -> tuple[np.ndarray, np.ndarray]:
-    """The s8 positions and float64 values of every ERI with all four AOs on one atom.
+def one_centre_eris(mol: gto.Mole, omega: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """The s8 positions and float64 values of every ERI with all four AOs on one atom, of the Coulomb
+    operator (``omega`` 0) or of the long-range erf(ω r)/r.
 
     These do not depend on the geometry, so libcint evaluates them once per plan; they are also
     the largest ERIs (core orbitals, up to ~5 Hartree), where float32's last digit alone is 5e-7,
@@ -321,7 +329,8 @@ def one_centre_eris(mol: gto.Mole) -> tuple[np.ndarray, np.ndarray]:
             continue
         symbol = mol.atom_symbol(atom)
         if symbol not in blocks:
-            blocks[symbol] = mol.intor("int2e", shls_slice=(shell_start, shell_stop) * 4)  # (n, n, n, n)
+            with mol.with_range_coulomb(omega):  # 0: the Coulomb operator itself
+                blocks[symbol] = mol.intor("int2e", shls_slice=(shell_start, shell_stop) * 4)  # (n, n, n, n)
         block = blocks[symbol]
         aos = np.arange(ao_start, ao_stop)
         mu, nu = np.tril_indices(len(aos))
