@@ -194,6 +194,8 @@ def run_command(args: argparse.Namespace) -> int:
         if args.forces:
             config = config.for_forces()
         method = resolve(config)
+        if args.forces:
+            method.check_forces()
         if args.fixed_grid and not args.forces:
             raise ValueError("--fixed-grid describes the forces: add --forces")
         if (args.profile or args.profile_plot) and not method.backend.profiles:
@@ -271,7 +273,7 @@ def optimize_command(args: argparse.Namespace) -> int:
             raise ValueError(f"--max-steps must be at least 1, got {args.max_steps}")
         if molecule.natom < 2:
             raise ValueError("a geometry optimisation needs at least two atoms")
-        method = resolve(config_from_arguments(args, RKSConfig).for_forces())
+        method = resolve(config_from_arguments(args, RKSConfig).for_forces()).check_forces()
         if args.memory_budget is not None and args.memory_budget <= 0:
             raise ValueError(f"--memory-budget is in GB and must be positive, got {args.memory_budget}")
         check_memory(molecule, method, args.memory_budget or default_budget())

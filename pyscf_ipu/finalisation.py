@@ -130,14 +130,14 @@ class Contracted:
     vxc: object  # (N, N)
 
 
-def labels(dm, hcore, potentials: Contracted, orthogonaliser, shift, hf_exchange: float, nuclear_repulsion, eigh):
+def labels(dm, hcore, potentials: Contracted, orthogonaliser, shift, exchange_factor: float, nuclear_repulsion, eigh):
     """(energy terms, orbital energies, coefficients) from the ``potentials`` of the density ``dm``:
     the loop's own formulas (:func:`~pyscf_ipu.scf.fock_matrix`, :func:`~pyscf_ipu.scf.energy_terms`)
     and one eigensolve ``eigh`` of the Fock matrix in the orthogonal basis ``orthogonaliser``, whose
     dropped directions get ``shift`` on the diagonal (numpy on the host or JAX on the device alike)."""
     p = potentials
-    terms = energy_terms(dm, hcore, p.coulomb, p.exchange_trace, p.exc, hf_exchange, nuclear_repulsion)
-    fock = fock_matrix(hcore, p.coulomb, p.exchange, p.vxc, hf_exchange)
+    terms = energy_terms(dm, hcore, p.coulomb, p.exchange_trace, p.exc, exchange_factor, nuclear_repulsion)
+    fock = fock_matrix(hcore, p.coulomb, p.exchange, p.vxc, exchange_factor)
     mo_energy, vectors = eigh(orthogonaliser.T @ fock @ orthogonaliser + shift)
     return terms, mo_energy, orthogonaliser @ vectors
 
@@ -192,7 +192,7 @@ def refine(functional: Functional, refinement: Refinement, ao, final: FinalInput
 
     def fock_and_error(dm, potentials):
         p = potentials
-        fock = fock_matrix(final.hcore, p.coulomb, p.exchange, p.vxc, functional.hf_exchange)
+        fock = fock_matrix(final.hcore, p.coulomb, p.exchange, p.vxc, functional.exchange_factor)
         return fock, commutator(fock, dm, final.overlap)
 
     def step(state):
@@ -238,7 +238,7 @@ def final_density(functional: Functional, contraction: FinalContraction, refinem
     if p.coulomb is None or p.exchange is None:
         return out
     terms, mo_energy, mo_coeff = labels(dm, final.hcore, p, final.orthogonaliser, dropped_shift(final),
-                                        functional.hf_exchange, final.nuclear_repulsion, jnp.linalg.eigh)  # fmt: skip
+                                        functional.exchange_factor, final.nuclear_repulsion, jnp.linalg.eigh)  # fmt: skip
     return replace(out, energy_terms=terms, mo_energy=mo_energy, mo_coeff=mo_coeff, orbitals=jnp.sum(final.kept))
 
 
@@ -276,7 +276,7 @@ def finalise(member: BatchMember, trace: SCFTrace, final: FinalDensity, method: 
         mo_energy, mo_coeff = np.asarray(final.mo_energy)[:orbitals], np.asarray(final.mo_coeff)[aos, :orbitals]
     else:
         prepared = member.host
-        ax = method.functional.hf_exchange
+        ax = method.functional.exchange_factor
         vj, vk, exchange_trace = final_contraction(method).on_host(prepared, dm, final)
         x = prepared.orthogonaliser
         potentials = Contracted(vj, vk, exchange_trace, float(final.exc), _own(final.vxc, member.nao))

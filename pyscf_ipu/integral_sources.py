@@ -23,7 +23,7 @@ import numpy as np
 from .assembly import BatchIntegrals, BatchMember, assemble_integrals, device_eris, device_factor, template_layout
 from .buckets import SizeBucket
 from .molecule import Molecule
-from .packed import FittedFactor, batch_eris, s8_size, tril_unpack
+from .packed import FittedFactor, RangeSeparatedERIs, batch_eris, s8_size, tril_unpack
 from .padding import aligned_empty, pad_into, stack_padded
 from .prepare import PreparedProblem, fitted_eri, prepare
 from .programs import on_device
@@ -113,6 +113,10 @@ class LibcintIntegrals:
     eris_on_device: bool = False
     fitting_bytes: int = 16  # fitted_eri solves in place, but each member's preparation keeps its factor
 
+    def long_range(self, backend) -> bool:
+        """Whether it makes the long-range integrals of a range-separated functional for ``backend``: not yet."""
+        return False
+
     def eri_plan(self, basis, elements):
         return None
 
@@ -149,6 +153,7 @@ class DeviceFactor:
 
     name: str = "jax"
     fitting_bytes: int = 16  # the 3-centre integrals and the solve's output, both float64
+    long_range: bool = False  # whether it makes a range-separated functional's long-range factor too
 
     def factor(self, molecules, placed, bucket, method):
         """The ``factor`` argument of :func:`~pyscf_ipu.assembly.assemble_integrals`."""
@@ -169,11 +174,17 @@ class LibcintFactor:
 
     name: str = "libcint"
     fitting_bytes: int = 8  # a molecule smaller than its template: its own factor before it is placed
+    long_range: bool = True  # a range-separated functional's long-range factor: the same, attenuated
 
     def factor(self, molecules, placed, bucket, method):
+        """Each conformer's factor, and its long-range one (:class:`~pyscf_ipu.packed.RangeSeparatedERIs`)
+        where the functional is range-separated."""
+        functional = method.functional
+        omegas = (0.0, functional.omega) if functional.range_separated else (0.0,)
         npad = bucket.nao_padded
         shape = (len(molecules), bucket.naux_padded, npad * (npad + 1) // 2)
-        exact, packed = aligned_empty(shape, np.float64, zeroed=True), aligned_empty(shape, method.dtype, zeroed=True)
+        buffers = [(aligned_empty(shape, np.float64, zeroed=True), aligned_empty(shape, method.dtype, zeroed=True))
+                   for _ in omegas]  # fmt: skip
 
         def fill() -> None:
             for c, (molecule, (_, atoms, aos, _)) in enumerate(zip(molecules, placed)):
@@ -181,19 +192,22 @@ class LibcintFactor:
                 mol = build_mole(ordered, bucket.basis)
                 pairs = template_pairs(aos)
                 fills = len(pairs) == shape[2]  # every template pair, in order (aos ascend)
-                own = fitted_eri(mol, bucket.basis, method.config.eri_expcutoff, out=exact[c] if fills else None)
-                rows = len(own)
-                if not fills:  # the fitting functions' order is immaterial
-                    copy_columns(exact[c, :rows], own, pairs)
-                packed[c, :rows] = exact[c, :rows]
+                for omega, (exact, packed) in zip(omegas, buffers):
+                    own = fitted_eri(mol, bucket.basis, method.config.eri_expcutoff, out=exact[c] if fills else None,
+                                     omega=omega)  # fmt: skip
+                    rows = len(own)
+                    if not fills:  # the fitting functions' order is immaterial
+                        copy_columns(exact[c, :rows], own, pairs)
+                    packed[c, :rows] = exact[c, :rows]
 
         wait = in_background(fill, "libcint-factor")
 
-        def made(template, coords, values, assembled) -> FittedFactor:
+        def made(template, coords, values, assembled) -> FittedFactor | RangeSeparatedERIs:
             wait()
             with jax.enable_x64(True):
-                return FittedFactor(on_device(packed, may_alias=True), on_device(exact, may_alias=True),
-                                    bucket.occupied_rank)  # fmt: skip
+                factors = [FittedFactor(on_device(packed, may_alias=True), on_device(exact, may_alias=True),
+                                        bucket.occupied_rank) for exact, packed in buffers]  # fmt: skip
+            return factors[0] if len(factors) == 1 else RangeSeparatedERIs(*factors)
 
         return made
 
@@ -284,6 +298,11 @@ class JaxIntegrals:
                 element_grid(symbol, bucket.grid_level)
 
     eris_on_device: bool = True
+
+    def long_range(self, backend) -> bool:
+        """Whether it makes the long-range integrals of a range-separated functional for ``backend``:
+        density fitted (its buckets follow the occupied orbitals), where the factor source can."""
+        return bool(backend.occupied_step) and self.factor.long_range
 
     def eri_plan(self, basis, elements):
         return eri_plan(basis, tuple(elements))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .buckets import SizeBucket
-from .config import RKSConfig
+from .config import ConfigError, RKSConfig
 from .molecule import Molecule
 from .strategies import Dispersion, IntegralSource, JKBackend
 from .xc.functionals import Functional
@@ -71,6 +71,14 @@ class Method:
         if any(self.bucket(molecule) != bucket for molecule in molecules[1:]):
             raise ValueError("a batch needs molecules of one size bucket")
         return bucket
+
+    def check_forces(self) -> Method:
+        """``self``, where nuclear gradients of its energy can be computed; :class:`ConfigError` before any
+        work where not (a range-separated functional's are not available yet)."""
+        if self.functional.range_separated:
+            raise ConfigError(f"forces of --xc {self.functional.name} (range-separated exchange) are not available "
+                              "yet: drop --forces and --relax dft, or choose b3lyp, pbe or hf")  # fmt: skip
+        return self
 
     @property
     def loop(self) -> LoopSettings:

@@ -68,6 +68,17 @@ class FittedFactor:
     rank: int = field(metadata=dict(static=True))
 
 
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class RangeSeparatedERIs:
+    """A range-separated hybrid's two-electron integrals: those of the Coulomb operator 1/r and of its
+    long-range part erf(ω r)/r, each in the form the J-K backend takes (s8 arrays or a
+    :class:`FittedFactor`); what the backend lays out from them, likewise."""
+
+    coulomb: object
+    long_range: object
+
+
 def batch_eris(eris: list[np.ndarray], nao_padded: int, dtype) -> jax.Array:
     """Host s8 arrays, each of at most ``nao_padded`` AOs (its own first: the s8 packing of fewer AOs
     is the leading part of the padded AOs'), as what :meth:`JKBackend.prepare` takes: one device

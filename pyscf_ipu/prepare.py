@@ -113,7 +113,8 @@ def eri_s8(mol: gto.Mole, expcutoff: float = 0.0) -> np.ndarray:
     return screened(mol, expcutoff).intor("int2e", aosym="s8")
 
 
-def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0, out: np.ndarray | None = None) -> np.ndarray:
+def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0, out: np.ndarray | None = None,
+               omega: float = 0.0) -> np.ndarray:  # fmt: skip
     """(naux, npair) float64: the density-fitted ERIs as a Cholesky factor B with
     (ij|kl) ~ sum_Q B[Q, ij] B[Q, kl], over pairs i >= j in PySCF's packing, in the fitting basis of
     :func:`~pyscf_ipu.buckets.auxiliary_basis` (PySCF's default for ``basis``): B = L^-1 (Q|ij) with
@@ -126,14 +127,18 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0, out: np.ndarra
     at least naux rows (a caller's padded buffer), the factor is made in its leading rows, which are
     returned, and no copy is needed; its other rows are left as they are. A metric that is not
     positive definite goes to PySCF's function, which drops its near-null directions (fewer rows).
-    ``mol`` itself is left unchanged.
+    ``omega`` > 0 fits the long-range operator erf(ω r)/r instead, its metric and 3-centre integrals
+    both attenuated (as PySCF's ``DF.range_coulomb``). ``mol`` itself is left unchanged.
     """
     import scipy.linalg
     from pyscf import df
     from threadpoolctl import threadpool_limits
 
-    auxmol = df.addons.make_auxmol(mol, {symbol: auxiliary_basis(basis, symbol) for symbol in set(mol.elements)})
     orbitals = screened(mol, expcutoff)  # the 3-centre integrals read it from the orbital basis's part
+    if omega:  # both copies' operator: the fitting basis's inherits it
+        orbitals.omega, mol = omega, mol.copy()
+        mol.omega = omega
+    auxmol = df.addons.make_auxmol(mol, {symbol: auxiliary_basis(basis, symbol) for symbol in set(mol.elements)})
     try:
         metric = scipy.linalg.cholesky(auxmol.intor("int2c2e", hermi=1), lower=True)  # (naux, naux) L
     except scipy.linalg.LinAlgError:

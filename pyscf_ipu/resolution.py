@@ -18,6 +18,7 @@ from .config import AUTO, ConfigError, RKSConfig
 from .dispersion import DISPERSIONS
 from .integral_sources import INTEGRAL_SOURCES, auto_integrals
 from .jk import JK_BACKENDS
+from .jk.range_separated import range_separated
 from .method import Method
 from .xc.functionals import FUNCTIONALS
 
@@ -35,6 +36,8 @@ def resolve(config: RKSConfig) -> Method:
     step = config.bucket_step or default_bucket_step(jax.default_backend())
     dispersion = _named(DISPERSIONS, str(config.dispersion).strip().lower(), config.dispersion, "dispersion")
     dispersion.check(functional)
+    if functional.range_separated:  # the backend contracts the long-range exchange too
+        backend = range_separated(backend, functional, integrals)
     return Method(config, functional, backend, integrals, step, dispersion)
 
 

@@ -78,7 +78,7 @@ def energy_terms(dm, hcore, vj, exchange_trace, exc, hf_exchange: float, nuclear
 def fock_and_energy(problem: SCFProblem, settings: LoopSettings, dm, weighted):
     """Step 1: (F, E) for the density ``dm``; the grid's points from ``weighted`` on have zero
     weight (see :func:`~pyscf_ipu.numint.xc_energy_and_potential`)."""
-    ax = settings.functional.hf_exchange
+    ax = settings.functional.exchange_factor
     vj, vk = settings.backend.contract(problem.jk, dm)
     exc, vxc, _ = xc_energy_and_potential(settings.functional, problem.ao, problem.weights, dm, weighted)
     terms = energy_terms(dm, problem.hcore, vj, jnp.sum(dm * vk), exc, ax, problem.nuclear_repulsion)

@@ -79,6 +79,10 @@ class IntegralSource(Protocol):
         :class:`~pyscf_ipu.method.Method`; ``shapes`` (Np, Gp) pads further than the bucket where
         the source can."""
 
+    def long_range(self, backend: JKBackend) -> bool:
+        """Whether it makes, for ``backend``, the long-range integrals a range-separated functional's
+        exchange needs as well (then its batches' ERIs are :class:`~pyscf_ipu.packed.RangeSeparatedERIs`)."""
+
     def prepare_buckets(self, buckets, symbols) -> None:
         """Build, ahead of a run, what the source keeps per size bucket in ``buckets`` and per element
         in ``symbols`` (so that a run's first batches do not pay for it)."""

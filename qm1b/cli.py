@@ -102,7 +102,9 @@ def _run_settings(args):
     try:
         gen = config_from_arguments(args, GenerateConfig)
         dft = config_from_arguments(args, RKSConfig)
-        resolve(dft)
+        method = resolve(dft)
+        if gen.stores_forces:
+            method.check_forces()
     except ValueError as err:
         raise ConfigError(str(err)) from None
     return gen, dft

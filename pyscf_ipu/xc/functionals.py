@@ -11,11 +11,16 @@ from .lyp import lyp_c
 from .pbe import pbe_c, pbe_x
 from .slater import slater_x
 from .vwn import vwn5_c, vwn_rpa_c
+from .wb97 import WB97X, wb97x_xc
 
 
 @dataclass(frozen=True)
 class Functional:
-    """A (possibly hybrid) closed-shell XC functional.
+    """A (possibly hybrid, possibly range-separated) closed-shell XC functional.
+
+    Its exact exchange is ``hf_exchange`` K + ``long_range_exchange`` K_ω, with K the exchange of the
+    Coulomb operator 1/r and K_ω that of its long-range part erf(ω r)/r (PySCF's ``hyb`` and
+    ``alpha - hyb`` of ``rsh_and_hybrid_coeff``; ωB97X: 0.157706 and 0.842294 at ω = 0.3).
 
     Attributes:
       name: registry name.
@@ -25,12 +30,27 @@ class Functional:
         must add (0.2 for B3LYP, 1.0 for HF, 0.0 for PBE).
       libxc_code: the string that makes PySCF (``mf.xc`` / ``eval_xc``) use
         the same functional.
+      long_range_exchange: the fraction of long-range exact exchange K_ω added on top (0: none).
+      omega: the range separation ω, Bohr^-1, of K_ω (0 where there is none).
     """
 
     name: str
     pieces: tuple[tuple[float, Callable], ...]
     hf_exchange: float
     libxc_code: str
+    long_range_exchange: float = 0.0
+    omega: float = 0.0
+
+    @property
+    def range_separated(self) -> bool:
+        """Whether the exchange has a long-range part (the J-K backend then contracts K_ω as well)."""
+        return self.long_range_exchange != 0.0
+
+    @property
+    def exchange_factor(self) -> float:
+        """The factor the SCF code scales the J-K backend's K by: ``hf_exchange``, or 1 for a
+        range-separated functional, whose backend returns the weighted sum of K and K_ω itself."""
+        return 1.0 if self.range_separated else self.hf_exchange
 
     def energy_density(self, rho, sigma=None):
         """Sum of ``weight * piece(rho, sigma)``: the semi-local XC energy
@@ -70,4 +90,14 @@ FUNCTIONALS: dict[str, Functional] = {
         libxc_code="pbe,pbe",
     ),
     "hf": Functional(name="hf", pieces=(), hf_exchange=1.0, libxc_code="hf"),
+    # libxc HYB_GGA_XC_WB97X (Chai and Head-Gordon 2008): all of the long-range exchange, c_x of the short
+    # range, so K's weight is c_x = 0.157706 and K_ω's 1 - c_x
+    "wb97x": Functional(
+        name="wb97x",
+        pieces=((1.0, wb97x_xc),),
+        hf_exchange=1.0 - WB97X.exchange[0],
+        libxc_code="wb97x",
+        long_range_exchange=WB97X.exchange[0],
+        omega=WB97X.omega,
+    ),
 }
