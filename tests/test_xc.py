@@ -299,9 +299,12 @@ def test_registry():
     assert [w for w, _ in b3.pieces] == [0.08, 0.72, 0.19, 0.81]
     assert xc.vwn_rpa_c in [p for _, p in b3.pieces]
     assert xc.vwn5_c in [p for _, p in FUNCTIONALS["b3lyp5"].pieces]
-    # pyscf agrees on the amount of exact exchange
+    # pyscf agrees on the amount of exact exchange: libxc's coefficient is the long range's (alpha) where
+    # the functional is range-separated, and its short range's share alpha + beta is ours of K
     for f in FUNCTIONALS.values():
-        assert libxc.hybrid_coeff(f.libxc_code) == pytest.approx(f.hf_exchange)
+        assert libxc.hybrid_coeff(f.libxc_code) == pytest.approx(f.hf_exchange + f.long_range_exchange)
+        omega, alpha, beta = libxc.rsh_coeff(f.libxc_code)
+        assert omega == f.omega and (alpha + beta == pytest.approx(f.hf_exchange) if f.range_separated else not beta)
 
 
 def test_unknown_functional_lists_choices():
