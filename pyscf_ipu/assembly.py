@@ -32,7 +32,7 @@ from .integrals.fitting import (COMPANION_COEFFICIENT, FittingPlan, fitted_facto
                                 plan_fitting)
 from .integrals.one_electron import OneElectronLayout, layout_of, one_electron_matrices
 from .molecule import Molecule
-from .packed import FittedFactor
+from .packed import FittedFactor, RangeSeparatedERIs
 from .programs import compiled, on_device
 from .templates import BucketTemplate, ElementTables, SlotRows
 
@@ -248,19 +248,24 @@ def device_eris(template: BucketTemplate, coords: np.ndarray, values: ShellValue
 
 
 def device_factor(template: BucketTemplate, coords: np.ndarray, values: ShellValues, assembled: dict, dtype,
-                  rank: int) -> FittedFactor:  # fmt: skip
+                  rank: int, omega: float = 0.0) -> FittedFactor | RangeSeparatedERIs:  # fmt: skip
     """The density-fitted factor of a batch of ``template``'s bucket, computed on the device in float64
     (:mod:`~pyscf_ipu.integrals.fitting`) from the conformers' positions and the shells the
-    assembly program gathered, and rounded to ``dtype`` for the loop."""
+    assembly program gathered, and rounded to ``dtype`` for the loop. ``omega`` > 0 (a range-separated
+    functional's): that and the long-range erf(ω r)/r's factor (:class:`~pyscf_ipu.packed.RangeSeparatedERIs`),
+    from the same pair data."""
     plan = fitting_plan(template)
     with jax.enable_x64(True):
         data, shifts = pair_program(static_tables(template.plan)[0], eri_structure(template.plan),
                                     (values.exponents, values.coefficients), coords, values.present, "float64")
         fitting, _ = pair_program(fitting_kinds(plan), fitting_structure(plan), assembled["fitting_shells"], coords,
                                   values.present, "float64")
-        exact, packed = fitted_factor(plan, data + fitting, shifts, assembled["fitting_present"], chunk_batch(),
-                                      np.dtype(dtype).name)  # fmt: skip
-    return FittedFactor(packed, exact, rank)
+        factors = []
+        for separation in (0.0, omega) if omega else (0.0,):
+            exact, packed = fitted_factor(plan, data + fitting, shifts, assembled["fitting_present"], chunk_batch(),
+                                          np.dtype(dtype).name, separation)  # fmt: skip
+            factors.append(FittedFactor(packed, exact, rank))
+    return factors[0] if len(factors) == 1 else RangeSeparatedERIs(*factors)
 
 
 @lru_cache(maxsize=4)

@@ -153,11 +153,14 @@ class DeviceFactor:
 
     name: str = "jax"
     fitting_bytes: int = 16  # the 3-centre integrals and the solve's output, both float64
-    long_range: bool = False  # whether it makes a range-separated functional's long-range factor too
+    long_range: bool = True  # a range-separated functional's long-range factor: the same kernels, attenuated
 
     def factor(self, molecules, placed, bucket, method):
-        """The ``factor`` argument of :func:`~pyscf_ipu.assembly.assemble_integrals`."""
-        return partial(device_factor, dtype=method.dtype, rank=bucket.occupied_rank)
+        """The ``factor`` argument of :func:`~pyscf_ipu.assembly.assemble_integrals` (with the long-range
+        factor where the functional is range-separated)."""
+        functional = method.functional
+        omega = functional.omega if functional.range_separated else 0.0
+        return partial(device_factor, dtype=method.dtype, rank=bucket.occupied_rank, omega=omega)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ from ..padding import padded_size
 
 # The companion's coefficient: libcint's s functions carry 1/sqrt(4 pi), so this makes it exactly 1.
 COMPANION_COEFFICIENT = math.sqrt(4.0 * math.pi)
+# A long-range metric's eigenvalues at or below this are dropped, as PySCF's df.incore.LINEAR_DEP_THR
+LONG_RANGE_LINEAR_DEPENDENCE = 1e-7
 
 
 @dataclass(frozen=True)
@@ -143,14 +145,15 @@ def hermite_order(components) -> int:
     return max(components[0]) + max(components[1])
 
 
-def scan_squares(bra, ket, shifts, batch: int, carry, consume, raised: int = 0):
+def scan_squares(bra, ket, shifts, batch: int, carry, consume, raised: int = 0, omega: float = 0.0):
     """Every (bra group | ket group) of one stage, ``batch`` CHUNK x CHUNK squares of rows at a time,
     handed to ``consume(carry, values, rows, columns, valid, bra atoms, ket atoms) -> carry``: the
     values (B, I, Y_a, J, Y_b), each row's and column's destination parts (B, I, S_a) and (B, J, S_b),
     whether a value has a destination (B, I, S_a, J, S_b), and each side's atoms (per atom field,
     (B, I) or (B, J)). ``bra`` and ``ket``: per group (its components, its flattened data: (E, p,
     P - A, atom fields...), its destination parts); the bra's Hermite order is its components' plus
-    ``raised`` (a derivative's distributions are one order up). Only one step's values are ever held."""
+    ``raised`` (a derivative's distributions are one order up); ``omega`` > 0: the integrals of the
+    long-range erf(ω r)/r (:func:`~.eri_kernels.chunk_of`). Only one step's values are ever held."""
     for (bra_components, (e_bra, p_bra, pa_bra, *atoms_bra), bra_index) in bra:
         for (ket_components, (e_ket, p_ket, pa_ket, *atoms_ket), ket_index) in ket:
             orders = (hermite_order(bra_components) + raised, hermite_order(ket_components))
@@ -172,7 +175,7 @@ def scan_squares(bra, ket, shifts, batch: int, carry, consume, raised: int = 0):
                 left = (by_chunk(e_b, first), by_chunk(p_b, first), by_chunk(pa_b, first, 1))
                 ac = shifts[atoms_b[0][:, None, :], atoms_k[0][:, :, None]]
                 right = (by_chunk(p_k, second), by_chunk(pa_k, second, 1), second, ac)
-                values = jax.vmap(lambda l, r: chunk_of(*orders, l, r, signed))(left, right)  # (B, I, Y_a, J, Y_b)
+                values = jax.vmap(lambda l, r: chunk_of(*orders, l, r, signed, omega))(left, right)  # (B, I, Y_a, J, Y_b)
                 rows = by_chunk(bra_index, first)  # (B, I, S_a)
                 columns = by_chunk(ket_index, second)  # (B, J, S_b)
                 valid = ((rows != NOWHERE)[:, :, :, None, None] & (columns != NOWHERE)[:, None, None, :, :]
@@ -184,7 +187,7 @@ def scan_squares(bra, ket, shifts, batch: int, carry, consume, raised: int = 0):
     return carry
 
 
-def _stage(bra, ket, shifts, size: int, width: int, batch: int):
+def _stage(bra, ket, shifts, size: int, width: int, batch: int, omega: float = 0.0):
     """Every (bra group | ket group) of one stage (:func:`scan_squares`), added into a flat (size,)
     array: the value of bra row i's function s and ket row j's function t goes to ket_index[j, t] *
     width + bra_index[i, s] (a contracted pair's or function's primitives add up there)."""
@@ -195,7 +198,7 @@ def _stage(bra, ket, shifts, size: int, width: int, batch: int):
         destination = jnp.where(valid, columns[:, None, None, :, :] * width + rows[:, :, :, None, None], size)
         return out.at[destination.reshape(-1)].add(values.reshape(-1), mode="drop")
 
-    return scan_squares(bra, ket, shifts, batch, jnp.zeros(size, shifts.dtype), add)
+    return scan_squares(bra, ket, shifts, batch, jnp.zeros(size, shifts.dtype), add, omega=omega)
 
 
 def fitted_integrals(static, indices, data, shifts, present, batch: int):
@@ -203,12 +206,12 @@ def fitted_integrals(static, indices, data, shifts, present, batch: int):
     pair ``data`` (float64), from the orbital and fitting pair data (the orbital plan's classes, then
     the fitting ones), the atoms' differences ``shifts`` and which fitting functions are there,
     ``present`` (Qp,); the metric of a padding function is a unit diagonal. ``static``: per side,
-    each group's (members, components), then Qp and npair (:func:`fitting_static`); ``indices``: per
-    side, each group's destination parts."""
-    orbital, fitting, naux, npair = static
+    each group's (members, components), then Qp, npair and the operator's range separation ω
+    (:func:`fitting_static`); ``indices``: per side, each group's destination parts."""
+    orbital, fitting, naux, npair, omega = static
     orbital, fitting = groups_of(orbital, indices[0], data), groups_of(fitting, indices[1], data)
-    three = _stage(orbital, fitting, shifts, naux * npair, npair, batch)
-    metric = _stage(fitting, fitting, shifts, naux * naux, naux, batch)
+    three = _stage(orbital, fitting, shifts, naux * npair, npair, batch, omega)
+    metric = _stage(fitting, fitting, shifts, naux * naux, naux, batch, omega)
     return three.reshape(naux, npair), metric.reshape(naux, naux) + jnp.diag(jnp.where(present, 0.0, 1.0))
 
 
@@ -219,8 +222,18 @@ def groups_of(groups, group_indices, data, atom_fields: int = 1) -> list:
 
 
 def factor_member(static, indices, data, shifts, present, batch: int):
-    """One conformer's factor B = L^-1 T (Qp, npair), L L^T = M, of :func:`fitted_integrals`."""
+    """One conformer's factor B = L^-1 T (Qp, npair), L L^T = M, of :func:`fitted_integrals`.
+
+    The long-range operator's metric is only positive semi-definite (erf(ω r)/r cannot tell apart
+    fitting functions that differ only at short range: about 1e-15 of its largest eigenvalue for water
+    at 6-31G*), so it has no Cholesky factor. There, as PySCF's ``df.incore.cholesky_eri`` does when
+    Cholesky fails, M = U w U^T and B = w^-1/2 U^T T over the eigenvalues above
+    :data:`LONG_RANGE_LINEAR_DEPENDENCE`, the dropped directions' rows zero: B^T B = T^T M^+ T either way."""
     three, metric = fitted_integrals(static, indices, data, shifts, present, batch)
+    if static[-1]:  # long-range
+        w, u = jnp.linalg.eigh(metric)
+        kept = w > LONG_RANGE_LINEAR_DEPENDENCE
+        return (u * jnp.where(kept, jax.lax.rsqrt(jnp.where(kept, w, 1.0)), 0.0)).T @ three
     lower = jnp.linalg.cholesky(metric)
     return jax.scipy.linalg.solve_triangular(lower, three, lower=True)
 
@@ -236,10 +249,11 @@ def _factor_program(static, indices, data, shifts, present, batch: int, dtype: s
 factor_program = compiled(_factor_program, static_argnums=(0, 5, 6, 7), name="fitted_factor")
 
 
-def fitting_static(plan: FittingPlan) -> tuple:
-    """The compile-time part of ``plan`` (see :func:`factor_member`)."""
+def fitting_static(plan: FittingPlan, omega: float = 0.0) -> tuple:
+    """The compile-time part of ``plan`` (see :func:`factor_member`), for the operator of range
+    separation ``omega`` (0: Coulomb; else the long-range erf(ω r)/r, metric and 3-centre integrals alike)."""
     side = lambda groups: tuple((g.members, g.components) for g in groups)  # noqa: E731
-    return side(plan.orbital_groups), side(plan.fitting_groups), plan.naux, plan.npair
+    return side(plan.orbital_groups), side(plan.fitting_groups), plan.naux, plan.npair, float(omega)
 
 
 @lru_cache(maxsize=4)
@@ -248,13 +262,15 @@ def plan_indices(plan: FittingPlan) -> tuple:
     return on_device((tuple(g.index for g in plan.orbital_groups), tuple(g.index for g in plan.fitting_groups)))
 
 
-def fitted_factor(plan: FittingPlan, data, shifts, present, batch: int, dtype: str):
+def fitted_factor(plan: FittingPlan, data, shifts, present, batch: int, dtype: str, omega: float = 0.0):
     """The factors (C, Qp, npair) of a batch, in float64 and rounded to ``dtype``, from its pair data
     (the orbital classes', then the fitting ones'), differences ``shifts`` (C, natm, natm, 3) and fitting
-    functions ``present`` (C, Qp). Dispatched, not waited for."""
+    functions ``present`` (C, Qp), of the Coulomb operator or (``omega`` > 0) the long-range erf(ω r)/r.
+    Dispatched, not waited for."""
     # a conformer's three-centre integrals and its factor, in float64
     at_once = members_at_once(present.shape[0], 2 * 8 * plan.naux * plan.npair)
-    return factor_program(fitting_static(plan), plan_indices(plan), data, shifts, present, batch, dtype, at_once)
+    return factor_program(fitting_static(plan, omega), plan_indices(plan), data, shifts, present, batch, dtype,
+                          at_once)  # fmt: skip
 
 
 def fitting_kinds(plan: FittingPlan) -> tuple:

@@ -137,9 +137,9 @@ def range_separated(backend: JKBackend, functional: Functional, integrals) -> Ra
     """``backend`` wrapped for ``functional``'s long-range exchange; :class:`ConfigError` where the run's
     ``integrals`` (an integral source) cannot make the long-range integrals for it."""
     if not integrals.long_range(backend):
-        raise ConfigError(f"--xc {functional.name} (range-separated exchange) needs, for now, density fitting with "
-                          f"libcint's long-range factor: --jk df --integrals auto, on a CPU (got --jk {backend.name} "
-                          f"--integrals {integrals.name}{'' if integrals.name != 'jax' else ' with the device factor'})")  # fmt: skip
+        raise ConfigError(f"--xc {functional.name} (range-separated exchange) needs, for now, density fitting "
+                          f"with the JAX integrals: --jk df --integrals auto or jax (got --jk {backend.name} "
+                          f"--integrals {integrals.name})")  # fmt: skip
     return RangeSeparatedJK(backend, functional.hf_exchange, functional.long_range_exchange, functional.omega)
 
 
