@@ -2,12 +2,13 @@
 a plain PySCF loop over the very same conformers.
 
     python benchmarks/realistic.py [--molecules 16] [--conformers 8] [--rounds 2] [--growth 25,50,100]
+                                   [--xc wb97x --basis 6-31g*]
 
 Each round runs, in this order:
 
 - **cold**: ``qm1b generate`` over the first ``--molecules`` molecules of the built-in sample with
-  its default settings (B3LYP with VWN5/STO-3G, grid level 0, float32; ``--integrals`` overrides), in a new process
-  with an empty compilation cache and program directory;
+  its default settings (B3LYP with VWN5/STO-3G, grid level 0, float32; ``--integrals``, ``--xc`` and
+  ``--basis`` override), in a new process with an empty compilation cache and program directory;
 - **restarted**: the same command again in a new process, with the cache the cold run filled;
 - **PySCF**: ``dft.RKS(mol, xc)`` with ``grids.level = 0`` and its default convergence, float64,
   over the same conformers (embedded with the generator's seeds before the clock starts).
@@ -54,12 +55,13 @@ from qm1b.store import open_dataset  # noqa: E402
 
 
 
-def generate(out: Path, cache: Path, molecules: int, conformers: int, integrals: str | None,
+def generate(out: Path, cache: Path, molecules: int, conformers: int, options: list[str],
              resume: bool = False) -> tuple[float, float]:  # fmt: skip
-    """(whole-process seconds, the generator's own seconds) of one ``qm1b generate`` process."""
+    """(whole-process seconds, the generator's own seconds) of one ``qm1b generate`` process with
+    ``options`` beside its defaults."""
     command = [sys.executable, "-m", "qm1b.cli", "generate", "--out", str(out), "--limit", str(molecules),
                "--conformers", str(conformers), "--no-progress"] + (["--resume"] if resume else [])  # fmt: skip
-    command += ["--integrals", integrals] if integrals else []
+    command += options
     env = {**os.environ, "PYSCF_IPU_CACHE": str(cache)}
     t = time.perf_counter()
     done = subprocess.run(command, env=env, check=True, capture_output=True, text=True)
@@ -79,10 +81,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--growth", default="25,50,100", help="molecule counts for the program counts ('' skips)")
     parser.add_argument("--integrals", choices=("libcint", "jax", "auto"), help="our side's integrals (default: the generator's)")
+    parser.add_argument("--xc", help="both sides' functional (default: the generator's)")
+    parser.add_argument("--basis", help="both sides' basis (default: the generator's)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", UserWarning)
     work = Path(tempfile.mkdtemp(prefix="qm1b-realistic-"))
-    dft = RKSConfig(**{**GENERATOR_DFT_DEFAULTS, **({"integrals": args.integrals} if args.integrals else {})})
+    given = {k: v for k, v in (("integrals", args.integrals), ("xc", args.xc), ("basis", args.basis)) if v}
+    options = [part for k, v in given.items() for part in (f"--{k}", v)]
+    dft = RKSConfig(**{**GENERATOR_DFT_DEFAULTS, **given})
     chosen = builtin_sample()[: args.molecules]
     gen = GenerateConfig()
     conformers = [c for m in chosen for c in embed_conformers(m.smiles, args.conformers, gen.seed, m.molecule_id)]
@@ -101,7 +107,7 @@ def main() -> None:
         for window in ("cold", "restarted"):
             out = work / f"{window}-{r}"
             load = os.getloadavg()[0]
-            wall, own = generate(out, cache, args.molecules, args.conformers, args.integrals)
+            wall, own = generate(out, cache, args.molecules, args.conformers, options)
             rates.setdefault(f"{window} (process)", []).append(3600 * count / wall)
             rates.setdefault(f"{window} (imports subtracted)", []).append(3600 * count / own)
             print(f"  round {r}: {window:9s} {wall:6.1f} s process, {own:6.1f} s generator  (load {load:.1f})", flush=True)
@@ -129,7 +135,7 @@ def main() -> None:
         print("\nprogram growth (one conformer per molecule, resumed into one directory):")
         print(f"  {'molecules':>9s} {'buckets':>8s} {'stages':>7s} {'programs':>9s} {'bound':>6s}")
         for n in (int(x) for x in args.growth.split(",")):
-            generate(out, cache, n, 1, args.integrals, resume=out.exists())
+            generate(out, cache, n, 1, options, resume=out.exists())
             spanned = len({gen.source.bucket(m, method) for m in sample[:n]})
             stages = programs(cache)
             print(f"  {n:9d} {spanned:8d} {len(stages):7d} {sum(stages.values()):9d} {spanned * len(stages):6d}",

@@ -21,6 +21,7 @@ from pyscf import dft, gto
 
 from .buckets import SizeBucket, auxiliary_basis
 from .molecule import Molecule
+from .integrals.fitting import LONG_RANGE_LINEAR_DEPENDENCE
 from .packed import PackedERI
 from .programs import usable_cores
 from .pyscf_mole import build_mole
@@ -139,8 +140,20 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0, out: np.ndarra
         orbitals.omega, mol = omega, mol.copy()
         mol.omega = omega
     auxmol = df.addons.make_auxmol(mol, {symbol: auxiliary_basis(basis, symbol) for symbol in set(mol.elements)})
+    metric = auxmol.intor("int2c2e", hermi=1)  # (naux, naux)
+    if omega:  # only positive semi-definite: its eigenvectors, as PySCF's cholesky_eri falls back to
+        w, v = scipy.linalg.eigh(metric)
+        kept = w > LONG_RANGE_LINEAR_DEPENDENCE
+        low = np.ascontiguousarray((v[:, kept] / np.sqrt(w[kept])).T)  # (kept, naux)
+        ints = df.incore.aux_e2(orbitals, auxmol, "int3c2e", aosym="s2ij")  # (npair, naux)
+        with threadpool_limits(usable_cores(), user_api="blas"):
+            factor = low @ ints.T
+        if out is None:
+            return factor
+        out[: len(factor)] = factor
+        return out[: len(factor)]
     try:
-        metric = scipy.linalg.cholesky(auxmol.intor("int2c2e", hermi=1), lower=True)  # (naux, naux) L
+        metric = scipy.linalg.cholesky(metric, lower=True)  # (naux, naux) L
     except scipy.linalg.LinAlgError:
         factor = df.incore.cholesky_eri(orbitals, auxmol=auxmol)
         if out is None:

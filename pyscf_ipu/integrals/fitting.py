@@ -33,7 +33,8 @@ from ..padding import padded_size
 
 # The companion's coefficient: libcint's s functions carry 1/sqrt(4 pi), so this makes it exactly 1.
 COMPANION_COEFFICIENT = math.sqrt(4.0 * math.pi)
-# A long-range metric's eigenvalues at or below this are dropped, as PySCF's df.incore.LINEAR_DEP_THR
+# A long-range metric's eigenvalues at or below this are dropped (on the device and by the host's
+# pyscf_ipu.prepare.fitted_eri), as PySCF's df.incore.LINEAR_DEP_THR
 LONG_RANGE_LINEAR_DEPENDENCE = 1e-7
 
 
