@@ -45,7 +45,10 @@ EXIT_LABELS_OFF = 6  # qm1b validate: a sampled label is further from PySCF than
 RESUME = "; what was committed is kept: run again with --resume once that is fixed"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(preset: str | None = None) -> argparse.ArgumentParser:
+    """The command line; ``preset`` (a name of :data:`~qm1b.presets.PRESETS`) makes its DFT settings the
+    defaults of ``generate``'s and ``warm``'s options."""
+    from .presets import preset_settings
     from .settings import GENERATOR_DFT_DEFAULTS, GenerateConfig
     from .validate import TOLERANCE_MEV
 
@@ -53,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="SMILES -> conformers -> DFT labels -> HDF5 shards")
     add_config_arguments(gen.add_argument_group("generation"), GenerateConfig)
-    add_config_arguments(gen.add_argument_group("DFT settings"), RKSConfig, GENERATOR_DFT_DEFAULTS)
+    defaults = {**GENERATOR_DFT_DEFAULTS, **preset_settings(preset)}
+    add_config_arguments(gen.add_argument_group("DFT settings"), RKSConfig, defaults)
     warm = commands.add_parser("warm", help="build the programs a generate run with the same options will need, "
                                "before it starts; or install them from an archive")  # fmt: skip
     shipping = warm.add_argument_group("shipping").add_mutually_exclusive_group()
@@ -62,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     shipping.add_argument("--unpack", metavar="FILE", help="install the programs of FILE into this machine's cache "
                           "($PYSCF_IPU_CACHE), if it was built for this package, jax and device; builds nothing")  # fmt: skip
     add_config_arguments(warm.add_argument_group("generation"), GenerateConfig)
-    add_config_arguments(warm.add_argument_group("DFT settings"), RKSConfig, GENERATOR_DFT_DEFAULTS)
+    add_config_arguments(warm.add_argument_group("DFT settings"), RKSConfig, defaults)
     info = commands.add_parser("info", help="counts, failures, convergence, throughput, label statistics")
     info.add_argument("directory")
     info.add_argument("--json", action="store_true")
@@ -88,6 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("directory")
     plot.add_argument("--png", metavar="FILE", help="default: DIR/dataset.png")
     return parser
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    """``argv`` parsed; where it names a ``--preset``, parsed again with the preset's settings as the
+    DFT options' defaults, so that an option given beside it wins."""
+    args = build_parser().parse_args(argv)
+    if getattr(args, "preset", None) is not None:
+        args = build_parser(args.preset).parse_args(argv)
+    return args
 
 
 def _run_settings(args):
@@ -245,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"generate": _generate, "warm": _warm, "info": _info, "export": _export, "validate": _validate,
                 "plot": _plot}
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_arguments(argv)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             return handlers[args.command](args)

@@ -18,6 +18,7 @@ from pyscf_ipu.programs import MATMUL_PRECISION, device_description
 
 from .conformers import ConformerSource, EmbeddedConformers, FileConformers
 from .inputs import Input, parse_range, parse_shard
+from .presets import PRESETS
 
 EXECUTORS = ("local", "ray")
 # The generator's own DFT defaults where they differ from a single point's:
@@ -45,6 +46,10 @@ class GenerateConfig:
                                     "qm9pack's CSV, or a directory of XYZ and SDF files; no RDKit needed",
                                     metavar="FILE")  # fmt: skip
     out: str = option("data/generated", "output directory (one HDF5 file per shard)", metavar="DIR")
+    preset: str | None = option(None, "a dataset's level of theory, whose functional, basis, grid, dispersion and "
+                                "precision become those options' defaults (any of them given beside it wins): "
+                                + "; ".join(f"{p.name}: {p.source}" for p in PRESETS.values()),
+                                choices=tuple(PRESETS))  # fmt: skip
     conformers: int = option(8, "RDKit ETKDG conformers per molecule (SMILES input)")
     seed: int = option(1, "seed; each molecule's conformer seed is derived from it (never 0; SMILES input)")
     batch_size: int | None = option(None, "conformers per vmapped DFT batch; auto (the default): 8 on a CPU (1 "
@@ -186,6 +191,7 @@ class Run:
             "heavy_atoms": gen.heavy_atoms,
             # only where relaxed: the settings of datasets made without are unchanged
             **({"relax": "dft", "max_steps": gen.max_steps, "trajectory": gen.trajectory} if gen.relaxes else {}),
+            **({"preset": gen.preset} if gen.preset is not None else {}),  # likewise, only where one was named
         }
 
 

@@ -82,6 +82,7 @@ GENERATE_OPTIONS = {
     "--min-converged": ["0.5", "2", "-1"],
     "--forces": [None],
     "--executor": ["local", "mpi"],
+    "--preset": ["qm1b", "ani1x", "qm9", "spice"],
     "--task-molecules": ["0", "4"],
     "--task-threads": ["0", "1"],
 }
