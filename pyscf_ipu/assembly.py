@@ -34,7 +34,7 @@ from .integrals.one_electron import OneElectronLayout, layout_of, one_electron_m
 from .molecule import Molecule
 from .packed import FittedFactor, RangeSeparatedERIs
 from .programs import compiled, on_device
-from .templates import BucketTemplate, ElementTables, SlotRows
+from .templates import BucketTemplate, ElementTables, SlotRows, long_range_one_centre_table
 
 if TYPE_CHECKING:
     from .prepare import PreparedProblem
@@ -245,6 +245,19 @@ def device_eris(template: BucketTemplate, coords: np.ndarray, values: ShellValue
     gathered (``assembled`` is not read)."""
     with jax.enable_x64(True):  # the shells and one-centre values arrive in float64
         return eri_s8(template.plan, coords, dtype, values=values)
+
+
+def device_range_separated_eris(template: BucketTemplate, coords: np.ndarray, values: ShellValues, assembled: dict,
+                                dtype, elements: np.ndarray, omega: float) -> RangeSeparatedERIs:  # fmt: skip
+    """:func:`device_eris` of a range-separated functional: the Coulomb ERIs and those of erf(ω r)/r,
+    from the same shells, the long-range one-centre constants gathered on the host for the slots'
+    element rows ``elements`` (C, natm) as the assembly program gathers the Coulomb ones."""
+    rows = template.one_centre_rows
+    one_centre = long_range_one_centre_table(template, omega)[np.asarray(elements)[:, rows.slot], rows.local]  # (C, M)
+    long_range = values._replace(one_centre=one_centre)
+    with jax.enable_x64(True):  # the shells and one-centre values arrive in float64
+        return RangeSeparatedERIs(eri_s8(template.plan, coords, dtype, values=values),
+                                  eri_s8(template.plan, coords, dtype, values=long_range, omega=omega))  # fmt: skip
 
 
 def device_factor(template: BucketTemplate, coords: np.ndarray, values: ShellValues, assembled: dict, dtype,

@@ -20,7 +20,8 @@ from functools import lru_cache, partial
 import jax
 import numpy as np
 
-from .assembly import BatchIntegrals, BatchMember, assemble_integrals, device_eris, device_factor, template_layout
+from .assembly import (BatchIntegrals, BatchMember, assemble_integrals, device_eris, device_factor,
+                       device_range_separated_eris, template_layout)
 from .buckets import SizeBucket
 from .molecule import Molecule
 from .packed import FittedFactor, RangeSeparatedERIs, batch_eris, s8_size, tril_unpack
@@ -288,6 +289,9 @@ class JaxIntegrals:
             two_electron = self.factor.factor(molecules, placed, bucket, method)
         else:
             two_electron = partial(device_eris, dtype=self.eri_dtype(method).name)
+            if method.functional.range_separated:  # and the long-range ERIs
+                two_electron = partial(device_range_separated_eris, dtype=self.eri_dtype(method).name,
+                                       elements=elements, omega=method.functional.omega)  # fmt: skip
         integrals = assemble_integrals(bucket_template(bucket), elements, coords, occupied, present, method.dtype, grid,
                                        two_electron)  # fmt: skip
         members = [BatchMember(m, m.nelectron // 2, aos, points) for m, (_, _, aos, points) in zip(molecules, placed)]
@@ -303,9 +307,10 @@ class JaxIntegrals:
     eris_on_device: bool = True
 
     def long_range(self, backend) -> bool:
-        """Whether it makes the long-range integrals of a range-separated functional for ``backend``:
-        density fitted (its buckets follow the occupied orbitals), where the factor source can."""
-        return bool(backend.occupied_step) and self.factor.long_range
+        """Whether it makes the long-range integrals of a range-separated functional for ``backend``: the
+        exact ERIs always, a density-fitted factor (its buckets follow the occupied orbitals) where its
+        source can."""
+        return self.factor.long_range if backend.occupied_step else True
 
     def eri_plan(self, basis, elements):
         return eri_plan(basis, tuple(elements))

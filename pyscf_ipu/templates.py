@@ -111,6 +111,21 @@ def element_data(basis: str, symbol: str) -> ElementData:
 
 
 @lru_cache(maxsize=None)
+def long_range_one_centre(basis: str, symbol: str, omega: float) -> np.ndarray:
+    """(M_e,) ``symbol``'s one-centre ERIs of the long-range erf(ω r)/r in ``basis``, in the order of
+    its :attr:`ElementData.one_centre_eris` (cached)."""
+    return one_centre_eris(placeholder_mole(basis, (symbol,)), omega)[1]
+
+
+def long_range_one_centre_table(template: BucketTemplate, omega: float) -> np.ndarray:
+    """(E, Lo): the bucket's elements' long-range one-centre ERIs (:func:`long_range_one_centre`), as
+    its element tables hold the Coulomb ones (row 0: absent slots, zeros)."""
+    basis = template.bucket.basis
+    rows = [None] + [long_range_one_centre(basis, s, omega) for s in template.bucket.elements[1:]]
+    return _stacked(rows, (_width(template.one_centre_rows),), 0.0)
+
+
+@lru_cache(maxsize=None)
 def fitting_data(basis: str, symbol: str) -> FittingData:
     """:class:`FittingData` of ``symbol``'s fitting functions for the orbital ``basis`` (cached)."""
     mol = auxiliary_mole(basis, symbol)

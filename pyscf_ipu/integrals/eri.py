@@ -47,7 +47,7 @@ def plan_values(plan: EriPlan, conformers: int) -> ShellValues:
 
 
 def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
-           values: ShellValues | None = None, share: tuple | None = None) -> jax.Array:  # fmt: skip
+           values: ShellValues | None = None, share: tuple | None = None, omega: float | None = None) -> jax.Array:  # fmt: skip
     """The ERIs packed as PySCF's s8, (C, size), of C conformers at atom positions ``coords``
     (C, natm, 3) in Bohr, computed as one batch under ``plan``; positions beyond the plan's atoms are
     ignored. ``values`` (default: the plan's own) are each conformer's shells and one-centre
@@ -66,13 +66,14 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
     share's tables from :func:`eri_shares` (default: every quartet in one share), then computes only
     that share's quartets (zeros elsewhere), so that n threads can each differentiate one; passed in
     as an argument of the caller's program, not a constant, it lets the n shares, all of one shape,
-    run one compiled program.
+    run one compiled program. ``omega`` (default: the plan's) is the operator's range separation: 0
+    for 1/r, else the long-range erf(ω r)/r, whose one-centre integrals ``values`` must then hold.
     """
     if coords.ndim != 3 or coords.shape[-1] != 3 or not plan.natm <= coords.shape[-2] <= plan.padded_natm:
         raise ValueError(f"coords has shape {coords.shape}: expected (conformers, {plan.natm}, 3)")
     values = plan_values(plan, coords.shape[0]) if values is None else values
     dtype = jnp.dtype(dtype)
-    static = static_tables(plan)
+    static = static_tables(plan, omega)
     extra_atoms = [(0, 0), (0, plan.padded_natm - coords.shape[1]), (0, 0)]  # own no shell
     exponents, coefficients, one_centre, present = at_counts(values, computed_counts(plan))
     at_once = members_at_once(coords.shape[0], quartet_member_bytes(static, plan.pairs, dtype.itemsize))
@@ -222,12 +223,12 @@ def _parts(plan: EriPlan, workers: int) -> tuple[Share, ...]:
                        dealt_to(np.arange(total), k, total)) for k, share in enumerate(shares))  # fmt: skip
 
 
-def static_tables(plan: EriPlan):
+def static_tables(plan: EriPlan, omega: float | None = None):
     """The plan's compile-time part: each pair class's (l_a, l_b, K_a, K_b), each quartet class's
     (bra, ket), the s8 array's padded length, how many chunks the map computes at once
-    (:func:`chunk_batch`) and the operator's range separation ω (0: Coulomb)."""
+    (:func:`chunk_batch`) and the operator's range separation ω (0: Coulomb; default: the plan's)."""
     return (tuple((c.la, c.lb, c.ka, c.kb) for c in plan.pairs), tuple((q.bra, q.ket) for q in plan.quartets),
-            plan.padded_size, chunk_batch(), plan.omega)  # fmt: skip
+            plan.padded_size, chunk_batch(), float(plan.omega if omega is None else omega))  # fmt: skip
 
 
 @lru_cache(maxsize=4)  # a 6-31G* plan's destinations alone are hundreds of MB

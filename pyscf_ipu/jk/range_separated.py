@@ -91,8 +91,9 @@ class RangeSeparatedJK:
         return self.inner.keeps_final_eris(method)
 
     def final_contraction(self, method: Method) -> RangeSeparatedContraction:
-        return RangeSeparatedContraction(self.inner.final_contraction(method), self.coulomb_exchange,
-                                         self.long_range_exchange)  # fmt: skip
+        """The wrapped backend's own, run over both operators (it sees itself as the run's backend)."""
+        return RangeSeparatedContraction(self.inner.final_contraction(replace(method, backend=self.inner)),
+                                         self.coulomb_exchange, self.long_range_exchange)  # fmt: skip
 
     def pyscf_counterpart(self, mf, basis: str):
         """``mf`` as the wrapped backend computes it: PySCF's own range separation comes with its ``xc``."""
@@ -137,9 +138,8 @@ def range_separated(backend: JKBackend, functional: Functional, integrals) -> Ra
     """``backend`` wrapped for ``functional``'s long-range exchange; :class:`ConfigError` where the run's
     ``integrals`` (an integral source) cannot make the long-range integrals for it."""
     if not integrals.long_range(backend):
-        raise ConfigError(f"--xc {functional.name} (range-separated exchange) needs, for now, density fitting "
-                          f"with the JAX integrals: --jk df --integrals auto or jax (got --jk {backend.name} "
-                          f"--integrals {integrals.name})")  # fmt: skip
+        raise ConfigError(f"--xc {functional.name} (range-separated exchange) needs, for now, the JAX integrals: "
+                          f"--integrals auto or jax (got --jk {backend.name} --integrals {integrals.name})")  # fmt: skip
     return RangeSeparatedJK(backend, functional.hf_exchange, functional.long_range_exchange, functional.omega)
 
 
