@@ -35,11 +35,12 @@ from .templates import bucket_template, element_data, element_grid
 
 
 @lru_cache(maxsize=64)
-def eri_plan(basis: str, elements: tuple[str, ...]):
-    """The ERI plan of ``basis`` on these atoms in this order (it does not depend on the geometry)."""
+def eri_plan(basis: str, elements: tuple[str, ...], omega: float = 0.0):
+    """The ERI plan of ``basis`` on these atoms in this order (it does not depend on the geometry), of
+    the Coulomb operator or (``omega`` > 0) the long-range erf(ω r)/r."""
     from .integrals.eri_plan import plan_eri
 
-    return plan_eri(placeholder_mole(basis, elements))
+    return plan_eri(placeholder_mole(basis, elements), omega=omega)
 
 
 def host_batch(hosts: list[PreparedProblem], dtype, shapes: tuple[int, int]) -> BatchIntegrals:

@@ -75,9 +75,12 @@ class Method:
     def check_forces(self) -> Method:
         """``self``, where nuclear gradients of its energy can be computed; :class:`ConfigError` before any
         work where not (a range-separated functional's are not available yet)."""
-        if self.functional.range_separated:
-            raise ConfigError(f"forces of --xc {self.functional.name} (range-separated exchange) are not available "
-                              "yet: drop --forces and --relax dft, or choose b3lyp, pbe or hf")  # fmt: skip
+        differentiable = self.backend.long_range_forces and self.integrals.gradients == "host"
+        if self.functional.range_separated and not differentiable:
+            raise ConfigError(f"forces of --xc {self.functional.name} (range-separated exchange) are available with "
+                              "the exact ERIs and the host's gradients only for now (--jk ipu, dense or s8, "
+                              "--integrals auto on a CPU): drop --forces and --relax dft, or choose another "
+                              "functional")  # fmt: skip
         return self
 
     @property

@@ -63,6 +63,12 @@ class JKBackend(Protocol):
     def two_electron_gradient(self, mol, config: RKSConfig, occupied: np.ndarray, exchange: float) -> np.ndarray:
         """(natm, 3) the derivative of the two-electron energy the backend computes."""
 
+    long_range_forces: bool  # whether it differentiates a range-separated functional's long-range exchange
+
+    def long_range_exchange_gradient(self, mol, config: RKSConfig, occupied: np.ndarray, exchange: float,
+                                     omega: float) -> np.ndarray:  # fmt: skip
+        """(natm, 3) the derivative of ``exchange`` times the exchange energy of erf(ω r)/r."""
+
 
 class IntegralSource(Protocol):
     """Where a batch's integrals and grid come from: one object per source, chosen by name

@@ -38,32 +38,35 @@ from .prepare import screened
 from .programs import usable_cores
 
 
-def two_electron_coefficients(dm: np.ndarray, exchange: float) -> np.ndarray:
-    """(size,) float64: d E_2e / d (u) for every s8-packed ERI u, at the density ``dm`` (N, N)."""
+def two_electron_coefficients(dm: np.ndarray, exchange: float, coulomb: float = 1.0) -> np.ndarray:
+    """(size,) float64: d E_2e / d (u) for every s8-packed ERI u, at the density ``dm`` (N, N), of the
+    energy ``coulomb`` E_J + ``exchange`` E_K (the long range's exchange alone: ``coulomb`` 0)."""
     npair = dm.shape[0] * (dm.shape[0] + 1) // 2
     ij, kl = tril_unpack(np.arange(npair * (npair + 1) // 2))  # packed quartet u -> (ij, kl), ij >= kl
     (p, q), (r, s) = tril_unpack(ij), tril_unpack(kl)
     multiplicity = 8.0 * degeneracy_weights(np.stack([p, q, r, s], axis=1))  # distinct permutations of u
-    coulomb = 0.5 * dm[p, q] * dm[r, s]
+    hartree = 0.5 * coulomb * dm[p, q] * dm[r, s]
     exact = 0.125 * exchange * (dm[p, r] * dm[q, s] + dm[p, s] * dm[q, r])
-    return multiplicity * (coulomb - exact)
+    return multiplicity * (hartree - exact)
 
 
-def exact_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange: float, dtype: str = "float64"
-                                ) -> np.ndarray:  # fmt: skip
-    """(natm, 3) the exact-ERI two-electron energy's derivative at the density of ``occupied`` (N, nocc):
+def exact_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange: float, dtype: str = "float64",
+                                omega: float = 0.0) -> np.ndarray:  # fmt: skip
+    """(natm, 3) the exact-ERI two-electron energy's derivative at the density of ``occupied`` (N, nocc)
+    (``omega`` > 0: of the long-range erf(ω r)/r's exchange energy alone, ``exchange`` E_K^ω):
     ``jax.grad`` of the s8 ERIs' dot product with :func:`two_electron_coefficients`, computed in
     ``dtype`` (the SCF's precision: in float32 within a few 1e-6 Hartree/Bohr of float64, at half the
     time), the quartets shared out over one thread per core, each differentiating its share with the
     one program that serves them all (compiled here first, so that the threads do not each compile it)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    plan = eri_plan(basis, tuple(mol.elements))
+    plan = eri_plan(basis, tuple(mol.elements), omega)
     workers = min(usable_cores(), 8)
     device_tables(plan, workers)  # before any trace: the caches may have let this plan's tables go
     shares = eri_shares(plan, workers)
     with jax.enable_x64(True):
-        coefficients = jnp.asarray(two_electron_coefficients(2.0 * occupied @ occupied.T, exchange), dtype)
+        dm = 2.0 * occupied @ occupied.T
+        coefficients = jnp.asarray(two_electron_coefficients(dm, exchange, 0.0 if omega else 1.0), dtype)
         coords = jnp.asarray(mol.atom_coords(), dtype)
         gradient = _share_gradient(plan, jnp.dtype(dtype).name, coefficients.shape, coords.shape, workers)
 

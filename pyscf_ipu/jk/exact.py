@@ -79,6 +79,13 @@ class ExactERIs:
         """(natm, 3) the exact two-electron energy's derivative at the orbitals ``occupied`` (N, nocc)."""
         return exact_two_electron_gradient(mol, config.basis, occupied, exchange, config.precision)
 
+    long_range_forces: ClassVar[bool] = True  # :meth:`long_range_exchange_gradient` is available
+
+    def long_range_exchange_gradient(self, mol, config: RKSConfig, occupied: np.ndarray, exchange: float,
+                                     omega: float) -> np.ndarray:  # fmt: skip
+        """(natm, 3) the derivative of ``exchange`` E_K^ω, the exchange energy of erf(ω r)/r (no Coulomb part)."""
+        return exact_two_electron_gradient(mol, config.basis, occupied, exchange, config.precision, omega)
+
 
 @dataclass(frozen=True)
 class DenseJK(ExactERIs):

@@ -93,6 +93,8 @@ class FittedJK:
         """(natm, 3) the fitted two-electron energy's derivative at the orbitals ``occupied`` (N, nocc)."""
         return fitted_two_electron_gradient(mol, config.basis, occupied, exchange, config.eri_expcutoff)
 
+    long_range_forces: ClassVar[bool] = False  # the long-range metric's pseudo-inverse has no gradient here yet
+
     def prepare(self, eris: FittedFactor, nao_padded, dtype):
         return FittedArrays(_unpacked_factors(eris.packed, nao_padded), eris.packed, eris.exact,
                             _pairs(nao_padded, len(eris.packed)), eris.rank)  # fmt: skip

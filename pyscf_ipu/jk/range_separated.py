@@ -99,8 +99,19 @@ class RangeSeparatedJK:
         """``mf`` as the wrapped backend computes it: PySCF's own range separation comes with its ``xc``."""
         return self.inner.pyscf_counterpart(mf, basis)
 
+    @property
+    def long_range_forces(self) -> bool:
+        """Whether the wrapped backend differentiates the long-range exchange (the exact ERIs do)."""
+        return self.inner.long_range_forces
+
     def two_electron_gradient(self, mol, config, occupied, exchange):
-        raise ConfigError("forces of a range-separated functional are not available yet")
+        """(natm, 3) the derivative of E_J + a E_K + b E_K^ω: the wrapped backend's at a, and its long-range
+        exchange's at b (``exchange``, the functional's factor 1, is not read)."""
+        if not self.long_range_forces:
+            raise ConfigError(f"forces of a range-separated functional with --jk {self.name} are not available yet")
+        coulomb = self.inner.two_electron_gradient(mol, config, occupied, self.coulomb_exchange)
+        return coulomb + self.inner.long_range_exchange_gradient(mol, config, occupied, self.long_range_exchange,
+                                                                 self.omega)  # fmt: skip
 
 
 @dataclass(frozen=True)
