@@ -101,7 +101,7 @@ def fitted_gradient_member(plan: FittedGradientPlan, shells, coords, present, fi
     there, ``fitting_present`` (Qp,) the fitting functions there; ``dm`` (N, N) and its ``occupied``
     orbitals (N, O); ``exchange``: a_x."""
     static, kinds, structure, indices, batch = plan
-    orbital_groups, fitting_groups, naux, npair = static
+    orbital_groups, fitting_groups, naux, npair, _ = static  # the Coulomb operator's (fitting_static)
     orbital_kinds, fitting_kinds = kinds
     difference = coords[:, None, :] - coords[None, :, :]  # (natm, natm, 3)
     orbital = pair_stage(orbital_kinds, structure[0], shells[0], difference, present, coords.dtype)
