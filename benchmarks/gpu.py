@@ -34,6 +34,9 @@ Phases, in this order, each skipped (and said so) where the time left cannot hol
 - ``def2svp``: cold, then restarted, for a molecule of 20-30 atoms at def2-SVP with density
   fitting, on the device's own integrals (``--integrals jax``: the path a GPU takes by default,
   forced where the device is a CPU).
+- ``ani1x``: cold, then restarted, ANI-1x's level (``--preset ani1x``: ωB97X/6-31G(d), density
+  fitted, grid level 3) over 8 of the sample's molecules, 16 conformers each, on the device's own
+  integrals; with ``labels``, its rate and labels against PySCF's density-fitted ωB97X on a sample.
 - ``jk``: the STO-3G run again with each other J-K backend that suits STO-3G (cold, then restarted),
   its rate beside the default's and its labels against the same PySCF sample: which backend should
   be a device's default.
@@ -79,7 +82,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 LABELS = ("energy", "homo", "lumo", "y")
-PHASES = ("sto3g", "programs", "pyscf", "labels", "variants", "d3bj", "def2svp", "jk", "forces", "relax", "gpu4pyscf")
+PHASES = ("sto3g", "programs", "pyscf", "labels", "variants", "d3bj", "def2svp", "ani1x", "jk", "forces", "relax",
+          "gpu4pyscf")
 # def2-SVP: a molecule of 20 to 30 atoms, aspirin (21 atoms, 13 heavy); each more costs a compile
 DEF2SVP_SMILES = ["CC(=O)Oc1ccccc1C(=O)O"]
 # settings of the JAX integrals to choose between on a device (benchmarks/program_times.py's options)
@@ -94,10 +98,12 @@ OTHER_JK = ("dense",)  # the J-K backends besides the default that suit STO-3G (
 # larger than the host's cores costs one conformer's time)
 SIZES = {"full": {"phases": PHASES, "molecules": 64, "conformers": 64, "sample": 128, "def2svp": 32,
                   "def2svp_sample": 8, "forces": 16, "relax_molecules": 32, "relax_conformers": 2, "relax_sample": 16,
-                  "relax_steps": 100, "gpu4pyscf_sample": 4, "variant_molecules": 8},
+                  "relax_steps": 100, "gpu4pyscf_sample": 4, "variant_molecules": 8, "ani1x_molecules": 8,
+                  "ani1x": 16, "ani1x_sample": 8},
          "tiny": {"phases": ("sto3g", "programs", "pyscf", "labels"), "molecules": 2, "conformers": 2, "sample": 4, "def2svp": 0,
                   "def2svp_sample": 0, "forces": 2, "relax_molecules": 1, "relax_conformers": 2, "relax_sample": 1,
-                  "relax_steps": 2, "gpu4pyscf_sample": 1, "variant_molecules": 1}}  # fmt: skip
+                  "relax_steps": 2, "gpu4pyscf_sample": 1, "variant_molecules": 1, "ani1x_molecules": 1, "ani1x": 1,
+                  "ani1x_sample": 1}}  # fmt: skip
 
 
 class Budget:
@@ -222,15 +228,15 @@ def describe(name: str, run: Run) -> list[str]:
 
 def pyscf_one(task: tuple) -> dict:
     """One conformer by PySCF (RKS at the run's settings, its default convergence), labels in eV."""
-    numbers, positions, basis, fitted, dispersion = task
+    numbers, positions, basis, fitted, dispersion, xc, grid_level = task
     from pyscf import dft, gto
 
     from pyscf_ipu.units import HARTREE_TO_EV
 
     start = time.perf_counter()
     mol = gto.M(atom=[(int(z), tuple(p)) for z, p in zip(numbers, positions)], unit="Bohr", basis=basis, verbose=0)
-    mf = dft.RKS(mol, xc="b3lyp5")
-    mf.grids.level = 0
+    mf = dft.RKS(mol, xc=xc)
+    mf.grids.level = grid_level
     if fitted:
         mf = mf.density_fit()
     if dispersion != "none":
@@ -253,17 +259,19 @@ def conformers_of(directory: Path) -> list[dict]:
 
 
 def pyscf_on_every_core(records: list[dict], basis: str, fitted: bool, timeout: float, relax: bool = False,
-                        dispersion: str = "none") -> tuple[list[dict], float] | None:  # fmt: skip
+                        dispersion: str = "none", xc: str = "b3lyp5", grid_level: int = 0
+                        ) -> tuple[list[dict], float] | None:  # fmt: skip
     """PySCF over ``records``, one single-threaded process per host core: (labels, wall seconds), or
     None past ``timeout`` (the workers are then terminated); with ``relax``, each relaxed by geomeTRIC
-    instead (converged, steps, seconds); with ``dispersion``, PySCF's ``mf.disp``."""
+    instead (converged, steps, seconds); with ``dispersion``, PySCF's ``mf.disp``; ``xc`` and
+    ``grid_level`` PySCF's (relaxations: B3LYP5 at level 0)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
     os.environ.update(dict.fromkeys(saved, "1"))  # the workers inherit it before they import numpy
     pool = get_context("spawn").Pool(min(cores, len(records)))
     try:
         start = time.perf_counter()
-        tasks = [(r["z"], r["pos"], basis, fitted, dispersion) for r in records]
+        tasks = [(r["z"], r["pos"], basis, fitted, dispersion, xc, grid_level) for r in records]
         work = pool.map_async(pyscf_relax_one if relax else pyscf_one, tasks, chunksize=1)
         labels = work.get(timeout=max(1.0, timeout))
         return labels, time.perf_counter() - start
@@ -414,6 +422,22 @@ def run_phases(phases: set[str], size: dict, work: Path, budget: Budget, results
             if done is not None:
                 results["labels_def2svp_mev"] = compare(records, done[0], "def2-SVP labels, ours - PySCF's density "
                                                         "fitting")  # fmt: skip
+
+    if "ani1x" in phases:  # ANI-1x's level, ωB97X/6-31G(d) density fitted: the range-separated exchange
+        smiles = write_smiles(work / "ani1x.smi", sample[: size["ani1x_molecules"]])
+        extra = ["--conformers", str(size["ani1x"]), "--preset", "ani1x", "--integrals", "jax"]
+        cold_then_restarted(Phase("ani1x", "ωB97X/6-31G(d)", 60, 40), smiles, extra, work, budget, results)
+        if "labels" in phases and results.get("ani1x_restarted", {}).get("summary") and budget.left > 60:
+            records = spread(conformers_of(work / "ani1x-restarted"), size["ani1x_sample"])
+            done = pyscf_on_every_core(records, "6-31g*", True, budget.left - 10, xc="wb97x", grid_level=3)
+            if done is not None:
+                rate = 3600 * len(records) / done[1]
+                ours = results["ani1x_restarted"]["summary"]["conformers_per_hour"]
+                results["pyscf_ani1x"] = {"conformers_per_hour": rate, "seconds": done[1], "count": len(records)}
+                print(f"PySCF ωB97X/6-31G(d) density fitted, one process per host core: {rate:,.0f} conformers per "
+                      f"hour; ours restarted {ours / rate:.2f}x that", flush=True)  # fmt: skip
+                results["labels_ani1x_mev"] = compare(records, done[0], "ωB97X labels, ours - PySCF's density "
+                                                      "fitting")  # fmt: skip
 
     if "jk" in phases and results.get("sto3g_restarted", {}).get("summary"):
         default = results["sto3g_restarted"]["summary"]["conformers_per_hour"]
