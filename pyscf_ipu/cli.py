@@ -199,7 +199,9 @@ def run_command(args: argparse.Namespace) -> int:
         if args.fixed_grid and not args.forces:
             raise ValueError("--fixed-grid describes the forces: add --forces")
         if (args.profile or args.profile_plot) and not method.backend.profiles:
-            raise ValueError(f"--profile and --profile-plot describe the ipu backend; this run uses --jk {config.jk}")
+            two = f" over two operators (--xc {config.xc})" if method.functional.range_separated else ""
+            raise ValueError("--profile and --profile-plot describe the ipu backend's tiles for one operator; this "
+                             f"run uses --jk {config.jk}{two}")
         if args.memory_budget is not None and args.memory_budget <= 0:
             raise ValueError(f"--memory-budget is in GB and must be positive, got {args.memory_budget}")
         check_memory(molecule, method, args.memory_budget or default_budget())

@@ -238,7 +238,8 @@ def final_density(functional: Functional, contraction: FinalContraction, refinem
     if p.coulomb is None or p.exchange is None:
         return out
     terms, mo_energy, mo_coeff = labels(dm, final.hcore, p, final.orthogonaliser, dropped_shift(final),
-                                        functional.exchange_factor, final.nuclear_repulsion, jnp.linalg.eigh)  # fmt: skip
+                                        functional.exchange_factor, final.nuclear_repulsion,
+                                        jnp.linalg.eigh)  # fmt: skip
     return replace(out, energy_terms=terms, mo_energy=mo_energy, mo_coeff=mo_coeff, orbitals=jnp.sum(final.kept))
 
 

@@ -129,7 +129,9 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0, out: np.ndarra
     returned, and no copy is needed; its other rows are left as they are. A metric that is not
     positive definite goes to PySCF's function, which drops its near-null directions (fewer rows).
     ``omega`` > 0 fits the long-range operator erf(ω r)/r instead, its metric and 3-centre integrals
-    both attenuated (as PySCF's ``DF.range_coulomb``). ``mol`` itself is left unchanged.
+    both attenuated (as PySCF's ``DF.range_coulomb``); its metric is often only semi-definite, and then
+    (as PySCF does) its eigenvectors above :data:`~pyscf_ipu.integrals.fitting.LONG_RANGE_LINEAR_DEPENDENCE`
+    make the factor, B = w^-1/2 U^T T, with fewer rows. ``mol`` itself is left unchanged.
     """
     import scipy.linalg
     from pyscf import df
@@ -141,7 +143,11 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0, out: np.ndarra
         mol.omega = omega
     auxmol = df.addons.make_auxmol(mol, {symbol: auxiliary_basis(basis, symbol) for symbol in set(mol.elements)})
     metric = auxmol.intor("int2c2e", hermi=1)  # (naux, naux)
-    if omega:  # only positive semi-definite: its eigenvectors, as PySCF's cholesky_eri falls back to
+    try:
+        lower = scipy.linalg.cholesky(metric, lower=True)  # (naux, naux) L
+    except scipy.linalg.LinAlgError:
+        lower = None
+    if omega and lower is None:  # semi-definite (long range): its eigenvectors, as PySCF's cholesky_eri falls back to
         w, v = scipy.linalg.eigh(metric)
         kept = w > LONG_RANGE_LINEAR_DEPENDENCE
         low = np.ascontiguousarray((v[:, kept] / np.sqrt(w[kept])).T)  # (kept, naux)
@@ -152,9 +158,7 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0, out: np.ndarra
             return factor
         out[: len(factor)] = factor
         return out[: len(factor)]
-    try:
-        metric = scipy.linalg.cholesky(metric, lower=True)  # (naux, naux) L
-    except scipy.linalg.LinAlgError:
+    if lower is None:
         factor = df.incore.cholesky_eri(orbitals, auxmol=auxmol)
         if out is None:
             return factor
@@ -162,10 +166,10 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0, out: np.ndarra
         return out[: len(factor)]
     # (npair, naux) in Fortran order: the memory of ``out``'s leading naux rows
     ints = df.incore.aux_e2(orbitals, auxmol, "int3c2e", aosym="s2ij", out=out)
-    trsm = scipy.linalg.get_blas_funcs("trsm", (metric, ints))
+    trsm = scipy.linalg.get_blas_funcs("trsm", (lower, ints))
     with threadpool_limits(usable_cores(), user_api="blas"):
         # X L^T = (ij|Q): X = B^T, written over the integrals
-        factor_t = trsm(1.0, metric, ints, side=1, lower=True, trans_a=1, overwrite_b=True)
+        factor_t = trsm(1.0, lower, ints, side=1, lower=True, trans_a=1, overwrite_b=True)
     return factor_t.T
 
 

@@ -92,6 +92,8 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
     clock = HostClock()
     with clock.stage("templates"):
         method = resolve(run.dft)
+        if gen.stores_forces:  # before any work, wherever the run was resolved (a Ray worker too)
+            method.check_forces()
         buckets = run.buckets(method, inputs)
         sizes = batch_sizes(run, method, inputs, buckets)
         check_memory(run, method, sizes)

@@ -108,3 +108,23 @@ def test_the_loops_exchange_is_the_weighted_sum_of_both_operators():
     vj, vk = backend.contract(RangeSeparatedERIs(1.0, 10.0), dm)
     np.testing.assert_allclose(vj, 2.0 * dm)
     np.testing.assert_allclose(vk, 0.25 * 3.0 * dm + 0.75 * 30.0 * dm)
+
+
+def test_every_way_to_forces_without_the_long_range_refuses(tmp_path, capsys):
+    """The device's gradient program has no long-range part: the generator refuses before any work,
+    whoever resolved the run (a Ray worker resolves its own), and so do relaxations and the program's
+    own dispatch, so no wrong force is ever written."""
+    from pyscf_ipu.gradients import DeviceGradients
+    from pyscf_ipu.optimize import relax
+    from qm1b.cli import main
+
+    assert main(["generate", "--xc", "wb97x", "--integrals", "jax", "--basis", "6-31g*", "--forces",
+                 "--out", str(tmp_path / "out"), "--no-progress"]) == 2  # fmt: skip
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "forces of --xc wb97x" in err[0]
+    assert not (tmp_path / "out").exists()
+    method = resolve(RKSConfig(xc="wb97x", jk="df", integrals="jax", basis="6-31g*"))
+    with pytest.raises(ConfigError, match="forces of --xc wb97x"):
+        DeviceGradients().dispatch(None, method)
+    with pytest.raises(ConfigError, match="forces of --xc wb97x"):
+        relax([], method)

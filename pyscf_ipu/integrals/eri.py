@@ -46,8 +46,8 @@ def plan_values(plan: EriPlan, conformers: int) -> ShellValues:
     return ShellValues(*(np.broadcast_to(v, (conformers,) + v.shape) for v in values))
 
 
-def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
-           values: ShellValues | None = None, share: tuple | None = None, omega: float | None = None) -> jax.Array:  # fmt: skip
+def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None, values: ShellValues | None = None,
+           share: tuple | None = None, omega: float | None = None) -> jax.Array:  # fmt: skip
     """The ERIs packed as PySCF's s8, (C, size), of C conformers at atom positions ``coords``
     (C, natm, 3) in Bohr, computed as one batch under ``plan``; positions beyond the plan's atoms are
     ignored. ``values`` (default: the plan's own) are each conformer's shells and one-centre

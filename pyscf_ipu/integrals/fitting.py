@@ -176,7 +176,8 @@ def scan_squares(bra, ket, shifts, batch: int, carry, consume, raised: int = 0, 
                 left = (by_chunk(e_b, first), by_chunk(p_b, first), by_chunk(pa_b, first, 1))
                 ac = shifts[atoms_b[0][:, None, :], atoms_k[0][:, :, None]]
                 right = (by_chunk(p_k, second), by_chunk(pa_k, second, 1), second, ac)
-                values = jax.vmap(lambda l, r: chunk_of(*orders, l, r, signed, omega))(left, right)  # (B, I, Y_a, J, Y_b)
+                # (B, I, Y_a, J, Y_b)
+                values = jax.vmap(lambda l, r: chunk_of(*orders, l, r, signed, omega))(left, right)
                 rows = by_chunk(bra_index, first)  # (B, I, S_a)
                 columns = by_chunk(ket_index, second)  # (B, J, S_b)
                 valid = ((rows != NOWHERE)[:, :, :, None, None] & (columns != NOWHERE)[:, None, None, :, :]
@@ -227,16 +228,18 @@ def factor_member(static, indices, data, shifts, present, batch: int):
 
     The long-range operator's metric is only positive semi-definite (erf(ω r)/r cannot tell apart
     fitting functions that differ only at short range: about 1e-15 of its largest eigenvalue for water
-    at 6-31G*), so it has no Cholesky factor. There, as PySCF's ``df.incore.cholesky_eri`` does when
+    at 6-31G*), and then has no Cholesky factor. There, as PySCF's ``df.incore.cholesky_eri`` does when
     Cholesky fails, M = U w U^T and B = w^-1/2 U^T T over the eigenvalues above
     :data:`LONG_RANGE_LINEAR_DEPENDENCE`, the dropped directions' rows zero: B^T B = T^T M^+ T either way."""
     three, metric = fitted_integrals(static, indices, data, shifts, present, batch)
-    if static[-1]:  # long-range
-        w, u = jnp.linalg.eigh(metric)
-        kept = w > LONG_RANGE_LINEAR_DEPENDENCE
-        return (u * jnp.where(kept, jax.lax.rsqrt(jnp.where(kept, w, 1.0)), 0.0)).T @ three
-    lower = jnp.linalg.cholesky(metric)
-    return jax.scipy.linalg.solve_triangular(lower, three, lower=True)
+    lower = jnp.linalg.cholesky(metric)  # NaN where there is none
+    solved = jax.scipy.linalg.solve_triangular(lower, three, lower=True)
+    if not static[-1]:  # the Coulomb metric: positive definite
+        return solved
+    w, u = jnp.linalg.eigh(metric)
+    kept = w > LONG_RANGE_LINEAR_DEPENDENCE
+    pseudo = (u * jnp.where(kept, jax.lax.rsqrt(jnp.where(kept, w, 1.0)), 0.0)).T @ three
+    return jnp.where(jnp.all(jnp.isfinite(lower)), solved, pseudo)
 
 
 def _factor_program(static, indices, data, shifts, present, batch: int, dtype: str, at_once: int):
@@ -268,8 +271,10 @@ def fitted_factor(plan: FittingPlan, data, shifts, present, batch: int, dtype: s
     (the orbital classes', then the fitting ones'), differences ``shifts`` (C, natm, natm, 3) and fitting
     functions ``present`` (C, Qp), of the Coulomb operator or (``omega`` > 0) the long-range erf(ω r)/r.
     Dispatched, not waited for."""
-    # a conformer's three-centre integrals and its factor, in float64
-    at_once = members_at_once(present.shape[0], 2 * 8 * plan.naux * plan.npair)
+    # a conformer's three-centre integrals and its factor, in float64; the long range's also its
+    # Cholesky solve and its eigenvectors' (naux, naux) and product
+    values = (3 * plan.npair + 2 * plan.naux) * plan.naux if omega else 2 * plan.naux * plan.npair
+    at_once = members_at_once(present.shape[0], 8 * values)
     return factor_program(fitting_static(plan, omega), plan_indices(plan), data, shifts, present, batch, dtype,
                           at_once)  # fmt: skip
 

@@ -104,9 +104,12 @@ class RangeSeparatedJK:
         """Whether the wrapped backend differentiates the long-range exchange (the exact ERIs do)."""
         return self.inner.long_range_forces
 
+    def long_range_exchange_gradient(self, mol, config, occupied, exchange, omega):
+        return self.inner.long_range_exchange_gradient(mol, config, occupied, exchange, omega)
+
     def two_electron_gradient(self, mol, config, occupied, exchange):
         """(natm, 3) the derivative of E_J + a E_K + b E_K^ω: the wrapped backend's at a, and its long-range
-        exchange's at b (``exchange``, the functional's factor 1, is not read)."""
+        exchange's at b (the weights are the wrapper's own; ``exchange`` is not read)."""
         if not self.long_range_forces:
             raise ConfigError(f"forces of a range-separated functional with --jk {self.name} are not available yet")
         coulomb = self.inner.two_electron_gradient(mol, config, occupied, self.coulomb_exchange)
@@ -149,8 +152,9 @@ def range_separated(backend: JKBackend, functional: Functional, integrals) -> Ra
     """``backend`` wrapped for ``functional``'s long-range exchange; :class:`ConfigError` where the run's
     ``integrals`` (an integral source) cannot make the long-range integrals for it."""
     if not integrals.long_range(backend):
-        raise ConfigError(f"--xc {functional.name} (range-separated exchange) needs, for now, the JAX integrals: "
-                          f"--integrals auto or jax (got --jk {backend.name} --integrals {integrals.name})")  # fmt: skip
+        raise ConfigError(f"--xc {functional.name} (range-separated exchange) needs, for now, the JAX "
+                          f"integrals: --integrals auto or jax (got --jk {backend.name} --integrals "
+                          f"{integrals.name})")  # fmt: skip
     return RangeSeparatedJK(backend, functional.hf_exchange, functional.long_range_exchange, functional.omega)
 
 

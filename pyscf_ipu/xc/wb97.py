@@ -13,8 +13,8 @@ constants, libxc ``LDA_C_PW``): e_c^{σσ} = ρ_σ ε_c(r_s(ρ_σ), ζ = 1),
 e_c^{αβ} = ρ ε_c(r_s(ρ), 0) - Σ_σ e_c^{σσ}.
 
 The exact exchange these functionals add (all of the long-range part, a fraction of the short-range
-part) is not here: it comes from the J-K contraction, which does not yet compute the long-range
-exchange, so no functional of :data:`~pyscf_ipu.xc.functionals.FUNCTIONALS` uses these pieces yet.
+part) is not here: it comes from the J-K contraction (:mod:`pyscf_ipu.jk.range_separated`); the
+registry's ``wb97x`` (:data:`~pyscf_ipu.xc.functionals.FUNCTIONALS`) pairs the two.
 References: J.-D. Chai and M. Head-Gordon, J. Chem. Phys. 128, 084106 (2008) (ωB97X); Phys. Chem.
 Chem. Phys. 10, 6615 (2008) (ωB97X-D).
 """
