@@ -63,8 +63,7 @@ class DeviceGradients:
     name: str = "device"
 
     def dispatch(self, run, method):
-        if method.functional.range_separated:  # its program has no long-range exchange: refused, never wrong
-            method.check_forces()
+        method.check_forces()  # its program has no long-range exchange: refused there, never wrong
         final, batch = run.final, run.batch
         if final.mo_coeff is None:
             raise ValueError("device gradients need the finalisation's orbitals on the device (the JAX integrals)")

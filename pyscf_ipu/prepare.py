@@ -21,7 +21,6 @@ from pyscf import dft, gto
 
 from .buckets import SizeBucket, auxiliary_basis
 from .molecule import Molecule
-from .integrals.fitting import LONG_RANGE_LINEAR_DEPENDENCE
 from .packed import PackedERI
 from .programs import usable_cores
 from .pyscf_mole import build_mole
@@ -129,9 +128,8 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0, out: np.ndarra
     returned, and no copy is needed; its other rows are left as they are. A metric that is not
     positive definite goes to PySCF's function, which drops its near-null directions (fewer rows).
     ``omega`` > 0 fits the long-range operator erf(ω r)/r instead, its metric and 3-centre integrals
-    both attenuated (as PySCF's ``DF.range_coulomb``); its metric is often only semi-definite, and then
-    (as PySCF does) its eigenvectors above :data:`~pyscf_ipu.integrals.fitting.LONG_RANGE_LINEAR_DEPENDENCE`
-    make the factor, B = w^-1/2 U^T T, with fewer rows. ``mol`` itself is left unchanged.
+    both attenuated (as PySCF's ``DF.range_coulomb``); that metric is often only semi-definite, and so
+    takes PySCF's function. ``mol`` itself is left unchanged.
     """
     import scipy.linalg
     from pyscf import df
@@ -142,23 +140,9 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0, out: np.ndarra
         orbitals.omega, mol = omega, mol.copy()
         mol.omega = omega
     auxmol = df.addons.make_auxmol(mol, {symbol: auxiliary_basis(basis, symbol) for symbol in set(mol.elements)})
-    metric = auxmol.intor("int2c2e", hermi=1)  # (naux, naux)
     try:
-        lower = scipy.linalg.cholesky(metric, lower=True)  # (naux, naux) L
+        metric = scipy.linalg.cholesky(auxmol.intor("int2c2e", hermi=1), lower=True)  # (naux, naux) L
     except scipy.linalg.LinAlgError:
-        lower = None
-    if omega and lower is None:  # semi-definite (long range): its eigenvectors, as PySCF's cholesky_eri falls back to
-        w, v = scipy.linalg.eigh(metric)
-        kept = w > LONG_RANGE_LINEAR_DEPENDENCE
-        low = np.ascontiguousarray((v[:, kept] / np.sqrt(w[kept])).T)  # (kept, naux)
-        ints = df.incore.aux_e2(orbitals, auxmol, "int3c2e", aosym="s2ij")  # (npair, naux)
-        with threadpool_limits(usable_cores(), user_api="blas"):
-            factor = low @ ints.T
-        if out is None:
-            return factor
-        out[: len(factor)] = factor
-        return out[: len(factor)]
-    if lower is None:
         factor = df.incore.cholesky_eri(orbitals, auxmol=auxmol)
         if out is None:
             return factor
@@ -166,10 +150,10 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0, out: np.ndarra
         return out[: len(factor)]
     # (npair, naux) in Fortran order: the memory of ``out``'s leading naux rows
     ints = df.incore.aux_e2(orbitals, auxmol, "int3c2e", aosym="s2ij", out=out)
-    trsm = scipy.linalg.get_blas_funcs("trsm", (lower, ints))
+    trsm = scipy.linalg.get_blas_funcs("trsm", (metric, ints))
     with threadpool_limits(usable_cores(), user_api="blas"):
         # X L^T = (ij|Q): X = B^T, written over the integrals
-        factor_t = trsm(1.0, lower, ints, side=1, lower=True, trans_a=1, overwrite_b=True)
+        factor_t = trsm(1.0, metric, ints, side=1, lower=True, trans_a=1, overwrite_b=True)
     return factor_t.T
 
 

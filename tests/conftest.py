@@ -116,16 +116,17 @@ def host_of(qm9_nine_heavy):
 
 
 @functools.lru_cache(maxsize=None)
-def _reference_code(backend: type, dispersion: type) -> str:
-    """A hash of the source that builds PySCF's reference under a J-K backend of class ``backend`` and a
-    dispersion correction of class ``dispersion`` (read once per pair and process, not on every lookup)."""
+def _reference_code(backends: tuple[type, ...], dispersion: type) -> str:
+    """A hash of the source that builds PySCF's reference under a J-K backend of classes ``backends`` (a
+    wrapper's, then the backend it wraps) and a dispersion correction of class ``dispersion`` (read once
+    per pair and process, not on every lookup)."""
     import pyscf_ipu.pyscf_mole
     import pyscf_ipu.reference
     import pyscf_ipu.xc.functionals
     from pyscf_ipu.buckets import auxiliary_basis
 
-    sources = (pyscf_ipu.reference, backend.pyscf_counterpart, dispersion.pyscf_counterpart, pyscf_ipu.pyscf_mole,
-               pyscf_ipu.xc.functionals, auxiliary_basis)  # fmt: skip
+    sources = (pyscf_ipu.reference, *(b.pyscf_counterpart for b in backends), dispersion.pyscf_counterpart,
+               pyscf_ipu.pyscf_mole, pyscf_ipu.xc.functionals, auxiliary_basis)  # fmt: skip
     return hashlib.sha256("".join(inspect.getsource(source) for source in sources).encode()).hexdigest()
 
 
@@ -139,7 +140,9 @@ def reference_key(molecule: Molecule, config: RKSConfig) -> str:
     import pyscf
 
     method = resolve(config)
-    code = _reference_code(type(method.backend), type(method.dispersion))
+    backend = method.backend  # a range-separated run's wraps the backend whose counterpart PySCF's run takes
+    backends = (type(backend), *([type(backend.inner)] if hasattr(backend, "inner") else []))
+    code = _reference_code(backends, type(method.dispersion))
     payload = {
         "z": molecule.atomic_numbers.tolist(),
         "pos": np.round(molecule.positions, 10).tolist(),

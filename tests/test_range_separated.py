@@ -98,12 +98,14 @@ def test_wb97x_forces_match_pyscfs_gradient(qm9_nine_heavy, name):
 def test_the_loops_exchange_is_the_weighted_sum_of_both_operators():
     """The wrapper's K is a K + b K_ω of the wrapped backend's two contractions, and its J the Coulomb one."""
     from pyscf_ipu.packed import RangeSeparatedERIs
+    from pyscf_ipu.xc.functionals import Functional
 
     class Scaled:  # a stand-in backend: J = 2 dm x s, K = 3 dm x s for its operator's scale s
         def contract(self, data, dm):
             return 2.0 * data * dm, 3.0 * data * dm
 
-    backend = RangeSeparatedJK(Scaled(), 0.25, 0.75, 0.3)
+    weights = Functional("weights", (), 0.25, "none", long_range_exchange=0.75, omega=0.3)
+    backend = RangeSeparatedJK(Scaled(), weights)
     dm = np.arange(4.0).reshape(2, 2)
     vj, vk = backend.contract(RangeSeparatedERIs(1.0, 10.0), dm)
     np.testing.assert_allclose(vj, 2.0 * dm)

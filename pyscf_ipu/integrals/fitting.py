@@ -25,6 +25,7 @@ from functools import lru_cache
 import jax
 import jax.numpy as jnp
 import numpy as np
+from pyscf.df import incore
 
 from ..programs import compiled, map_members, members_at_once, on_device
 from .eri_kernels import by_chunk, chunk_of, ket_signed
@@ -33,9 +34,9 @@ from ..padding import padded_size
 
 # The companion's coefficient: libcint's s functions carry 1/sqrt(4 pi), so this makes it exactly 1.
 COMPANION_COEFFICIENT = math.sqrt(4.0 * math.pi)
-# A long-range metric's eigenvalues at or below this are dropped (on the device and by the host's
-# pyscf_ipu.prepare.fitted_eri), as PySCF's df.incore.LINEAR_DEP_THR
-LONG_RANGE_LINEAR_DEPENDENCE = 1e-7
+# A long-range metric's eigenvalues at or below this are dropped: PySCF's own threshold, which the host's
+# factor (pyscf_ipu.prepare.fitted_eri, through df.incore.cholesky_eri) drops at
+LONG_RANGE_LINEAR_DEPENDENCE = incore.LINEAR_DEP_THR
 
 
 @dataclass(frozen=True)
@@ -232,9 +233,10 @@ def factor_member(static, indices, data, shifts, present, batch: int):
     Cholesky fails, M = U w U^T and B = w^-1/2 U^T T over the eigenvalues above
     :data:`LONG_RANGE_LINEAR_DEPENDENCE`, the dropped directions' rows zero: B^T B = T^T M^+ T either way."""
     three, metric = fitted_integrals(static, indices, data, shifts, present, batch)
+    omega = static[-1]  # (fitting_static)
     lower = jnp.linalg.cholesky(metric)  # NaN where there is none
     solved = jax.scipy.linalg.solve_triangular(lower, three, lower=True)
-    if not static[-1]:  # the Coulomb metric: positive definite
+    if not omega:  # the Coulomb metric: positive definite
         return solved
     w, u = jnp.linalg.eigh(metric)
     kept = w > LONG_RANGE_LINEAR_DEPENDENCE

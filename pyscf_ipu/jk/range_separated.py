@@ -26,20 +26,24 @@ from ..config import ConfigError
 from ..packed import RangeSeparatedERIs
 from ..strategies import JKBackend
 
+from ..xc.functionals import Functional
+
 if TYPE_CHECKING:
     from ..method import Method
-    from ..xc.functionals import Functional
+
+
+def exchange_sum(functional: Functional, k, k_long):
+    """a K + b K_ω (or the same of their traces with the density), ``functional``'s weights."""
+    return functional.hf_exchange * k + functional.long_range_exchange * k_long
 
 
 @dataclass(frozen=True)
 class RangeSeparatedJK:
-    """``inner`` over the Coulomb and the long-range integrals: (J, a K + b K_ω) with
-    a = ``coulomb_exchange``, b = ``long_range_exchange`` (the functional's)."""
+    """``inner`` over the Coulomb and the long-range integrals: (J, a K + b K_ω) with ``functional``'s
+    a = ``hf_exchange`` and b = ``long_range_exchange``."""
 
     inner: JKBackend
-    coulomb_exchange: float
-    long_range_exchange: float
-    omega: float
+    functional: Functional
 
     @property
     def name(self) -> str:
@@ -68,7 +72,7 @@ class RangeSeparatedJK:
     def contract(self, data: RangeSeparatedERIs, dm):
         vj, vk = self.inner.contract(data.coulomb, dm)
         _, vk_long = self.inner.contract(data.long_range, dm)
-        return vj, self.coulomb_exchange * vk + self.long_range_exchange * vk_long
+        return vj, exchange_sum(self.functional, vk, vk_long)
 
     def profile(self, eri, nao_padded, dtype, iterations):
         return None
@@ -93,7 +97,7 @@ class RangeSeparatedJK:
     def final_contraction(self, method: Method) -> RangeSeparatedContraction:
         """The wrapped backend's own, run over both operators (it sees itself as the run's backend)."""
         return RangeSeparatedContraction(self.inner.final_contraction(replace(method, backend=self.inner)),
-                                         self.coulomb_exchange, self.long_range_exchange)  # fmt: skip
+                                         self.functional)  # fmt: skip
 
     def pyscf_counterpart(self, mf, basis: str):
         """``mf`` as the wrapped backend computes it: PySCF's own range separation comes with its ``xc``."""
@@ -109,12 +113,12 @@ class RangeSeparatedJK:
 
     def two_electron_gradient(self, mol, config, occupied, exchange):
         """(natm, 3) the derivative of E_J + a E_K + b E_K^ω: the wrapped backend's at a, and its long-range
-        exchange's at b (the weights are the wrapper's own; ``exchange`` is not read)."""
+        exchange's at b (the weights are the functional's; ``exchange`` is not read)."""
         if not self.long_range_forces:
             raise ConfigError(f"forces of a range-separated functional with --jk {self.name} are not available yet")
-        coulomb = self.inner.two_electron_gradient(mol, config, occupied, self.coulomb_exchange)
-        return coulomb + self.inner.long_range_exchange_gradient(mol, config, occupied, self.long_range_exchange,
-                                                                 self.omega)  # fmt: skip
+        f = self.functional
+        coulomb = self.inner.two_electron_gradient(mol, config, occupied, f.hf_exchange)
+        return coulomb + self.inner.long_range_exchange_gradient(mol, config, occupied, f.long_range_exchange, f.omega)
 
 
 @dataclass(frozen=True)
@@ -123,8 +127,7 @@ class RangeSeparatedContraction:
     :class:`~pyscf_ipu.finalisation.FinalContraction` ``inner`` over both operators, on the device."""
 
     inner: object
-    coulomb_exchange: float
-    long_range_exchange: float
+    functional: Functional
 
     @property
     def forms_jk_on_device(self) -> bool:
@@ -141,8 +144,7 @@ class RangeSeparatedContraction:
     def on_device(self, data: RangeSeparatedERIs, dm):
         vj, vk, trace = self.inner.on_device(data.coulomb, dm)
         _, vk_long, trace_long = self.inner.on_device(data.long_range, dm)
-        a, b = self.coulomb_exchange, self.long_range_exchange
-        return vj, a * vk + b * vk_long, a * trace + b * trace_long
+        return vj, exchange_sum(self.functional, vk, vk_long), exchange_sum(self.functional, trace, trace_long)
 
     def on_host(self, prepared, dm, final):
         raise AssertionError("a range-separated finalisation forms J and K on the device")
@@ -155,7 +157,7 @@ def range_separated(backend: JKBackend, functional: Functional, integrals) -> Ra
         raise ConfigError(f"--xc {functional.name} (range-separated exchange) needs, for now, the JAX "
                           f"integrals: --integrals auto or jax (got --jk {backend.name} --integrals "
                           f"{integrals.name})")  # fmt: skip
-    return RangeSeparatedJK(backend, functional.hf_exchange, functional.long_range_exchange, functional.omega)
+    return RangeSeparatedJK(backend, functional)
 
 
 __all__ = ["RangeSeparatedContraction", "RangeSeparatedJK", "range_separated"]
