@@ -88,8 +88,9 @@ class IPUConfig:
 class RKSConfig:
     """Settings of one restricted Kohn-Sham single point."""
 
-    basis: str = option("sto-3g", "Gaussian basis set, any name PySCF knows (QM1B: sto-3g)")
-    xc: str = option("b3lyp", "functional: b3lyp (PySCF's, VWN-RPA), b3lyp5 (VWN5), pbe or hf")
+    basis: str = option("sto-3g", "Gaussian basis set, any name PySCF knows with shells up to f (QM1B: sto-3g)")
+    xc: str = option("b3lyp", "functional: b3lyp (PySCF's, VWN-RPA), b3lyp5 (VWN5), pbe, hf, or wb97x (ωB97X, range-"
+                     "separated; with --integrals jax or auto)")
     dispersion: str = option("none", "empirical dispersion added to the energy and forces: none, or d3bj "
                              "(Grimme's D3 with Becke-Johnson damping, two-body, with the functional's parameters)")
     grid_level: int = option(0, "PySCF Becke grid level, 0 (coarse, QM1B) to 9")

@@ -31,7 +31,7 @@ PRESETS: dict[str, Preset] = {
                   "whose b3lyp is VWN5's (b3lyp5 here), grid level 0, a float32 loop",
                   xc="b3lyp5", basis="sto-3g", grid_level=0, dispersion="none", precision="float32"),
         Preset.of("qm9", "QM9 (Ramakrishnan et al., Sci. Data 1, 140022 (2014)): B3LYP/6-31G(2df,p) in Gaussian 09, "
-                  "whose B3LYP is VWN-RPA's (b3lyp here); its f shells are not computed here yet",
+                  "whose B3LYP is VWN-RPA's (b3lyp here)",
                   xc="b3lyp", basis="6-31g(2df,p)", grid_level=3, dispersion="none", precision="float32"),
         Preset.of("ani1x", "ANI-1x (Smith et al., Sci. Data 7, 134 (2020)) and Transition1x (Schreiner et al., Sci. "
                   "Data 9, 779 (2022)): ωB97x/6-31G(d)",

@@ -33,7 +33,7 @@ BAD_INPUT = [
     (["--xyz", "/no/such/file.xyz"], "cannot read XYZ file"),
     (["--mol", "water", "--fixed-grid"], "--fixed-grid describes the forces"),
     (["--mol", "water", "--integrals", "gpu"], "invalid choice"),
-    (["--mol", "water", "--basis", "def2-tzvp"], "f functions on O"),
+    (["--mol", "water", "--basis", "cc-pvqz"], "g functions on O"),
     (["--mol", "water", "--dispersion", "d4"], "unknown dispersion 'd4'"),
 ]
 

@@ -114,8 +114,8 @@ def test_one_electron_integrals_match_libcint(name, basis_name):
 
 
 def test_unsupported_shells_are_refused():
-    with pytest.raises(ValueError, match="only s, p and d shells"):
-        primitive_basis(gto.M(atom="C 0 0 0; O 0 0 1.2", basis="cc-pvtz"))
+    with pytest.raises(ValueError, match="only s, p, d and f shells"):
+        primitive_basis(gto.M(atom="C 0 0 0; O 0 0 1.2", basis="cc-pvqz"))
 
 
 @pytest.mark.parametrize("name, basis_name", [("water", "6-31g*"), ("benzene", "sto-3g"), ("qm9-21989", "6-31g*")])
@@ -370,8 +370,8 @@ def test_eri_input_is_checked():
         eri_s8(plan, np.zeros((2, 3)))
     with pytest.raises(ValueError, match="workers = 0"):
         eri_s8(plan, mol.atom_coords()[None], workers=0)
-    with pytest.raises(ValueError, match="only s, p and d shells"):
-        plan_eri(gto.M(atom="C 0 0 0; O 0 0 1.2", basis="cc-pvtz"))
+    with pytest.raises(ValueError, match="only s, p, d and f shells"):
+        plan_eri(gto.M(atom="C 0 0 0; O 0 0 1.2", basis="cc-pvqz"))
 
 
 @pytest.mark.parametrize("name, basis_name", [("water", "sto-3g"), ("carbon monoxide", "6-31g* sp and d"),

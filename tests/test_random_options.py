@@ -35,7 +35,7 @@ def _stop(*args, **kwargs):
 
 # option: values, valid and not (None: a flag without a value)
 SETTINGS = {
-    "--basis": ["sto-3g", "6-31g", "def2-svp", "no-such-basis"],
+    "--basis": ["sto-3g", "6-31g", "def2-svp", "6-31g(2df,p)", "def2-tzvp", "cc-pvqz", "no-such-basis"],
     "--xc": ["b3lyp", "PBE", "hf", "m06", "wb97x"],
     "--dispersion": ["none", "d3bj", "D3BJ", "d4"],
     "--jk": ["auto", "ipu", "dense", "s8", "df", "magic"],

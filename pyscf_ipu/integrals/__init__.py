@@ -1,4 +1,4 @@
-"""Gaussian integrals in JAX (on the device), for s, p and d shells.
+"""Gaussian integrals in JAX (on the device), for s, p, d and f shells.
 
 - :mod:`.basis`: a PySCF ``Mole``'s basis as flat arrays of primitive Cartesian Gaussians;
 - :mod:`.boys`: the Boys function F_0..F_m at once, gather-free;

@@ -5,7 +5,7 @@ centre) has :math:`\partial g / \partial x = (i x^{i-1} - 2 a x^{i+1})\, y^j z^l
 likewise in y and z. A contracted Cartesian AO shares its centre and powers among its primitives,
 so the kernel sums the primitives' Gaussians into a radial part R and its slope first and applies
 the polynomial once (:class:`AOTables` regroups :class:`~pyscf_ipu.integrals.basis.PrimitiveBasis`
-so); d shells are then transformed to spherical AOs. The result is the (4, G, N) array of PySCF's
+so); d and f shells are then transformed to spherical AOs. The result is the (4, G, N) array of PySCF's
 ``eval_ao(mol, coords, deriv=1)``: values, then d/dx, d/dy, d/dz. A size bucket's conformers are
 evaluated together on the device (:mod:`pyscf_ipu.assembly`).
 
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .basis import PrimitiveBasis
+from .basis import MAX_L, PrimitiveBasis
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,11 +107,11 @@ def ao_kernel(constants: AOConstants, offsets, shifts, owners, real):
         gaussian = jnp.where(real, jnp.exp(-exponents[:, k] * r2), 0.0)
         radial = radial + coefficients[:, k] * gaussian
         slope = slope + derivative_coefficients[:, k] * gaussian
-    # x^i and i x^(i-1) per axis by repeated products: powers are at most 2 (d shells)
+    # x^i and i x^(i-1) per axis by repeated products: powers are at most MAX_L
     monomial, lowered = [], []
     for axis in range(3):
         power, m, low = powers[:, axis], jnp.ones_like(r2), jnp.zeros_like(r2)
-        for q in range(1, 3):
+        for q in range(1, MAX_L + 1):
             low = jnp.where(power == q, q * m, low)  # m is x^(q-1) here
             m = jnp.where(power >= q, m * d[axis], m)
         monomial.append(m)

@@ -20,7 +20,7 @@ from pyscf import gto
 
 # libcint's CINTcommon_fac_sp: the angular normalisation applied to s and p shells.
 ANGULAR_FACTOR = {0: 1.0 / math.sqrt(4.0 * math.pi), 1: math.sqrt(3.0 / (4.0 * math.pi))}
-MAX_L = 2  # s, p and d shells in the orbital bases
+MAX_L = 3  # s, p, d and f shells in the orbital bases
 MAX_FITTING_L = 4  # up to g in the density-fitting bases (their shells enter the kernels alone)
 
 
@@ -81,7 +81,7 @@ def contracted_shells(mol: gto.Mole, max_l: int = MAX_L):
 
 
 def primitive_basis(mol: gto.Mole) -> PrimitiveBasis:
-    """Flatten ``mol``'s shells into primitive Cartesian Gaussians (s, p and d shells; no ECPs)."""
+    """Flatten ``mol``'s shells into primitive Cartesian Gaussians (up to :data:`MAX_L`; no ECPs)."""
     exponents, atoms, powers, rows = [], [], [], []
     nao_cart = mol.nao_cart()
     column = 0

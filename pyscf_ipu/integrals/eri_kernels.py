@@ -52,6 +52,9 @@ def _hermite_gather(la: tuple[int, ...], lb: tuple[int, ...]):
     )  # fmt: skip
 
 
+GATHERED_ORDER = 9  # classes above (dd|dd)'s Hermite order 8 gather R (f shells: docs/decisions/f-shells.md)
+
+
 @lru_cache(maxsize=None)
 def _coulomb_pairs(bra_order: int, ket_order: int) -> np.ndarray:
     """(H_ket, H_bra): the position among R's Hermite indices of h + g, for ket index g and bra index h."""
@@ -211,8 +214,12 @@ def chunk_of(bra_order, ket_order, bra, ket, signed, omega: float = 0.0):
     indices = hermite_indices(bra_order + ket_order)
     r = [jnp.broadcast_to(r[h] * weight, alpha.shape).reshape(j, kk, 1, -1) for h in indices]
     pairs = _coulomb_pairs(bra_order, ket_order)  # (H_k, H_b)
-    # laid out by concatenation, which XLA fuses better than a gather of the (h + g) positions
-    g = jnp.concatenate([r[n] for n in pairs.ravel()], 2)  # (J, K2k, H_k H_b, I K2b)
+    if bra_order + ket_order < GATHERED_ORDER:
+        # laid out by concatenation, which XLA fuses better than a gather of the (h + g) positions
+        g = jnp.concatenate([r[n] for n in pairs.ravel()], 2)  # (J, K2k, H_k H_b, I K2b)
+    else:  # R materialised once, then gathered: fused into thousands of slices, each would repeat its recursion
+        stacked = jax.lax.optimization_barrier(jnp.concatenate(r, 2))  # (J, K2k, H, I K2b)
+        g = jnp.take(stacked, jnp.asarray(pairs.ravel()), axis=2)  # (J, K2k, H_k H_b, I K2b)
     t = jnp.matmul(m, g.reshape(j, kk * pairs.shape[0], -1))  # (J, Y, H_b I K2b)
     t = t.reshape(j, -1, pairs.shape[1], i, kb)
     return jnp.einsum("jyhik,ikxh->ixjy", t, e_b)

@@ -588,9 +588,9 @@ def test_batches_that_fit_only_one_at_a_time_wait_for_each_other_with_the_same_l
     assert_same_rows(tight.out, tmp_path / "overlapped")
 
 
-@pytest.mark.parametrize("args, message", [(["--basis", "def2-tzvp"], "f functions on C"),
+@pytest.mark.parametrize("args, message", [(["--basis", "cc-pvqz"], "g functions on C"),
                                            (["--basis", "def2-svp", "--jk", "ipu"], "does not fit")],
-                         ids=["f shells", "too large for the tiles"])  # fmt: skip
+                         ids=["g shells", "too large for the tiles"])  # fmt: skip
 def test_a_method_that_cannot_run_the_molecule_is_one_line(tmp_path, capsys, args, message):
     """A basis with shells the integrals do not cover, and a 19-heavy-atom molecule the simulated
     IPU's tiles cannot hold: one line naming the cause (and for the tiles, density fitting among the
