@@ -78,9 +78,8 @@ class Method:
         differentiable = self.backend.long_range_forces and self.integrals.gradients == "host"
         if self.functional.range_separated and not differentiable:
             raise ConfigError(f"forces of --xc {self.functional.name} (range-separated exchange) are available with "
-                              "the exact ERIs and the host's gradients only for now (--jk ipu, dense or s8, "
-                              "--integrals auto on a CPU): drop --forces and --relax dft, or choose another "
-                              "functional")  # fmt: skip
+                              "the host's gradients only for now (--integrals auto on a CPU): drop --forces and "
+                              "--relax dft, or choose another functional")  # fmt: skip
         return self
 
     @property

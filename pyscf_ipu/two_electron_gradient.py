@@ -93,11 +93,13 @@ def _share_gradient(plan, dtype: str, coefficients_shape: tuple[int], coords_sha
     return jax.jit(jax.grad(energy, argnums=1)).lower(*arguments).compile()
 
 
-def fitted_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange: float, expcutoff: float = 0.0
-                                 ) -> np.ndarray:  # fmt: skip
+def fitted_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange: float, expcutoff: float = 0.0,
+                                 omega: float = 0.0) -> np.ndarray:  # fmt: skip
     """(natm, 3) the density-fitted two-electron energy's derivative at the density of ``occupied``
     (N, nocc), with PySCF's default fitting basis (what ``--jk df`` fits with), from libcint's integrals
-    with the SCF's primitive screening ``expcutoff`` (:func:`~pyscf_ipu.prepare.screened`).
+    with the SCF's primitive screening ``expcutoff`` (:func:`~pyscf_ipu.prepare.screened`); ``omega`` > 0:
+    of the long-range erf(ω r)/r's fitted exchange energy alone, ``exchange`` E_K^ω (every integral, the
+    metric's too, of that operator, whose metric may be singular: :func:`metric_solver`).
 
     The fitted density and the exchange intermediates (:func:`fitted_intermediates`) give each fitting
     function P its weight matrix G_P = c_P D - 2 a_x C X_P C^T; G contracts the derivative integrals
@@ -111,6 +113,7 @@ def fitted_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange
 
     auxmol = df.addons.make_auxmol(mol, {s: auxiliary_basis(basis, s) for s in set(mol.elements)})
     orbitals = screened(mol, expcutoff)
+    orbitals.omega = auxmol.omega = omega  # copies of the caller's: 0 is the full Coulomb operator
     n = len(occupied)
     dm = 2.0 * occupied @ occupied.T  # (N, N)
     by_ao = np.zeros((3, n))  # sum over j, P of (nabla i j|P) G_P,ij
@@ -118,7 +121,7 @@ def fitted_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange
     offsets = auxmol.ao_loc_nr()
     with threadpool_limits(usable_cores(), user_api="blas"):
         three = df.incore.aux_e2(orbitals, auxmol, intor="int3c2e", aosym="s2ij")  # (npair, Q), Fortran order
-        fitted, x = fitted_intermediates(three, auxmol.intor("int2c2e"), occupied, dm, exchange)
+        fitted, x = fitted_intermediates(three, auxmol.intor("int2c2e"), occupied, dm, exchange, coulomb=not omega)
         del three
         for first, last in _shell_blocks(offsets, FITTED_BLOCK_FUNCTIONS):
             p0, p1 = offsets[first], offsets[last]
@@ -155,22 +158,38 @@ def _weights(fitted: np.ndarray, x: np.ndarray, occupied: np.ndarray, dm: np.nda
     return weights
 
 
+def metric_solver(metric: np.ndarray):
+    """x -> M^-1 x for the fitting metric M (Q, Q): by Cholesky, or where M is not positive definite
+    (the long-range metric can be singular) by its eigenvectors above PySCF's linear-dependence
+    threshold, the pseudo-inverse PySCF's density-fitted gradient and the SCF's factor take."""
+    import scipy.linalg
+    from pyscf.df.incore import LINEAR_DEP_THR
+
+    try:
+        factor = scipy.linalg.cho_factor(metric, lower=True)
+        return lambda x: scipy.linalg.cho_solve(factor, x)
+    except np.linalg.LinAlgError:
+        w, v = scipy.linalg.eigh(metric)
+        kept = v[:, w > LINEAR_DEP_THR]  # (Q, R)
+        inverse = (kept / w[w > LINEAR_DEP_THR]) @ kept.T
+        return lambda x: inverse @ x
+
+
 def fitted_intermediates(three: np.ndarray, metric: np.ndarray, occupied: np.ndarray, dm: np.ndarray,
-                         exchange: float) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """The fitted density c = M^-1 T D (Q,) and, for exact exchange, X_P = C^T (M^-1 T)_P C
-    (Q, nocc, nocc) (empty without), from the 3-centre integrals ``three`` (npair, Q) packed as
-    libcint's ``s2ij`` packs them (pairs i >= j), the metric M (Q, Q), the occupied orbitals C
-    (N, nocc) and their density D = 2 C C^T (N, N).
+                         exchange: float, coulomb: bool = True) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The fitted density c = M^-1 T D (Q,) (zero without ``coulomb``) and, for exact exchange,
+    X_P = C^T (M^-1 T)_P C (Q, nocc, nocc) (empty without), from the 3-centre integrals ``three``
+    (npair, Q) packed as libcint's ``s2ij`` packs them (pairs i >= j), the metric M (Q, Q), the
+    occupied orbitals C (N, nocc) and their density D = 2 C C^T (N, N).
 
     X_P = sum_Q (M^-1)_PQ C^T T_Q C is formed from the small C^T T_Q C, so that M^-1 T, as large as
     T, is never made; T_Q is unpacked a block of fitting functions at a time."""
-    import scipy.linalg
     from pyscf import lib
 
     n, nocc = occupied.shape
     i, j = np.tril_indices(n)
-    factor = scipy.linalg.cho_factor(metric, lower=True)
-    fitted = scipy.linalg.cho_solve(factor, three.T @ (dm[i, j] * np.where(i == j, 1.0, 2.0)))  # (Q,)
+    solve = metric_solver(metric)
+    fitted = solve(three.T @ (dm[i, j] * np.where(i == j, 1.0, 2.0))) if coulomb else np.zeros(three.shape[1])
     if not exchange:
         return fitted, np.zeros((len(fitted), 0, 0))
     projected = np.empty((len(fitted), nocc, nocc))  # C^T T_Q C
@@ -180,7 +199,7 @@ def fitted_intermediates(three: np.ndarray, metric: np.ndarray, occupied: np.nda
         half = (rows.reshape(b * n, n) @ occupied).reshape(b, n, nocc).transpose(1, 0, 2)  # (N, b, nocc) T_Q C
         both = occupied.T @ half.reshape(n, b * nocc)  # (nocc, b nocc): one product for the block
         projected[q0 : q0 + b] = both.reshape(nocc, b, nocc).transpose(1, 0, 2)
-    x = scipy.linalg.cho_solve(factor, projected.reshape(len(fitted), -1))
+    x = solve(projected.reshape(len(fitted), -1))
     return fitted, x.reshape(len(fitted), nocc, nocc)
 
 

@@ -93,7 +93,12 @@ class FittedJK:
         """(natm, 3) the fitted two-electron energy's derivative at the orbitals ``occupied`` (N, nocc)."""
         return fitted_two_electron_gradient(mol, config.basis, occupied, exchange, config.eri_expcutoff)
 
-    long_range_forces: ClassVar[bool] = False  # the long-range metric's pseudo-inverse has no gradient here yet
+    long_range_forces: ClassVar[bool] = True  # :meth:`long_range_exchange_gradient` is available
+
+    def long_range_exchange_gradient(self, mol, config: RKSConfig, occupied: np.ndarray, exchange: float,
+                                     omega: float) -> np.ndarray:  # fmt: skip
+        """(natm, 3) the derivative of ``exchange`` E_K^ω, the fitted exchange energy of erf(ω r)/r."""
+        return fitted_two_electron_gradient(mol, config.basis, occupied, exchange, config.eri_expcutoff, omega)
 
     def prepare(self, eris: FittedFactor, nao_padded, dtype):
         return FittedArrays(_unpacked_factors(eris.packed, nao_padded), eris.packed, eris.exact,
