@@ -34,9 +34,10 @@ Phases, in this order, each skipped (and said so) where the time left cannot hol
 - ``def2svp``: cold, then restarted, for a molecule of 20-30 atoms at def2-SVP with density
   fitting, on the device's own integrals (``--integrals jax``: the path a GPU takes by default,
   forced where the device is a CPU).
-- ``ani1x``: cold, then restarted, ANI-1x's level (``--preset ani1x``: ωB97X/6-31G(d), density
-  fitted, grid level 3) over 8 of the sample's molecules, 16 conformers each, on the device's own
-  integrals; with ``labels``, its rate and labels against PySCF's density-fitted ωB97X on a sample.
+- ``ani1x`` and ``qm9``: cold, then restarted, a dataset's level (``--preset NAME``: ANI-1x's
+  ωB97X/6-31G(d); QM9's B3LYP/6-31G(2df,p), with f shells; density fitted, grid level 3) over 8 of
+  the sample's molecules, 16 conformers each, on the device's own integrals; with ``labels``, its
+  rate and labels against PySCF's density-fitted same level on a sample.
 - ``jk``: the STO-3G run again with each other J-K backend that suits STO-3G (cold, then restarted),
   its rate beside the default's and its labels against the same PySCF sample: which backend should
   be a device's default.
@@ -82,8 +83,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 LABELS = ("energy", "homo", "lumo", "y")
-PHASES = ("sto3g", "programs", "pyscf", "labels", "variants", "d3bj", "def2svp", "ani1x", "jk", "forces", "relax",
-          "gpu4pyscf")
+PRESET_PHASES = ("ani1x", "qm9")  # datasets' levels of theory (qm1b/presets.py), one phase each
+PHASES = ("sto3g", "programs", "pyscf", "labels", "variants", "d3bj", "def2svp", *PRESET_PHASES, "jk", "forces",
+          "relax", "gpu4pyscf")
 # def2-SVP: a molecule of 20 to 30 atoms, aspirin (21 atoms, 13 heavy); each more costs a compile
 DEF2SVP_SMILES = ["CC(=O)Oc1ccccc1C(=O)O"]
 # settings of the JAX integrals to choose between on a device (benchmarks/program_times.py's options)
@@ -98,12 +100,12 @@ OTHER_JK = ("dense",)  # the J-K backends besides the default that suit STO-3G (
 # larger than the host's cores costs one conformer's time)
 SIZES = {"full": {"phases": PHASES, "molecules": 64, "conformers": 64, "sample": 128, "def2svp": 32,
                   "def2svp_sample": 8, "forces": 16, "relax_molecules": 32, "relax_conformers": 2, "relax_sample": 16,
-                  "relax_steps": 100, "gpu4pyscf_sample": 4, "variant_molecules": 8, "ani1x_molecules": 8,
-                  "ani1x": 16, "ani1x_sample": 8},
+                  "relax_steps": 100, "gpu4pyscf_sample": 4, "variant_molecules": 8, "preset_molecules": 8,
+                  "preset_conformers": 16, "preset_sample": 8},
          "tiny": {"phases": ("sto3g", "programs", "pyscf", "labels"), "molecules": 2, "conformers": 2, "sample": 4, "def2svp": 0,
                   "def2svp_sample": 0, "forces": 2, "relax_molecules": 1, "relax_conformers": 2, "relax_sample": 1,
-                  "relax_steps": 2, "gpu4pyscf_sample": 1, "variant_molecules": 1, "ani1x_molecules": 1, "ani1x": 1,
-                  "ani1x_sample": 1}}  # fmt: skip
+                  "relax_steps": 2, "gpu4pyscf_sample": 1, "variant_molecules": 1, "preset_molecules": 1,
+                  "preset_conformers": 1, "preset_sample": 1}}  # fmt: skip
 
 
 class Budget:
@@ -369,6 +371,7 @@ def main() -> None:
 def run_phases(phases: set[str], size: dict, work: Path, budget: Budget, results: dict) -> None:
     """The phases of :data:`PHASES` in ``phases``, in that order, each figure printed and kept in ``results``."""
     from qm1b.inputs import builtin_sample
+    from qm1b.presets import PRESETS
 
     sample = [m.smiles for m in builtin_sample() if m.heavy_atoms is not None and 9 <= m.heavy_atoms <= 11]
     sto3g = write_smiles(work / "sto3g.smi", sample[: size["molecules"]])
@@ -423,21 +426,26 @@ def run_phases(phases: set[str], size: dict, work: Path, budget: Budget, results
                 results["labels_def2svp_mev"] = compare(records, done[0], "def2-SVP labels, ours - PySCF's density "
                                                         "fitting")  # fmt: skip
 
-    if "ani1x" in phases:  # ANI-1x's level, ωB97X/6-31G(d) density fitted: the range-separated exchange
-        smiles = write_smiles(work / "ani1x.smi", sample[: size["ani1x_molecules"]])
-        extra = ["--conformers", str(size["ani1x"]), "--preset", "ani1x", "--integrals", "jax"]
-        cold_then_restarted(Phase("ani1x", "ωB97X/6-31G(d)", 60, 40), smiles, extra, work, budget, results)
-        if "labels" in phases and results.get("ani1x_restarted", {}).get("summary") and budget.left > 60:
-            records = spread(conformers_of(work / "ani1x-restarted"), size["ani1x_sample"])
-            done = pyscf_on_every_core(records, "6-31g*", True, budget.left - 10, xc="wb97x", grid_level=3)
+    for name in PRESET_PHASES:  # a dataset's level, density fitted: cold, restarted, and PySCF's same level
+        if name not in phases:
+            continue
+        settings = PRESETS[name].settings
+        title = f"{settings['xc']}/{settings['basis']}"
+        smiles = write_smiles(work / f"{name}.smi", sample[: size["preset_molecules"]])
+        extra = ["--conformers", str(size["preset_conformers"]), "--preset", name, "--integrals", "jax"]
+        cold_then_restarted(Phase(name, f"--preset {name}, {title}", 60, 40), smiles, extra, work, budget, results)
+        if "labels" in phases and results.get(f"{name}_restarted", {}).get("summary") and budget.left > 60:
+            records = spread(conformers_of(work / f"{name}-restarted"), size["preset_sample"])
+            done = pyscf_on_every_core(records, settings["basis"], True, budget.left - 10, xc=settings["xc"],
+                                       grid_level=settings["grid_level"])  # fmt: skip
             if done is not None:
                 rate = 3600 * len(records) / done[1]
-                ours = results["ani1x_restarted"]["summary"]["conformers_per_hour"]
-                results["pyscf_ani1x"] = {"conformers_per_hour": rate, "seconds": done[1], "count": len(records)}
-                print(f"PySCF ωB97X/6-31G(d) density fitted, one process per host core: {rate:,.0f} conformers per "
+                ours = results[f"{name}_restarted"]["summary"]["conformers_per_hour"]
+                results[f"pyscf_{name}"] = {"conformers_per_hour": rate, "seconds": done[1], "count": len(records)}
+                print(f"PySCF {title} density fitted, one process per host core: {rate:,.0f} conformers per "
                       f"hour; ours restarted {ours / rate:.2f}x that", flush=True)  # fmt: skip
-                results["labels_ani1x_mev"] = compare(records, done[0], "ωB97X labels, ours - PySCF's density "
-                                                      "fitting")  # fmt: skip
+                results[f"labels_{name}_mev"] = compare(records, done[0], f"{title} labels, ours - PySCF's density "
+                                                        "fitting")  # fmt: skip
 
     if "jk" in phases and results.get("sto3g_restarted", {}).get("summary"):
         default = results["sto3g_restarted"]["summary"]["conformers_per_hour"]

@@ -51,6 +51,7 @@ from pyscf_ipu.resolution import resolve  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
 from qm1b.generate import GENERATOR_DFT_DEFAULTS, GenerateConfig  # noqa: E402
 from qm1b.inputs import builtin_sample  # noqa: E402
+from qm1b.presets import PRESETS, preset_settings  # noqa: E402
 from qm1b.store import open_dataset  # noqa: E402
 
 
@@ -83,12 +84,14 @@ def main() -> None:
     parser.add_argument("--integrals", choices=("libcint", "jax", "auto"), help="our side's integrals (default: the generator's)")
     parser.add_argument("--xc", help="both sides' functional (default: the generator's)")
     parser.add_argument("--basis", help="both sides' basis (default: the generator's)")
+    parser.add_argument("--preset", choices=tuple(PRESETS), help="both sides' level of theory (--xc and --basis win)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", UserWarning)
     work = Path(tempfile.mkdtemp(prefix="qm1b-realistic-"))
     given = {k: v for k, v in (("integrals", args.integrals), ("xc", args.xc), ("basis", args.basis)) if v}
     options = [part for k, v in given.items() for part in (f"--{k}", v)]
-    dft = RKSConfig(**{**GENERATOR_DFT_DEFAULTS, **given})
+    options += ["--preset", args.preset] if args.preset else []
+    dft = RKSConfig(**{**GENERATOR_DFT_DEFAULTS, **preset_settings(args.preset), **given})
     chosen = builtin_sample()[: args.molecules]
     gen = GenerateConfig()
     conformers = [c for m in chosen for c in embed_conformers(m.smiles, args.conformers, gen.seed, m.molecule_id)]
