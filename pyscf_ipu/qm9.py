@@ -3,8 +3,8 @@
 ``qm9pack`` ships QM9 (130,831 molecules) as CSV files. The package itself imports ``pkg_resources``,
 which current setuptools no longer has, so we find its data folder without importing it and read
 the CSV files directly.
-Positions are in Angstrom there; HOMO and LUMO in Hartree (B3LYP/6-31G(2df,p), for orientation only:
-our labels are B3LYP/STO-3G).
+Positions are in Angstrom there; HOMO and LUMO in Hartree, at QM9's B3LYP/6-31G(2df,p) (the
+``qm9`` preset's level; ``benchmarks/qm9_published.py`` compares them with ours).
 """
 
 from __future__ import annotations

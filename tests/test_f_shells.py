@@ -50,6 +50,35 @@ def test_f_shell_eris_match_libcint():
     assert np.abs(ref).max() > 0.1
 
 
+def test_gathering_r_gives_the_concatenations_eris_bitwise(monkeypatch, request):
+    """The layout f-shell classes take (R materialised, then gathered) against the one d-shell classes
+    keep (slices concatenated), on the d-shell test basis (2sp and d shells of carbon monoxide): the
+    same float32 ERIs to the last bit, so the threshold between them changes no label."""
+    from pyscf_ipu.integrals import eri_kernels
+
+    basis = {element: [gto.load("6-31g*", element)[k] for k in (1, 3, 5)] for element in "CO"}
+    mol = gto.M(atom="C 0 0 0; O 0.1 -0.2 2.13", unit="Bohr", basis=basis, verbose=0)
+    program = eri_kernels.quartet_program
+    monkeypatch.setattr(program, "_file", lambda key: None)  # traced here, never read from or written to disk
+    program.clear()
+    request.addfinalizer(program.clear)  # no later test may run the gathering layout's programs
+    concatenated = np.asarray(eri_s8(plan_eri(mol), mol.atom_coords()[None], jnp.float32)[0])
+    barriers = []  # the gathering layout's materialisations, traced
+
+    def barrier(x):
+        barriers.append(1)
+        return optimization_barrier(x)
+
+    optimization_barrier = jax.lax.optimization_barrier
+    monkeypatch.setattr(jax.lax, "optimization_barrier", barrier)
+    monkeypatch.setattr(eri_kernels, "GATHERED_ORDER", 0)  # every class gathers
+    program.clear()
+    gathered = np.asarray(eri_s8(plan_eri(mol), mol.atom_coords()[None], jnp.float32)[0])
+    assert barriers  # the program was traced again, in the gathering layout
+    np.testing.assert_array_equal(gathered, concatenated)
+    assert np.abs(concatenated).max() > 0.1
+
+
 @pytest.mark.parametrize("basis", [QM9_BASIS, "def2-tzvp"])
 def test_f_shell_one_electron_integrals_and_ao_values_match_pyscf(basis):
     """Overlap, kinetic and nuclear attraction in float64 within 1e-10 of libcint's; AO values and

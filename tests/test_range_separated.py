@@ -160,3 +160,21 @@ def test_every_way_to_forces_without_the_long_range_refuses(tmp_path, capsys):
         DeviceGradients().dispatch(None, method)
     with pytest.raises(ConfigError, match="forces of --xc wb97x"):
         relax([], method)
+
+
+def test_the_fitted_gradients_metric_solver_pseudo_inverts_a_singular_metric():
+    """A positive definite metric is solved by Cholesky (as numpy's solve); a singular one, as the
+    long-range metric is, by its eigenvectors above PySCF's 1e-7 (an eigenvalue of 1e-9 is dropped,
+    one of 1e-6 kept), the pseudo-inverse PySCF's density-fitted gradient takes."""
+    from pyscf_ipu.two_electron_gradient import metric_solver
+
+    rng = np.random.default_rng(0)
+    vectors, _ = np.linalg.qr(rng.normal(size=(5, 5)))
+    x = rng.normal(size=(5, 3))
+    definite = vectors @ np.diag([3.0, 2.0, 1.0, 0.5, 0.1]) @ vectors.T
+    np.testing.assert_allclose(metric_solver(definite)(x), np.linalg.solve(definite, x), rtol=1e-12, atol=1e-12)
+    eigenvalues = np.array([3.0, 2.0, 1e-6, 1e-9, -1e-10])
+    singular = vectors @ np.diag(eigenvalues) @ vectors.T
+    kept = vectors[:, :3]
+    expected = kept @ np.diag(1.0 / eigenvalues[:3]) @ kept.T @ x
+    np.testing.assert_allclose(metric_solver(singular)(x), expected, rtol=1e-6)  # 1e-6 kept: cond 3e6

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-MAX_ORDER = 16  # highest m served (ERIs of d shells need 8; their gradients one more)
+MAX_ORDER = 16  # highest m served (ERIs of f shells need 12; their gradients one more)
 
 
 def _series_terms(top: int, switch: float, eps: float) -> int:

@@ -105,7 +105,8 @@ class RangeSeparatedJK:
 
     @property
     def long_range_forces(self) -> bool:
-        """Whether the wrapped backend differentiates the long-range exchange (the exact ERIs do)."""
+        """Whether the wrapped backend differentiates the long-range exchange (the exact ERIs and density
+        fitting do)."""
         return self.inner.long_range_forces
 
     def long_range_exchange_gradient(self, mol, config, occupied, exchange, omega):
