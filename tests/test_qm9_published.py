@@ -3,7 +3,6 @@ QM9's level (``--preset qm9``), against PySCF's labels at the same settings and 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -11,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .scripts import load_script
 from .tolerances import LABEL_MEV
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,10 +19,7 @@ BENCHMARK = ROOT / "benchmarks" / "qm9_published.py"
 
 def _benchmark():
     """The benchmark as a module, loaded from its file (its folder is not put on ``sys.path``)."""
-    spec = importlib.util.spec_from_file_location("qm9_published", BENCHMARK)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCHMARK)
 
 
 def test_no_test_uses_the_benchmarks_held_out_molecules():

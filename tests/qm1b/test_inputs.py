@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 from importlib import resources
 from pathlib import Path
 
@@ -24,15 +23,14 @@ from qm1b.inputs import (
     select,
 )
 
+from ..scripts import load_script
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "make_gdb_sample.py"
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("make_gdb_sample", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 # --- reading files -----------------------------------------------------------------------------
