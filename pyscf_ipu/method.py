@@ -75,8 +75,7 @@ class Method:
     def check_forces(self) -> Method:
         """``self``, where nuclear gradients of its energy can be computed; :class:`ConfigError` before any
         work where not (a range-separated functional's are not available yet)."""
-        differentiable = self.backend.long_range_forces and self.integrals.gradients == "host"
-        if self.functional.range_separated and not differentiable:
+        if self.functional.range_separated and self.integrals.gradients != "host":  # the device's lacks it
             raise ConfigError(f"forces of --xc {self.functional.name} (range-separated exchange) are available with "
                               "the host's gradients only for now (--integrals auto on a CPU): drop --forces and "
                               "--relax dft, or choose another functional")  # fmt: skip

@@ -113,6 +113,20 @@ def eri_s8(mol: gto.Mole, expcutoff: float = 0.0) -> np.ndarray:
     return screened(mol, expcutoff).intor("int2e", aosym="s8")
 
 
+def fitting_moles(mol: gto.Mole, basis: str, expcutoff: float = 0.0, omega: float = 0.0) -> tuple[gto.Mole, gto.Mole]:
+    """(orbitals, fitting functions): copies of ``mol`` with libcint's primitive screening at ``expcutoff``
+    (:func:`screened`), and the fitting basis of :func:`~pyscf_ipu.buckets.auxiliary_basis` (PySCF's
+    default for ``basis``) on its atoms; both of the operator erf(ω r)/r where ``omega`` > 0, as PySCF's
+    ``DF.range_coulomb`` sets them (the 3-centre integrals read ω from the first, the metric from the
+    second). ``mol`` itself is left unchanged."""
+    from pyscf import df
+
+    orbitals = screened(mol, expcutoff)
+    auxmol = df.addons.make_auxmol(mol, {symbol: auxiliary_basis(basis, symbol) for symbol in set(mol.elements)})
+    orbitals.omega = auxmol.omega = omega
+    return orbitals, auxmol
+
+
 def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0, out: np.ndarray | None = None,
                omega: float = 0.0) -> np.ndarray:  # fmt: skip
     """(naux, npair) float64: the density-fitted ERIs as a Cholesky factor B with
@@ -135,11 +149,7 @@ def fitted_eri(mol: gto.Mole, basis: str, expcutoff: float = 0.0, out: np.ndarra
     from pyscf import df
     from threadpoolctl import threadpool_limits
 
-    orbitals = screened(mol, expcutoff)  # the 3-centre integrals read it from the orbital basis's part
-    if omega:  # both copies' operator: the fitting basis's inherits it
-        orbitals.omega, mol = omega, mol.copy()
-        mol.omega = omega
-    auxmol = df.addons.make_auxmol(mol, {symbol: auxiliary_basis(basis, symbol) for symbol in set(mol.elements)})
+    orbitals, auxmol = fitting_moles(mol, basis, expcutoff, omega)
     try:
         metric = scipy.linalg.cholesky(auxmol.intor("int2c2e", hermi=1), lower=True)  # (naux, naux) L
     except scipy.linalg.LinAlgError:

@@ -60,14 +60,10 @@ class JKBackend(Protocol):
     def pyscf_counterpart(self, mf, basis: str):
         """PySCF's ``mf`` as it computes what the backend does."""
 
-    def two_electron_gradient(self, mol, config: RKSConfig, occupied: np.ndarray, exchange: float) -> np.ndarray:
-        """(natm, 3) the derivative of the two-electron energy the backend computes."""
-
-    long_range_forces: bool  # whether it differentiates a range-separated functional's long-range exchange
-
-    def long_range_exchange_gradient(self, mol, config: RKSConfig, occupied: np.ndarray, exchange: float,
-                                     omega: float) -> np.ndarray:  # fmt: skip
-        """(natm, 3) the derivative of ``exchange`` times the exchange energy of erf(ω r)/r."""
+    def two_electron_gradient(self, mol, config: RKSConfig, occupied: np.ndarray, exchange: float,
+                              omega: float = 0.0) -> np.ndarray:  # fmt: skip
+        """(natm, 3) the derivative of the two-electron energy the backend computes (``omega`` > 0: of
+        ``exchange`` times the exchange energy of erf(ω r)/r alone)."""
 
 
 class IntegralSource(Protocol):

@@ -30,11 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .buckets import auxiliary_basis
 from .integral_sources import eri_plan
 from .integrals.eri import device_tables, eri_s8, eri_shares
 from .packed import degeneracy_weights, tril_unpack
-from .prepare import screened
+from .prepare import fitting_moles
 from .programs import usable_cores
 
 
@@ -111,9 +110,7 @@ def fitted_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange
     from pyscf import df
     from threadpoolctl import threadpool_limits
 
-    auxmol = df.addons.make_auxmol(mol, {s: auxiliary_basis(basis, s) for s in set(mol.elements)})
-    orbitals = screened(mol, expcutoff)
-    orbitals.omega = auxmol.omega = omega  # copies of the caller's: 0 is the full Coulomb operator
+    orbitals, auxmol = fitting_moles(mol, basis, expcutoff, omega)
     n = len(occupied)
     dm = 2.0 * occupied @ occupied.T  # (N, N)
     by_ao = np.zeros((3, n))  # sum over j, P of (nabla i j|P) G_P,ij
@@ -170,8 +167,8 @@ def metric_solver(metric: np.ndarray):
         return lambda x: scipy.linalg.cho_solve(factor, x)
     except np.linalg.LinAlgError:
         w, v = scipy.linalg.eigh(metric)
-        kept = v[:, w > LINEAR_DEP_THR]  # (Q, R)
-        inverse = (kept / w[w > LINEAR_DEP_THR]) @ kept.T
+        kept = w > LINEAR_DEP_THR
+        inverse = (v[:, kept] / w[kept]) @ v[:, kept].T  # (Q, Q)
         return lambda x: inverse @ x
 
 

@@ -67,7 +67,8 @@ def test_range_separated_forces_the_run_cannot_make_are_refused_before_any_work(
         method.check_forces()
     assert resolve(RKSConfig(xc="b3lyp")).check_forces().functional.name == "b3lyp"
     for jk in ("ipu", "df"):  # the host's gradients, exact or fitted
-        assert resolve(RKSConfig(xc="wb97x", jk=jk, integrals="auto")).check_forces().backend.long_range_forces
+        method = resolve(RKSConfig(xc="wb97x", jk=jk, integrals="auto")).check_forces()
+        assert isinstance(method.backend, RangeSeparatedJK)
 
 
 @pytest.mark.parametrize("name, basis", [

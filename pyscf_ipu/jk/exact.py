@@ -75,15 +75,10 @@ class ExactERIs:
         """PySCF's mean-field object ``mf`` as it computes what this backend does: unchanged."""
         return mf
 
-    def two_electron_gradient(self, mol, config: RKSConfig, occupied: np.ndarray, exchange: float) -> np.ndarray:
-        """(natm, 3) the exact two-electron energy's derivative at the orbitals ``occupied`` (N, nocc)."""
-        return exact_two_electron_gradient(mol, config.basis, occupied, exchange, config.precision)
-
-    long_range_forces: ClassVar[bool] = True  # :meth:`long_range_exchange_gradient` is available
-
-    def long_range_exchange_gradient(self, mol, config: RKSConfig, occupied: np.ndarray, exchange: float,
-                                     omega: float) -> np.ndarray:  # fmt: skip
-        """(natm, 3) the derivative of ``exchange`` E_K^ω, the exchange energy of erf(ω r)/r (no Coulomb part)."""
+    def two_electron_gradient(self, mol, config: RKSConfig, occupied: np.ndarray, exchange: float,
+                              omega: float = 0.0) -> np.ndarray:  # fmt: skip
+        """(natm, 3) the exact two-electron energy's derivative at the orbitals ``occupied`` (N, nocc)
+        (``omega`` > 0: of ``exchange`` E_K^ω alone, the exchange energy of erf(ω r)/r)."""
         return exact_two_electron_gradient(mol, config.basis, occupied, exchange, config.precision, omega)
 
 

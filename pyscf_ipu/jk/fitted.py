@@ -89,15 +89,10 @@ class FittedJK:
         elements = set(mf.mol.elements)
         return mf.density_fit(auxbasis={symbol: auxiliary_basis(basis, symbol) for symbol in elements})
 
-    def two_electron_gradient(self, mol, config: RKSConfig, occupied: np.ndarray, exchange: float) -> np.ndarray:
-        """(natm, 3) the fitted two-electron energy's derivative at the orbitals ``occupied`` (N, nocc)."""
-        return fitted_two_electron_gradient(mol, config.basis, occupied, exchange, config.eri_expcutoff)
-
-    long_range_forces: ClassVar[bool] = True  # :meth:`long_range_exchange_gradient` is available
-
-    def long_range_exchange_gradient(self, mol, config: RKSConfig, occupied: np.ndarray, exchange: float,
-                                     omega: float) -> np.ndarray:  # fmt: skip
-        """(natm, 3) the derivative of ``exchange`` E_K^ω, the fitted exchange energy of erf(ω r)/r."""
+    def two_electron_gradient(self, mol, config: RKSConfig, occupied: np.ndarray, exchange: float,
+                              omega: float = 0.0) -> np.ndarray:  # fmt: skip
+        """(natm, 3) the fitted two-electron energy's derivative at the orbitals ``occupied`` (N, nocc)
+        (``omega`` > 0: of ``exchange`` E_K^ω alone, the fitted exchange energy of erf(ω r)/r)."""
         return fitted_two_electron_gradient(mol, config.basis, occupied, exchange, config.eri_expcutoff, omega)
 
     def prepare(self, eris: FittedFactor, nao_padded, dtype):

@@ -103,23 +103,12 @@ class RangeSeparatedJK:
         """``mf`` as the wrapped backend computes it: PySCF's own range separation comes with its ``xc``."""
         return self.inner.pyscf_counterpart(mf, basis)
 
-    @property
-    def long_range_forces(self) -> bool:
-        """Whether the wrapped backend differentiates the long-range exchange (the exact ERIs and density
-        fitting do)."""
-        return self.inner.long_range_forces
-
-    def long_range_exchange_gradient(self, mol, config, occupied, exchange, omega):
-        return self.inner.long_range_exchange_gradient(mol, config, occupied, exchange, omega)
-
-    def two_electron_gradient(self, mol, config, occupied, exchange):
+    def two_electron_gradient(self, mol, config, occupied, exchange, omega=0.0):
         """(natm, 3) the derivative of E_J + a E_K + b E_K^ω: the wrapped backend's at a, and its long-range
-        exchange's at b (the weights are the functional's; ``exchange`` is not read)."""
-        if not self.long_range_forces:
-            raise ConfigError(f"forces of a range-separated functional with --jk {self.name} are not available yet")
+        exchange's at b (the weights and ω are the functional's; ``exchange`` and ``omega`` are not read)."""
         f = self.functional
         coulomb = self.inner.two_electron_gradient(mol, config, occupied, f.hf_exchange)
-        return coulomb + self.inner.long_range_exchange_gradient(mol, config, occupied, f.long_range_exchange, f.omega)
+        return coulomb + self.inner.two_electron_gradient(mol, config, occupied, f.long_range_exchange, f.omega)
 
 
 @dataclass(frozen=True)
