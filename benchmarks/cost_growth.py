@@ -1,16 +1,20 @@
-"""How the cost grows with the molecule: the generator against PySCF from QM9 size to drug size, per basis.
+"""How the cost grows with the molecule: the generator against PySCF from QM9 size to drug size, per level.
 
     python benchmarks/cost_growth.py [--bases 6-31g*,def2-svp] [--levels 0] [--conformers 2]
                                      [--molecules indole,paracetamol,aspirin,naproxen,diazepam]
                                      [--jk df] [--batch-size 1] [--memory-budget 8] [--plot cost_growth.png]
+    python benchmarks/cost_growth.py --presets qm9,ani1x [...]
+    python benchmarks/cost_growth.py --xc wb97x --bases def2-svp [...]
 
-For each basis, grid level and molecule (about 9, 11, 13, 17 and 20 heavy atoms), interleaved:
+For each level of theory (each basis and grid level with ``--xc``, by default the generator's
+functional; or each of ``--presets``: a dataset's functional, basis and grid, which our side gets as
+``--preset NAME``) and each molecule (about 9, 11, 13, 17 and 20 heavy atoms), interleaved:
 
 - the molecule's conformers are embedded with the generator's seeds and written to one XYZ file, so
   that both sides label the very same geometries;
 - **ours, cold**: ``qm1b generate --geometries FILE`` in a new process with an empty program
-  directory and compilation cache, B3LYP with VWN5 (the generator's functional), float32, its
-  default integrals, ``--jk`` as given (``df`` by default: the ERI arrays of the other backends
+  directory and compilation cache, at the level's functional (B3LYP with VWN5, the generator's, unless
+  a preset names another), float32, its default integrals, ``--jk`` as given (``df`` by default: the ERI arrays of the other backends
   grow as N^4 and do not fit at these sizes), the molecule's conformers in batches of ``--batch-size``
   (1 by default: on a CPU the fastest per conformer at these sizes), or of the largest size below it
   whose estimated peak (:mod:`pyscf_ipu.memory`, the next batch prepared beside it) fits
@@ -51,6 +55,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import NamedTuple  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -64,7 +69,8 @@ from pyscf_ipu.memory import largest_batch  # noqa: E402
 from pyscf_ipu.pyscf_mole import build_mole  # noqa: E402
 from pyscf_ipu.units import BOHR_RADIUS_ANGSTROM  # noqa: E402
 from qm1b.conformers import embed_conformers  # noqa: E402
-from qm1b.generate import GenerateConfig  # noqa: E402
+from qm1b.generate import GENERATOR_DFT_DEFAULTS, GenerateConfig  # noqa: E402
+from qm1b.presets import PRESETS, preset_settings  # noqa: E402
 from qm1b.store import open_dataset  # noqa: E402
 
 MOLECULES = {  # name: SMILES, from QM9 size to drug size (heavy atoms in the comment)
@@ -87,11 +93,34 @@ def write_xyz(path: Path, conformers) -> Path:
     return path
 
 
-def ours(xyz: Path, out: Path, cache: Path, basis: str, level: int, jk: str, batch: int, budget_gb: float
+class Level(NamedTuple):
+    """A level of theory both sides run: ``options`` are what our side is given for it."""
+
+    xc: str
+    basis: str
+    grid_level: int
+    options: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return " ".join(self.options)
+
+
+def levels(args) -> list[Level]:
+    """The benchmark's levels: each of ``--presets`` as the generator resolves it, else each basis and
+    grid level with ``--xc``."""
+    if args.presets:
+        return [Level(settings["xc"], settings["basis"], settings["grid_level"], ("--preset", name))
+                for name in args.presets.split(",") for settings in [preset_settings(name)]]  # fmt: skip
+    return [Level(args.xc, basis, level, ("--xc", args.xc, "--basis", basis, "--grid-level", str(level)))
+            for basis in args.bases.split(",") for level in (int(v) for v in args.levels.split(","))]  # fmt: skip
+
+
+def ours(xyz: Path, out: Path, cache: Path, level: Level, jk: str, batch: int, budget_gb: float
          ) -> tuple[float, float]:  # fmt: skip
     """(the generator's own seconds, the process's peak resident bytes) of one ``qm1b generate`` process."""
     command = [sys.executable, "-m", "qm1b.cli", "generate", "--geometries", str(xyz), "--out", str(out),
-               "--basis", basis, "--grid-level", str(level), "--jk", jk, "--batch-size", str(batch),
+               *level.options, "--jk", jk, "--batch-size", str(batch),
                "--no-progress", "--memory-budget", str(budget_gb)]  # fmt: skip
     script = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
               "sys.stderr.write(p.stderr); print(p.stdout); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
@@ -143,20 +172,20 @@ def exponent(aos: list[int], seconds: list[float]) -> float:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    """Seconds per conformer against AOs, log-log, per (basis, level): ours restarted and the faster PySCF."""
+    """Seconds per conformer against AOs, log-log, per level of theory: ours restarted and the faster PySCF."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
-    for (basis, level), color in zip(sorted({(r["basis"], r["level"]) for r in rows}), ("C0", "C1", "C2", "C3", "C4", "C5")):
-        group = [r for r in rows if (r["basis"], r["level"]) == (basis, level)]
+    for theory, color in zip(dict.fromkeys(r["theory"] for r in rows), ("C0", "C1", "C2", "C3", "C4", "C5")):
+        group = [r for r in rows if r["theory"] == theory]
         aos = [r["aos"] for r in group]
         for key, style, who in (("restarted", "-o", "ours"), ("pyscf", "--s", "PySCF (faster)")):
             seconds = [r[key] for r in group]
             p = exponent(aos, seconds)
-            ax.loglog(aos, seconds, style, color=color, label=f"{who}, {basis} level {level}: N^{p:.2f}")
+            ax.loglog(aos, seconds, style, color=color, label=f"{who}, {theory}: N^{p:.2f}")
     ax.set_xlabel("AOs (N)")
     ax.set_ylabel("seconds per conformer")
     ax.set_title("Cost growth: qm1b generate (restarted) against PySCF")
@@ -171,6 +200,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bases", default="6-31g*,def2-svp")
     parser.add_argument("--levels", default="0")
+    parser.add_argument("--xc", default=XC, help="both sides' functional with --bases (default: the generator's)")
+    parser.add_argument("--presets", default="", help=f"of {', '.join(PRESETS)}: run these levels of theory instead of "
+                                                      "--bases and --levels")  # fmt: skip
     parser.add_argument("--conformers", type=int, default=2)
     parser.add_argument("--molecules", default=",".join(MOLECULES), help=f"of {', '.join(MOLECULES)}")
     parser.add_argument("--jk", default="df", help="our J-K backend")
@@ -188,61 +220,65 @@ def main() -> None:
     warnings.simplefilter("ignore", UserWarning)
     work = Path(tempfile.mkdtemp(prefix="cost-growth-"))
     seed = GenerateConfig().seed
-    print(f"{XC}, float32 ours (--jk {args.jk}), {args.conformers} conformers per molecule; "
+    print(f"float32 ours (--jk {args.jk}), {args.conformers} conformers per molecule; "
           f"OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']} OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
-    header = (f"{'basis':9s} {'lvl':>3s} {'molecule':12s} {'heavy':>5s} {'AOs':>4s} | {'batch':>5s} {'cold':>6s} {'restart':>7s} "
+    header = (f"{'xc':7s} {'basis':12s} {'lvl':>3s} {'molecule':12s} {'heavy':>5s} {'AOs':>4s} | {'batch':>5s} "
+              f"{'cold':>6s} {'restart':>7s} "
               f"{'peak GB':>7s} | {'direct':>7s} {'DF':>6s} {'peak GB':>7s} | {'x faster':>8s} | "
               f"{'ours-DF':>7s} {'DF-direct':>9s} meV")  # fmt: skip
     print(header, flush=True)
     rows = []
-    for basis in args.bases.split(","):
-        for level in (int(v) for v in args.levels.split(",")):
-            for name in args.molecules.split(","):  # seeds by the molecule's place in MOLECULES: any subset alike
-                conformers = embed_conformers(MOLECULES[name], args.conformers, seed, list(MOLECULES).index(name))
-                tag = f"{basis.replace('*', 's')}-{level}-{name}"
-                xyz = write_xyz(work / f"{tag}.xyz", conformers)
-                cache = work / f"cache-{tag}"
-                ran = RKSConfig(basis=basis, xc=XC, grid_level=level, jk=args.jk)
-                bucket = resolve(ran).bucket(conformers[0])
-                most = min(args.batch_size, len(conformers))
-                batch = max(1, largest_batch(bucket, resolve(ran), most, args.memory_budget))  # 0: one at a time, or refused
-                cold, cold_peak = ours(xyz, work / f"cold-{tag}", cache, basis, level, args.jk, batch, args.memory_budget)
-                restarted, peak = ours(xyz, work / f"restarted-{tag}", cache, basis, level, args.jk, batch, args.memory_budget)
-                with open_dataset(work / f"restarted-{tag}") as ds:
-                    columns = ds.arrays().columns
-                    order = np.argsort(columns["conformer_id"])
-                    labels = [{q: float(columns[q][i]) for q in LABELS} for i in order]
-                aos = build_mole(conformers[0], basis).nao
-                exact = RKSConfig(basis=basis, xc=XC, grid_level=level)  # PySCF direct: not density fitted
-                fitted, fitted_peak = pyscf_process(xyz, exact.replace(jk="df"))
-                direct, direct_peak = (pyscf_process(xyz, exact) if aos <= args.direct_limit
-                                       else ([(float("nan"), {q: float("nan") for q in LABELS})] * len(conformers), 0.0))
-                pyscf_peak = max(fitted_peak, direct_peak)
-                n = len(conformers)
-                row = {
-                    "basis": basis, "level": level, "molecule": name, "aos": aos, "batch": batch,
-                    "heavy": sum(s != "H" for s in conformers[0].symbols), "cold": cold / n, "restarted": restarted / n,
-                    "peak": max(cold_peak, peak), "direct": np.mean([s for s, _ in direct]),
-                    "fitted": np.mean([s for s, _ in fitted]), "pyscf_peak": pyscf_peak,
-                    "ours_vs_df": largest_difference(labels, [l for _, l in fitted]),
-                    "df_vs_direct": largest_difference([l for _, l in fitted], [l for _, l in direct]),
-                }  # fmt: skip
-                row["pyscf"] = np.nanmin([row["direct"], row["fitted"]])
-                rows.append(row)
-                print(f"{basis:9s} {level:3d} {name:12s} {row['heavy']:5d} {row['aos']:4d} | {batch:5d} {row['cold']:6.1f} "
-                      f"{row['restarted']:7.2f} {row['peak'] / 1e9:7.1f} | {row['direct']:7.2f} {row['fitted']:6.2f} "
-                      f"{pyscf_peak / 1e9:7.1f} | {row['pyscf'] / row['restarted']:8.2f} | {row['ours_vs_df']:7.3f} "
-                      f"{row['df_vs_direct']:9.3f}", flush=True)  # fmt: skip
-                shutil.rmtree(cache, ignore_errors=True)
+    for theory in levels(args):
+        basis, level = theory.basis, theory.grid_level
+        for name in args.molecules.split(","):  # seeds by the molecule's place in MOLECULES: any subset alike
+            conformers = embed_conformers(MOLECULES[name], args.conformers, seed, list(MOLECULES).index(name))
+            tag = f"{theory.xc}-{basis.replace('*', 's')}-{level}-{name}".translate(str.maketrans("*(,)", "s___"))
+            xyz = write_xyz(work / f"{tag}.xyz", conformers)
+            cache = work / f"cache-{tag}"
+            ran = RKSConfig(**{**GENERATOR_DFT_DEFAULTS, "basis": basis, "xc": theory.xc, "grid_level": level,
+                                 "jk": args.jk})  # fmt: skip
+            bucket = resolve(ran).bucket(conformers[0])
+            most = min(args.batch_size, len(conformers))
+            batch = max(1, largest_batch(bucket, resolve(ran), most, args.memory_budget))  # 0: one at a time, or refused
+            cold, cold_peak = ours(xyz, work / f"cold-{tag}", cache, theory, args.jk, batch, args.memory_budget)
+            restarted, peak = ours(xyz, work / f"restarted-{tag}", cache, theory, args.jk, batch, args.memory_budget)
+            with open_dataset(work / f"restarted-{tag}") as ds:
+                columns = ds.arrays().columns
+                order = np.argsort(columns["conformer_id"])
+                labels = [{q: float(columns[q][i]) for q in LABELS} for i in order]
+            aos = build_mole(conformers[0], basis).nao
+            # PySCF direct: not density fitted (the JAX integrals: those that resolve every functional)
+            exact = RKSConfig(basis=basis, xc=theory.xc, grid_level=level, integrals="auto")
+            fitted, fitted_peak = pyscf_process(xyz, exact.replace(jk="df"))
+            direct, direct_peak = (pyscf_process(xyz, exact) if aos <= args.direct_limit
+                                   else ([(float("nan"), {q: float("nan") for q in LABELS})] * len(conformers), 0.0))
+            pyscf_peak = max(fitted_peak, direct_peak)
+            n = len(conformers)
+            row = {
+                "theory": f"{theory.xc}/{basis} level {level}", "basis": basis, "level": level, "molecule": name,
+                "aos": aos, "batch": batch,
+                "heavy": sum(s != "H" for s in conformers[0].symbols), "cold": cold / n, "restarted": restarted / n,
+                "peak": max(cold_peak, peak), "direct": np.mean([s for s, _ in direct]),
+                "fitted": np.mean([s for s, _ in fitted]), "pyscf_peak": pyscf_peak,
+                "ours_vs_df": largest_difference(labels, [l for _, l in fitted]),
+                "df_vs_direct": largest_difference([l for _, l in fitted], [l for _, l in direct]),
+            }  # fmt: skip
+            row["pyscf"] = np.nanmin([row["direct"], row["fitted"]])
+            rows.append(row)
+            print(f"{theory.xc:7s} {basis:12s} {level:3d} {name:12s} {row['heavy']:5d} {row['aos']:4d} | {batch:5d} "
+                  f"{row['cold']:6.1f} {row['restarted']:7.2f} {row['peak'] / 1e9:7.1f} | {row['direct']:7.2f} "
+                  f"{row['fitted']:6.2f} "
+                  f"{pyscf_peak / 1e9:7.1f} | {row['pyscf'] / row['restarted']:8.2f} | {row['ours_vs_df']:7.3f} "
+                  f"{row['df_vs_direct']:9.3f}", flush=True)  # fmt: skip
+            shutil.rmtree(cache, ignore_errors=True)
     print("\nfitted exponents (seconds per conformer ~ AOs^p):")
-    for basis in args.bases.split(","):
-        for level in (int(v) for v in args.levels.split(",")):
-            group = [r for r in rows if (r["basis"], r["level"]) == (basis, level)]
-            if len(group) > 1:
-                aos = [r["aos"] for r in group]
-                print(f"  {basis} level {level}: ours (restarted) {exponent(aos, [r['restarted'] for r in group]):.2f}, "
-                      f"PySCF direct {exponent(aos, [r['direct'] for r in group]):.2f}, "
-                      f"PySCF DF {exponent(aos, [r['fitted'] for r in group]):.2f}")  # fmt: skip
+    for theory in dict.fromkeys(r["theory"] for r in rows):
+        group = [r for r in rows if r["theory"] == theory]
+        if len(group) > 1:
+            aos = [r["aos"] for r in group]
+            print(f"  {theory}: ours (restarted) {exponent(aos, [r['restarted'] for r in group]):.2f}, "
+                  f"PySCF direct {exponent(aos, [r['direct'] for r in group]):.2f}, "
+                  f"PySCF DF {exponent(aos, [r['fitted'] for r in group]):.2f}")  # fmt: skip
     if args.plot:
         plot(rows, args.plot)
         print(f"plot: {args.plot}")
