@@ -34,7 +34,7 @@ gives its own (:meth:`~pyscf_ipu.jk.ExactERIs.two_electron_gradient`,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import jax
 import jax.numpy as jnp
@@ -135,8 +135,18 @@ def _grid_and_nuclei_energy(composition: Composition, functional: Functional, co
     basis = composition.basis
     total = jnp.zeros((), coords.dtype)
     if composition.on_grid:
-        points, weights = grid_coords_and_weights(composition.atoms, coords) if composition.grid_response else fixed
-        total += _xc_energy_in_blocks(functional, basis, jnp.asarray(points), jnp.asarray(weights), coords, dm)
+        if composition.grid_response:  # each block places its points and weighs them from the atoms' positions
+            atoms = composition.atoms
+            per_point = (atoms.offsets, atoms.volumes, atoms.owner)
+
+            def grid(offsets, volumes, owner):
+                return grid_coords_and_weights(replace(atoms, offsets=offsets, volumes=volumes, owner=owner), coords)
+        else:
+            per_point = fixed
+
+            def grid(points, weights):
+                return points, weights
+        total += _xc_energy_in_blocks(functional, basis, tuple(jnp.asarray(a) for a in per_point), grid, coords, dm)
     first, second = np.triu_indices(len(basis.charges), 1)
     charges = jnp.asarray(basis.charges)
     distance = jnp.linalg.norm(coords[first] - coords[second], axis=-1)
@@ -146,22 +156,27 @@ def _grid_and_nuclei_energy(composition: Composition, functional: Functional, co
 FORCES_GRID_BLOCK = 2048  # grid points whose AO values (and their derivatives) the gradient holds at once
 
 
-def _xc_energy_in_blocks(functional: Functional, basis: PrimitiveBasis, points, weights, coords, dm):
-    """E_xc as a sum over blocks of :data:`FORCES_GRID_BLOCK` points (G, 3), (G,), each block's AO
-    values recomputed in the gradient's backward pass (``jax.checkpoint``) rather than stored: the
-    gradient then holds one block's AO values and their derivatives, not the whole grid's. The last
-    block is filled with copies of the last point at zero weight."""
-    count = -(-len(weights) // FORCES_GRID_BLOCK)
-    pad = count * FORCES_GRID_BLOCK - len(weights)
-    points = jnp.concatenate([points, jnp.broadcast_to(points[-1], (pad, 3))]).reshape(count, -1, 3)
-    weights = jnp.pad(weights, (0, pad)).reshape(count, -1)
+def _xc_energy_in_blocks(functional: Functional, basis: PrimitiveBasis, per_point: tuple, grid, coords, dm):
+    """E_xc as a sum over blocks of :data:`FORCES_GRID_BLOCK` points, each block's grid (``grid`` of its
+    slice of the ``per_point`` arrays: its (B, 3) points and (B,) weights) and AO values recomputed in
+    the gradient's backward pass (``jax.checkpoint``) rather than stored: the gradient then holds one
+    block's AO values and derivatives, and one block's Becke cells (B x natm x natm), not the whole
+    grid's. ``per_point``'s second array is the weights' (or the volumes'): the last block is filled
+    with copies of the last point at zero weight."""
+    count = -(-len(per_point[1]) // FORCES_GRID_BLOCK)
+    pad = count * FORCES_GRID_BLOCK - len(per_point[1])
+
+    def blocked(values, k: int):
+        filled = jnp.pad(values, [(0, pad)] + [(0, 0)] * (values.ndim - 1), mode="constant" if k == 1 else "edge")
+        return filled.reshape(count, FORCES_GRID_BLOCK, *values.shape[1:])
 
     @jax.checkpoint
     def block(total, chunk):
-        where, weight = chunk
+        where, weight = grid(*chunk)
         return total + xc_energy(functional, ao_values_at(basis, where, coords), weight, dm), None
 
-    return jax.lax.scan(block, jnp.zeros((), coords.dtype), (points, weights))[0]
+    blocks = tuple(blocked(values, k) for k, values in enumerate(per_point))
+    return jax.lax.scan(block, jnp.zeros((), coords.dtype), blocks)[0]
 
 
 @compiled(static_argnums=(0, 1), budget=MappingBudget())
