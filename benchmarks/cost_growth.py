@@ -101,10 +101,6 @@ class Level(NamedTuple):
     grid_level: int
     options: tuple[str, ...]
 
-    @property
-    def name(self) -> str:
-        return " ".join(self.options)
-
 
 def levels(args) -> list[Level]:
     """The benchmark's levels: each of ``--presets`` as the generator resolves it, else each basis and
@@ -232,14 +228,15 @@ def main() -> None:
         basis, level = theory.basis, theory.grid_level
         for name in args.molecules.split(","):  # seeds by the molecule's place in MOLECULES: any subset alike
             conformers = embed_conformers(MOLECULES[name], args.conformers, seed, list(MOLECULES).index(name))
-            tag = f"{theory.xc}-{basis.replace('*', 's')}-{level}-{name}".translate(str.maketrans("*(,)", "s___"))
+            tag = f"{theory.xc}-{basis}-{level}-{name}".translate(str.maketrans("*(,)", "s___"))
             xyz = write_xyz(work / f"{tag}.xyz", conformers)
             cache = work / f"cache-{tag}"
             ran = RKSConfig(**{**GENERATOR_DFT_DEFAULTS, "basis": basis, "xc": theory.xc, "grid_level": level,
                                  "jk": args.jk})  # fmt: skip
-            bucket = resolve(ran).bucket(conformers[0])
+            method = resolve(ran)
             most = min(args.batch_size, len(conformers))
-            batch = max(1, largest_batch(bucket, resolve(ran), most, args.memory_budget))  # 0: one at a time, or refused
+            # largest_batch's 0 (one at a time, or refused) runs as 1: the generator then refuses in one line
+            batch = max(1, largest_batch(method.bucket(conformers[0]), method, most, args.memory_budget))
             cold, cold_peak = ours(xyz, work / f"cold-{tag}", cache, theory, args.jk, batch, args.memory_budget)
             restarted, peak = ours(xyz, work / f"restarted-{tag}", cache, theory, args.jk, batch, args.memory_budget)
             with open_dataset(work / f"restarted-{tag}") as ds:
@@ -247,9 +244,8 @@ def main() -> None:
                 order = np.argsort(columns["conformer_id"])
                 labels = [{q: float(columns[q][i]) for q in LABELS} for i in order]
             aos = build_mole(conformers[0], basis).nao
-            # PySCF direct: not density fitted (the JAX integrals: those that resolve every functional)
-            exact = RKSConfig(basis=basis, xc=theory.xc, grid_level=level, integrals="auto")
-            fitted, fitted_peak = pyscf_process(xyz, exact.replace(jk="df"))
+            exact = ran.replace(jk="dense")  # PySCF direct: not density fitted
+            fitted, fitted_peak = pyscf_process(xyz, ran.replace(jk="df"))
             direct, direct_peak = (pyscf_process(xyz, exact) if aos <= args.direct_limit
                                    else ([(float("nan"), {q: float("nan") for q in LABELS})] * len(conformers), 0.0))
             pyscf_peak = max(fitted_peak, direct_peak)

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pyscf_ipu.molecule import Molecule  # noqa: E402
-from pyscf_ipu.qm9 import rows  # noqa: E402
+from pyscf_ipu.qm9 import row_heavy_atoms, rows  # noqa: E402
 from pyscf_ipu.reference import pyscf_reference  # noqa: E402
 from pyscf_ipu.resolution import resolve  # noqa: E402
 from pyscf_ipu.units import HARTREE_TO_EV  # noqa: E402
@@ -55,11 +55,7 @@ def held_out(count: int, first_index: int, max_heavy_atoms: int, seed: int) -> l
     """``count`` qm9pack rows drawn at random (``seed``) from those of index ``first_index`` or more and
     at most ``max_heavy_atoms`` heavy atoms, none of the built-in sample's, in index order."""
 
-    def eligible(row: dict) -> bool:
-        heavy = sum(s != "H" for s in json.loads(row["Elements"].replace("'", '"')))
-        return int(row["Index"]) >= first_index and heavy <= max_heavy_atoms
-
-    pool = [row for row in rows() if eligible(row)]
+    pool = [row for row in rows() if int(row["Index"]) >= first_index and row_heavy_atoms(row) <= max_heavy_atoms]
     used = sample_indices()
     if len(pool) < count:
         raise SystemExit(f"only {len(pool)} QM9 molecules from index {first_index} with at most {max_heavy_atoms} "

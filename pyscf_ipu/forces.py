@@ -161,22 +161,24 @@ def _xc_energy_in_blocks(functional: Functional, basis: PrimitiveBasis, per_poin
     slice of the ``per_point`` arrays: its (B, 3) points and (B,) weights) and AO values recomputed in
     the gradient's backward pass (``jax.checkpoint``) rather than stored: the gradient then holds one
     block's AO values and derivatives, and one block's Becke cells (B x natm x natm), not the whole
-    grid's. ``per_point``'s second array is the weights' (or the volumes'): the last block is filled
-    with copies of the last point at zero weight."""
-    count = -(-len(per_point[1]) // FORCES_GRID_BLOCK)
-    pad = count * FORCES_GRID_BLOCK - len(per_point[1])
+    grid's. The last block is filled with copies of the last point, at zero weight."""
+    size = len(per_point[0])
+    count = -(-size // FORCES_GRID_BLOCK)
+    padded = count * FORCES_GRID_BLOCK
 
-    def blocked(values, k: int):
-        filled = jnp.pad(values, [(0, pad)] + [(0, 0)] * (values.ndim - 1), mode="constant" if k == 1 else "edge")
+    def blocked(values):
+        filled = jnp.pad(values, [(0, padded - size)] + [(0, 0)] * (values.ndim - 1), mode="edge")
         return filled.reshape(count, FORCES_GRID_BLOCK, *values.shape[1:])
 
     @jax.checkpoint
     def block(total, chunk):
-        where, weight = grid(*chunk)
+        real, *arrays = chunk
+        where, weight = grid(*arrays)
+        weight = jnp.where(real, weight, 0.0)
         return total + xc_energy(functional, ao_values_at(basis, where, coords), weight, dm), None
 
-    blocks = tuple(blocked(values, k) for k, values in enumerate(per_point))
-    return jax.lax.scan(block, jnp.zeros((), coords.dtype), blocks)[0]
+    real = (jnp.arange(padded) < size).reshape(count, FORCES_GRID_BLOCK)
+    return jax.lax.scan(block, jnp.zeros((), coords.dtype), (real, *map(blocked, per_point)))[0]
 
 
 @compiled(static_argnums=(0, 1), budget=MappingBudget())

@@ -55,6 +55,11 @@ def rows() -> Iterator[dict]:
             yield from csv.DictReader(handle)
 
 
+def row_heavy_atoms(row: dict) -> int:
+    """The heavy atoms of a qm9pack row, read from its element list alone (no geometry parsed)."""
+    return sum(symbol != "H" for symbol in json.loads(row["Elements"].replace("'", '"')))
+
+
 def _record(row: dict) -> QM9Record:
     molecule = qm9_frame(row).molecule(name=f"qm9_{int(row['Index']):06d}")
     return QM9Record(int(row["Index"]), row["SMILES"], molecule, float(row["HOMO_au"]), float(row["LUMO_au"]))
@@ -65,10 +70,8 @@ def iter_qm9(heavy_atoms: int | None = None, start: int = 1) -> Iterator[QM9Reco
     for row in rows():
         if int(row["Index"]) < start:
             continue
-        if heavy_atoms is not None:
-            symbols = json.loads(row["Elements"].replace("'", '"'))
-            if sum(s != "H" for s in symbols) != heavy_atoms:
-                continue
+        if heavy_atoms is not None and row_heavy_atoms(row) != heavy_atoms:
+            continue
         yield _record(row)
 
 

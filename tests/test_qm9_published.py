@@ -17,16 +17,11 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHMARK = ROOT / "benchmarks" / "qm9_published.py"
 
 
-def _benchmark():
-    """The benchmark as a module, loaded from its file (its folder is not put on ``sys.path``)."""
-    return load_script(BENCHMARK)
-
-
 def test_no_test_uses_the_benchmarks_held_out_molecules():
     """The benchmark draws from QM9's indices from HELD_OUT_FROM on, leaving out the built-in sample's:
     every QM9 index a test names (a number of four or more digits on a line that mentions QM9) is
     below it, and the sample's are known to the benchmark."""
-    benchmark = _benchmark()
+    benchmark = load_script(BENCHMARK)
     named = {int(n) for path in ROOT.glob("tests/**/*.py") for line in path.read_text().splitlines()
              if "qm9" in line.lower() for n in re.findall(r"\b\d{4,6}\b", line)}  # fmt: skip
     assert 21989 in named and max(named) < benchmark.HELD_OUT_FROM

@@ -29,10 +29,6 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "make_gdb_sample.py"
 
 
-def _load_script():
-    return load_script(SCRIPT)
-
-
 # --- reading files -----------------------------------------------------------------------------
 
 SMI_TEXT = (
@@ -170,7 +166,7 @@ def test_builtin_sample_file_has_a_source_header():
 
 def test_builtin_sample_matches_the_script_hand_written_part():
     """The cheap half of reproducibility: the 10-11 heavy-atom molecules are the script's list."""
-    script = _load_script()
+    script = load_script(SCRIPT)
     written = [(m.smiles, m.name) for m in builtin_sample() if not m.name.startswith("qm9_")]
     assert written == script.HAND_WRITTEN
 
@@ -178,7 +174,7 @@ def test_builtin_sample_matches_the_script_hand_written_part():
 @pytest.mark.slow
 def test_builtin_sample_is_reproducible():
     """The script regenerates the file byte for byte (reads all of QM9: ~45 s)."""
-    assert _load_script().main(["--check"]) == 0
+    assert load_script(SCRIPT).main(["--check"]) == 0
 
 
 def test_builtin_sample_molecules_all_embed():
