@@ -5,6 +5,7 @@
                                      [--jk df] [--batch-size 1] [--memory-budget 8] [--plot cost_growth.png]
     python benchmarks/cost_growth.py --presets qm9,ani1x [...]
     python benchmarks/cost_growth.py --xc wb97x --bases def2-svp [...]
+    python benchmarks/cost_growth.py --xc b3lyp --dispersion d3bj --bases 6-31g* [...]
 
 For each level of theory (each basis and grid level with ``--xc``, by default the generator's
 functional; or each of ``--presets``: a dataset's functional, basis and grid, which our side gets as
@@ -99,16 +100,18 @@ class Level(NamedTuple):
     xc: str
     basis: str
     grid_level: int
+    dispersion: str
     options: tuple[str, ...]
 
 
 def levels(args) -> list[Level]:
     """The benchmark's levels: each of ``--presets`` as the generator resolves it, else each basis and
-    grid level with ``--xc``."""
+    grid level with ``--xc`` and ``--dispersion``."""
     if args.presets:
-        return [Level(settings["xc"], settings["basis"], settings["grid_level"], ("--preset", name))
-                for name in args.presets.split(",") for settings in [preset_settings(name)]]  # fmt: skip
-    return [Level(args.xc, basis, level, ("--xc", args.xc, "--basis", basis, "--grid-level", str(level)))
+        return [Level(settings["xc"], settings["basis"], settings["grid_level"], settings["dispersion"],
+                      ("--preset", name)) for name in args.presets.split(",") for settings in [preset_settings(name)]]
+    return [Level(args.xc, basis, level, args.dispersion, ("--xc", args.xc, "--dispersion", args.dispersion, "--basis",
+                                                           basis, "--grid-level", str(level)))
             for basis in args.bases.split(",") for level in (int(v) for v in args.levels.split(","))]  # fmt: skip
 
 
@@ -197,6 +200,8 @@ def main() -> None:
     parser.add_argument("--bases", default="6-31g*,def2-svp")
     parser.add_argument("--levels", default="0")
     parser.add_argument("--xc", default=XC, help="both sides' functional with --bases (default: the generator's)")
+    parser.add_argument("--dispersion", default="auto", help="both sides' dispersion with --bases (default: the "
+                                                             "functional's own)")  # fmt: skip
     parser.add_argument("--presets", default="", help=f"of {', '.join(PRESETS)}: run these levels of theory instead of "
                                                       "--bases and --levels")  # fmt: skip
     parser.add_argument("--conformers", type=int, default=2)
@@ -232,7 +237,7 @@ def main() -> None:
             xyz = write_xyz(work / f"{tag}.xyz", conformers)
             cache = work / f"cache-{tag}"
             ran = RKSConfig(**{**GENERATOR_DFT_DEFAULTS, "basis": basis, "xc": theory.xc, "grid_level": level,
-                                 "jk": args.jk})  # fmt: skip
+                               "dispersion": theory.dispersion, "jk": args.jk})  # fmt: skip
             method = resolve(ran)
             most = min(args.batch_size, len(conformers))
             # largest_batch's 0 (one at a time, or refused) runs as 1: the generator then refuses in one line
@@ -250,9 +255,10 @@ def main() -> None:
                                    else ([(float("nan"), {q: float("nan") for q in LABELS})] * len(conformers), 0.0))
             pyscf_peak = max(fitted_peak, direct_peak)
             n = len(conformers)
+            suffix = "" if theory.dispersion in ("none", "auto") else f"-{theory.dispersion}"
             row = {
-                "theory": f"{theory.xc}/{basis} level {level}", "basis": basis, "level": level, "molecule": name,
-                "aos": aos, "batch": batch,
+                "theory": f"{theory.xc}{suffix}/{basis} level {level}", "basis": basis, "level": level,
+                "molecule": name, "aos": aos, "batch": batch,
                 "heavy": sum(s != "H" for s in conformers[0].symbols), "cold": cold / n, "restarted": restarted / n,
                 "peak": max(cold_peak, peak), "direct": np.mean([s for s, _ in direct]),
                 "fitted": np.mean([s for s, _ in fitted]), "pyscf_peak": pyscf_peak,

@@ -23,6 +23,9 @@ ADDED_SETTINGS: dict[str, object] = {"refine_commutator": 0.0, "dispersion": "no
 COMMAND_LINE_DEFAULTS = {"jk": AUTO}  # both command lines' defaults where they differ from RKSConfig's
 # Basis-name prefixes (lower case, no dashes) of minimal bases: --jk auto keeps their ERIs exact.
 MINIMAL_BASES = ("sto", "minao")
+# The dispersion corrections that belong to a functional's definition (--dispersion auto); every other
+# functional's is none.
+OWN_DISPERSION = {"wb97x-d": "chg"}
 FORCES_REFINE_COMMUTATOR = 5e-7  # --refine-commutator auto with --forces (RKSConfig.for_forces)
 
 
@@ -89,10 +92,13 @@ class RKSConfig:
     """Settings of one restricted Kohn-Sham single point."""
 
     basis: str = option("sto-3g", "Gaussian basis set, any name PySCF knows with shells up to f (QM1B: sto-3g)")
-    xc: str = option("b3lyp", "functional: b3lyp (PySCF's, VWN-RPA), b3lyp5 (VWN5), pbe, hf, or wb97x (ωB97X, range-"
-                     "separated; with --integrals jax or auto)")
-    dispersion: str = option("none", "empirical dispersion added to the energy and forces: none, or d3bj "
-                             "(Grimme's D3 with Becke-Johnson damping, two-body, with the functional's parameters)")
+    xc: str = option("b3lyp", "functional: b3lyp (PySCF's, VWN-RPA), b3lyp5 (VWN5), pbe, hf, wb97x (ωB97X) or wb97x-d "
+                     "(ωB97X-D, with its own dispersion); the last two are range-separated: with --integrals jax "
+                     "or auto")
+    dispersion: str = option(AUTO, "empirical dispersion added to the energy and forces: none; d3bj (Grimme's D3 "
+                             "with Becke-Johnson damping, two-body, with the functional's parameters); chg (Chai and "
+                             "Head-Gordon's damped C6 term, ωB97X-D's own); or auto, the functional's own: chg for "
+                             "wb97x-d, none for the others")
     grid_level: int = option(0, "PySCF Becke grid level, 0 (coarse, QM1B) to 9")
     precision: str = option("float32", "floating-point precision of the SCF loop", choices=PRECISIONS)
     jk: str = option("ipu", "J-K contraction backend: ipu (simulated IPU tiles), dense (reference), s8, df (density "
@@ -145,6 +151,8 @@ class RKSConfig:
             object.__setattr__(self, name, renamed.get(getattr(self, name), getattr(self, name)))
         if self.jk == AUTO:  # resolved here, so that every later stage and the recorded settings see the backend
             object.__setattr__(self, "jk", auto_jk(self.basis))
+        if self.dispersion == AUTO:  # resolved here, so that the recorded settings name the correction
+            object.__setattr__(self, "dispersion", OWN_DISPERSION.get(str(self.xc).strip().lower(), "none"))
         if self.integrals not in INTEGRALS:
             raise ConfigError(f"integrals must be one of {', '.join(INTEGRALS)}, got {self.integrals!r}")
         if self.precision not in PRECISIONS:

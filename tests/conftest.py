@@ -26,7 +26,7 @@ from pyscf_ipu.resolution import resolve
 from pyscf_ipu.runtime import default_cache_dir, enable_compilation_cache
 from pyscf_ipu.prepare import PreparedProblem, prepare
 from pyscf_ipu.molecule import Molecule
-from pyscf_ipu.reference import Reference, pyscf_method, pyscf_reference
+from pyscf_ipu.reference import Reference, pyscf_method, pyscf_reference, pyscf_runnable
 
 from .molecules import QM9_NINE_HEAVY, molecule_by_name
 
@@ -151,7 +151,7 @@ def reference_key(molecule: Molecule, config: RKSConfig) -> str:
         "xc": config.xc,
         "dispersion": method.dispersion.name,
         "grid_level": config.grid_level,
-        "pyscf_method": type(pyscf_method(molecule, method)).__name__,
+        "pyscf_method": type(pyscf_method(molecule, pyscf_runnable(molecule, method)[0])).__name__,
         "pyscf": pyscf.__version__,
         "code": code,
     }

@@ -1,23 +1,29 @@
-"""D3(BJ) dispersion (pyscf_ipu.dispersion) in the energy and the forces, against PySCF's own
-``mf.disp = "d3bj"`` and against central differences of the correction's energy.
+"""Dispersion corrections (pyscf_ipu.dispersion) in the energy and the forces: D3(BJ) against PySCF's
+own ``mf.disp = "d3bj"`` and against central differences of the correction's energy; ωB97X-D's own
+(Chai and Head-Gordon's) against Psi4's ``-CHG`` correction, whose energies and gradients
+``scripts/make_chg_reference.py`` stored in ``tests/references/chg_psi4.json``.
 
 Tolerances, a margin above the measured errors. The correction is the library's, so a run with it
 differs from PySCF's by what the run without it does: the correction itself equal (measured 0), the
 float64 energy 6.2e-11 Hartree apart (water, B3LYP), the gradients with grid response 1.5e-8
 Hartree/Bohr (FORCES_FLOAT64). The correction's gradient against central differences of its energy
-with a step of 1e-4 Bohr: at most 6.9e-12 Hartree/Bohr over paracetamol's 60 coordinates.
+with a step of 1e-4 Bohr: at most 6.9e-12 Hartree/Bohr over paracetamol's 60 coordinates. Chai and
+Head-Gordon's against Psi4: energies at most 1.4e-6 of themselves apart (the two programs' unit
+conversions; 2.5e-8 Hartree at diazepam), gradients at most 6.6e-10 Hartree/Bohr.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pyscf_ipu.config import ConfigError, RKSConfig
 from pyscf_ipu.forces import nuclear_gradient
-from pyscf_ipu.molecule import from_name
+from pyscf_ipu.molecule import Molecule, from_name
 from pyscf_ipu.reference import pyscf_method
 from pyscf_ipu.resolution import resolve
 from pyscf_ipu.rks import run_rks
@@ -27,6 +33,9 @@ from .tolerances import FORCES_FLOAT64
 FLOAT64 = dict(precision="float64", max_iterations=60, stop_commutator=1e-9)
 FINITE_DIFFERENCE = 1e-10  # Hartree/Bohr
 ENERGY_FLOAT64 = 1e-9  # Hartree
+PSI4_CHG = Path(__file__).parent / "references" / "chg_psi4.json"
+CHG_ENERGY_RELATIVE = 2e-6
+CHG_GRADIENT = 1e-9  # Hartree/Bohr
 
 
 def test_the_corrections_gradient_is_the_derivative_of_its_energy():
@@ -94,3 +103,51 @@ def test_the_device_gradients_take_the_correction():
 def test_an_unknown_dispersion_is_a_config_error():
     with pytest.raises(ConfigError, match="unknown dispersion 'd4'"):
         resolve(RKSConfig(dispersion="d4"))
+
+
+def test_wb97x_d_dispersion_matches_psi4_for_every_element_and_a_drug():
+    """Each element H to Xe beside a hydrogen at 4 and 8 Bohr (the damping and C_6 each decide one),
+    paracetamol and an RDKit conformer of diazepam (20 heavy atoms): energy and gradient against Psi4's."""
+    stored = json.loads(PSI4_CHG.read_text())
+    assert stored["dashlevel"] == "chg" and stored["params"] == {"s6": 1.0}
+    method = resolve(RKSConfig(xc="wb97x-d", jk="df", integrals="auto"))
+    dispersion, functional = method.dispersion, method.functional
+    assert dispersion.name == "chg"
+    elements = set()
+    for entry in stored["molecules"]:
+        molecule = Molecule(np.array(entry["atomic_numbers"]), np.array(entry["positions"]))
+        elements.update(entry["atomic_numbers"])
+        energy = dispersion.energy_terms(molecule, functional)["dispersion"]
+        gradient = dispersion.gradient(molecule, functional, np.zeros((molecule.natom, 3)))
+        assert energy == pytest.approx(entry["energy"], rel=CHG_ENERGY_RELATIVE, abs=0), entry["name"]
+        np.testing.assert_allclose(gradient, entry["gradient"], rtol=0, atol=CHG_GRADIENT, err_msg=entry["name"])
+    assert elements == set(range(1, 55)) and len(stored["molecules"]) == 2 * 54 + 2
+
+
+def test_dispersion_auto_is_the_functionals_own_and_chg_is_wb97x_ds_alone():
+    assert RKSConfig(xc="wb97x-d").dispersion == "chg" and RKSConfig(xc="WB97X-D").dispersion == "chg"
+    assert RKSConfig(xc="wb97x").dispersion == "none" and RKSConfig().dispersion == "none"
+    assert RKSConfig(xc="wb97x-d", dispersion="none").dispersion == "none"  # asked for: the functional alone
+    with pytest.raises(ConfigError, match="--dispersion chg is ωB97X-D's own"):
+        resolve(RKSConfig(xc="b3lyp", dispersion="chg"))
+    method = resolve(RKSConfig(xc="wb97x-d", jk="df", integrals="auto"))
+    radon_hydride = Molecule(np.array([86, 1]), np.array([[0.0, 0, 0], [0, 0, 3.0]]))
+    with pytest.raises(ConfigError, match="H to Xe only"):
+        method.dispersion.energy_terms(radon_hydride, method.functional)
+
+
+def test_references_add_the_correction_pyscf_lacks_and_pyscf_itself_refuses_it():
+    """``pyscf_reference`` (``--check``, ``qm1b validate``) runs PySCF's ωB97X-D functional without the
+    correction PySCF lacks and adds the correction's energy; PySCF's own counterpart refuses it."""
+    from pyscf_ipu.reference import pyscf_reference
+
+    molecule = from_name("water")
+    config = RKSConfig(xc="wb97x-d", basis="6-31g", jk="df", integrals="auto")
+    method = resolve(config)
+    with pytest.raises(ConfigError, match="PySCF has no Chai and Head-Gordon dispersion"):
+        pyscf_method(molecule, method)
+    with_it = pyscf_reference(molecule, method)
+    without = pyscf_reference(molecule, resolve(config.replace(dispersion="none")))
+    term = method.dispersion.energy_terms(molecule, method.functional)["dispersion"]
+    assert with_it.energy - without.energy == pytest.approx(term, abs=1e-10) and term < 0
+    assert (with_it.homo, with_it.lumo) == pytest.approx((without.homo, without.lumo), abs=1e-10)

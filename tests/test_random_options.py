@@ -36,8 +36,8 @@ def _stop(*args, **kwargs):
 # option: values, valid and not (None: a flag without a value)
 SETTINGS = {
     "--basis": ["sto-3g", "6-31g", "def2-svp", "6-31g(2df,p)", "def2-tzvp", "cc-pvqz", "no-such-basis"],
-    "--xc": ["b3lyp", "PBE", "hf", "m06", "wb97x"],
-    "--dispersion": ["none", "d3bj", "D3BJ", "d4"],
+    "--xc": ["b3lyp", "PBE", "hf", "m06", "wb97x", "WB97X-D"],
+    "--dispersion": ["none", "auto", "d3bj", "D3BJ", "chg", "d4"],
     "--jk": ["auto", "ipu", "dense", "s8", "df", "magic"],
     "--grid-level": ["0", "3", "-1", "10", "x"],
     "--precision": ["float32", "float64", "float16"],
@@ -82,7 +82,7 @@ GENERATE_OPTIONS = {
     "--min-converged": ["0.5", "2", "-1"],
     "--forces": [None],
     "--executor": ["local", "mpi"],
-    "--preset": ["qm1b", "ani1x", "qm9", "spice"],
+    "--preset": ["qm1b", "ani1x", "qm9", "nabladft", "spice"],
     "--task-molecules": ["0", "4"],
     "--task-threads": ["0", "1"],
 }

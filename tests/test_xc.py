@@ -287,7 +287,7 @@ def test_shapes_and_jit():
 # registry
 # ---------------------------------------------------------------------------
 def test_registry():
-    assert set(FUNCTIONALS) == {"b3lyp", "b3lyp5", "pbe", "hf", "wb97x"}
+    assert set(FUNCTIONALS) == {"b3lyp", "b3lyp5", "pbe", "hf", "wb97x", "wb97x-d"}
     b3 = resolve(RKSConfig(xc=" B3LYP")).functional  # names are case- and space-insensitive
     assert b3 is FUNCTIONALS["b3lyp"]
     assert b3.hf_exchange == 0.2

@@ -11,7 +11,7 @@ from .lyp import lyp_c
 from .pbe import pbe_c, pbe_x
 from .slater import slater_x
 from .vwn import vwn5_c, vwn_rpa_c
-from .wb97 import WB97X, wb97x_xc
+from .wb97 import WB97X, WB97X_D, B97Coefficients, wb97x_d_xc, wb97x_xc
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,15 @@ class Functional:
         return any(getattr(p, "family", "GGA") == "GGA" for _, p in self.pieces)
 
 
+def wb97_functional(name: str, coefficients: B97Coefficients, piece: Callable, libxc_code: str) -> Functional:
+    """A ωB97-family hybrid: exact exchange for all of the long range and 1 - c_x of the short range,
+    c_x = ``coefficients.exchange[0]`` being the semi-local exchange's share there; so K's weight is
+    1 - c_x and K_ω's c_x (ωB97X: 0.157706 and 0.842294)."""
+    c_x = coefficients.exchange[0]
+    return Functional(name=name, pieces=((1.0, piece),), hf_exchange=1.0 - c_x, libxc_code=libxc_code,
+                      long_range_exchange=c_x, omega=coefficients.omega)  # fmt: skip
+
+
 FUNCTIONALS: dict[str, Functional] = {
     # PySCF >= 2.3 / libxc HYB_GGA_XC_B3LYP (code 402): VWN *RPA* correlation.
     "b3lyp": Functional(
@@ -90,14 +99,9 @@ FUNCTIONALS: dict[str, Functional] = {
         libxc_code="pbe,pbe",
     ),
     "hf": Functional(name="hf", pieces=(), hf_exchange=1.0, libxc_code="hf"),
-    # libxc HYB_GGA_XC_WB97X (Chai and Head-Gordon 2008): all of the long-range exchange, c_x of the short
-    # range, so K's weight is c_x = 0.157706 and K_ω's 1 - c_x
-    "wb97x": Functional(
-        name="wb97x",
-        pieces=((1.0, wb97x_xc),),
-        hf_exchange=1.0 - WB97X.exchange[0],
-        libxc_code="wb97x",
-        long_range_exchange=WB97X.exchange[0],
-        omega=WB97X.omega,
-    ),
+    # libxc HYB_GGA_XC_WB97X (Chai and Head-Gordon 2008)
+    "wb97x": wb97_functional("wb97x", WB97X, wb97x_xc, "wb97x"),
+    # libxc HYB_GGA_XC_WB97X_D (Chai and Head-Gordon 2008, PCCP): the same form, refitted with ω = 0.2 beside
+    # its own damped dispersion (the "chg" correction, pyscf_ipu.dispersion); PySCF names it by libxc's name
+    "wb97x-d": wb97_functional("wb97x-d", WB97X_D, wb97x_d_xc, "hyb_gga_xc_wb97x_d"),
 }

@@ -22,18 +22,27 @@ def test_a_preset_sets_its_level_and_any_option_beside_it_wins(name):
     preset = PRESETS[name]
     fields = {f.name for f in dataclasses.fields(RKSConfig)}
     assert set(preset.settings) <= fields and {"xc", "basis", "grid_level", "dispersion"} <= set(preset.settings)
+    resolved = RKSConfig(**preset.settings)  # its dispersion, auto, resolved to the functional's own
     gen, dft = settings_of(["--preset", name])
-    assert gen.preset == name and all(getattr(dft, k) == v for k, v in preset.settings.items())
-    gen, dft = settings_of(["--grid-level", "1", "--preset", name, "--dispersion", "d3bj"])  # either side of it
-    assert (dft.grid_level, dft.dispersion) == (1, "d3bj")
+    assert gen.preset == name and all(getattr(dft, k) == getattr(resolved, k) for k in preset.settings)
+    gen, dft = settings_of(["--grid-level", "1", "--preset", name, "--dispersion", "none"])  # either side of it
+    assert (dft.grid_level, dft.dispersion) == (1, "none")
     assert all(getattr(dft, k) == v for k, v in preset.settings.items() if k not in ("grid_level", "dispersion"))
 
 
 def test_the_presets_name_the_datasets_levels():
     """The levels the datasets' papers state (the README lists each with its source)."""
     level = {name: (p.settings["xc"], p.settings["basis"]) for name, p in PRESETS.items()}
-    assert level == {"qm1b": ("b3lyp5", "sto-3g"), "qm9": ("b3lyp", "6-31g(2df,p)"), "ani1x": ("wb97x", "6-31g*")}
+    assert level == {"qm1b": ("b3lyp5", "sto-3g"), "qm9": ("b3lyp", "6-31g(2df,p)"), "ani1x": ("wb97x", "6-31g*"),
+                     "nabladft": ("wb97x-d", "def2-svp")}  # fmt: skip
     assert PRESETS["qm1b"].settings["grid_level"] == 0 and PRESETS["qm1b"].settings["precision"] == "float32"
+    dispersions = {name: RKSConfig(**p.settings).dispersion for name, p in PRESETS.items()}
+    assert dispersions == {"qm1b": "none", "qm9": "none", "ani1x": "none", "nabladft": "chg"}
+
+
+def test_a_functional_beside_a_preset_brings_its_own_dispersion():
+    assert settings_of(["--preset", "ani1x", "--xc", "wb97x-d"])[1].dispersion == "chg"
+    assert settings_of(["--preset", "nabladft", "--xc", "wb97x"])[1].dispersion == "none"
 
 
 def test_without_a_preset_the_generators_defaults_stand():
