@@ -63,7 +63,7 @@ import numpy as np  # noqa: E402
 from common import SUMMARY  # noqa: E402
 from throughput import LABELS, pyscf_labels  # noqa: E402
 
-from pyscf_ipu.config import IPUConfig, RKSConfig  # noqa: E402
+from pyscf_ipu.config import OWN_DISPERSION, IPUConfig, RKSConfig  # noqa: E402
 from pyscf_ipu.geometries import read_frames  # noqa: E402
 from pyscf_ipu.resolution import resolve  # noqa: E402
 from pyscf_ipu.memory import largest_batch  # noqa: E402
@@ -255,7 +255,7 @@ def main() -> None:
                                    else ([(float("nan"), {q: float("nan") for q in LABELS})] * len(conformers), 0.0))
             pyscf_peak = max(fitted_peak, direct_peak)
             n = len(conformers)
-            suffix = "" if theory.dispersion in ("none", "auto") else f"-{theory.dispersion}"
+            suffix = "" if ran.dispersion == OWN_DISPERSION.get(theory.xc, "none") else f"-{ran.dispersion}"
             row = {
                 "theory": f"{theory.xc}{suffix}/{basis} level {level}", "basis": basis, "level": level,
                 "molecule": name, "aos": aos, "batch": batch,

@@ -135,6 +135,7 @@ def summary(molecule: Molecule, result, config: RKSConfig, chosen: bool = False)
         f"{name}: {molecule.natom} atoms, {result.nao} AOs, {result.grid_points} grid points "
         f"(padded to {result.shapes[0]} AOs, {result.shapes[1]} points)",
         f"{config.xc}/{config.basis}, grid level {config.grid_level}, {config.precision}, J-K backend {config.jk}"
+        + (f", dispersion {config.dispersion}" if config.dispersion != "none" else "")
         + (f" (--jk auto, for {config.basis})" if chosen else ""),
         f"energy   {result.energy:18.10f} Hartree",
         f"HOMO     {result.homo:18.10f} Hartree  {result.homo * HARTREE_TO_EV:10.4f} eV",
@@ -161,7 +162,7 @@ def check_lines(result, reference) -> list[str]:
     lines = [
         f"PySCF float64: energy {reference.energy:.10f} Hartree, {reference.cycles} cycles, "
         f"{'converged' if reference.converged else 'NOT converged'}, {reference.seconds:.2f}s "
-        f"(ERIs {reference.eris})"
+        f"(ERIs {reference.eris}{'; added: ' + reference.added if reference.added else ''})"
     ]
     names = {"homo": "HOMO", "lumo": "LUMO"}
     lines += [f"  difference {names.get(k, k):6s} {v:+10.4f} meV" for k, v in differences_mev(result, reference).items()]

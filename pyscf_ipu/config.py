@@ -151,7 +151,7 @@ class RKSConfig:
             object.__setattr__(self, name, renamed.get(getattr(self, name), getattr(self, name)))
         if self.jk == AUTO:  # resolved here, so that every later stage and the recorded settings see the backend
             object.__setattr__(self, "jk", auto_jk(self.basis))
-        if self.dispersion == AUTO:  # resolved here, so that the recorded settings name the correction
+        if str(self.dispersion).strip().lower() == AUTO:  # resolved here: the recorded settings name the correction
             object.__setattr__(self, "dispersion", OWN_DISPERSION.get(str(self.xc).strip().lower(), "none"))
         if self.integrals not in INTEGRALS:
             raise ConfigError(f"integrals must be one of {', '.join(INTEGRALS)}, got {self.integrals!r}")

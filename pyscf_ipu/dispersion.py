@@ -26,11 +26,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import ClassVar
 
 import numpy as np
+from pyscf.data.elements import ELEMENTS
 
-from .config import ConfigError
-from .molecule import Molecule
+from .config import OWN_DISPERSION, ConfigError
+from .molecule import Molecule, MoleculeError, atomic_number
 from .units import BOHR_PER_ANGSTROM, BOHR_RADIUS_ANGSTROM
 from .pyscf_mole import build_mole
 from .xc.functionals import Functional
@@ -41,7 +43,7 @@ class NoDispersion:
     """No correction: the functional's energy and forces as they are."""
 
     name: str = "none"
-    in_pyscf: bool = True  # PySCF can apply the same correction (pyscf_counterpart)
+    in_pyscf: ClassVar[bool] = True
 
     def energy_terms(self, molecule: Molecule, functional: Functional) -> dict[str, float]:
         """The terms this correction adds to the energy (Hartree): none."""
@@ -54,6 +56,9 @@ class NoDispersion:
     def check(self, functional: Functional) -> None:
         """Every functional takes no correction."""
 
+    def check_elements(self, symbols) -> None:
+        """Every element takes no correction."""
+
     def pyscf_counterpart(self, mf):
         """PySCF's mean-field object ``mf`` with the same correction: as it is."""
         return mf
@@ -65,7 +70,7 @@ class D3BJ:
     functional (B3LYP5 takes B3LYP's, as in PySCF)."""
 
     name: str = "d3bj"
-    in_pyscf: bool = True
+    in_pyscf: ClassVar[bool] = True
 
     def energy_terms(self, molecule: Molecule, functional: Functional) -> dict[str, float]:
         """``{"dispersion": E_disp}`` in Hartree."""
@@ -79,6 +84,9 @@ class D3BJ:
     def check(self, functional: Functional) -> None:
         """:class:`ConfigError` where the library has no parameters for ``functional``."""
         _d3bj(_HYDROGEN, functional.name)
+
+    def check_elements(self, symbols) -> None:
+        """The library's reference values cover H to Pu, beyond every basis this package takes."""
 
     def pyscf_counterpart(self, mf):
         """PySCF's mean-field object ``mf`` with the same correction (``mf.disp``)."""
@@ -124,7 +132,7 @@ class ChaiHeadGordon:
     """ωB97X-D's damped C_6 dispersion (the module doc), for that functional alone: it was fitted with it."""
 
     name: str = "chg"
-    in_pyscf: bool = False
+    in_pyscf: ClassVar[bool] = False
 
     def energy_terms(self, molecule: Molecule, functional: Functional) -> dict[str, float]:
         """``{"dispersion": E_disp}`` in Hartree."""
@@ -146,9 +154,13 @@ class ChaiHeadGordon:
 
     def check(self, functional: Functional) -> None:
         """:class:`ConfigError` for any functional but ωB97X-D."""
-        if functional.name != "wb97x-d":
+        if OWN_DISPERSION.get(functional.name) != self.name:
             raise ConfigError(f"--dispersion chg is ωB97X-D's own, fitted with it: not for --xc {functional.name} "
                               "(choose d3bj or none)")
+
+    def check_elements(self, symbols) -> None:
+        """:class:`MoleculeError` for an element beyond Xe, where D2's tables end."""
+        _d2_indices([atomic_number(symbol) for symbol in symbols])
 
     def pyscf_counterpart(self, mf):
         """PySCF has no such correction: :class:`ConfigError` (compare with ``--dispersion none``, or add
@@ -159,15 +171,22 @@ class ChaiHeadGordon:
 def _chg_pairs(molecule: Molecule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each pair's C_6 (Hartree Bohr^6), R_r (Bohr) and distance (Bohr), (natm, natm) each; a distance
     of inf on the diagonal, so that no atom pairs with itself."""
-    numbers = np.asarray(molecule.atomic_numbers)
-    if numbers.min() < 1 or numbers.max() > len(_D2_C6):
-        raise ConfigError(f"--dispersion chg has parameters for H to Xe only, not atomic number {numbers.max()}")
-    c6 = np.asarray(_D2_C6)[numbers - 1] * _C6_TO_ATOMIC
-    r0 = np.asarray(_D2_R0)[numbers - 1] * BOHR_PER_ANGSTROM
+    index = _d2_indices(molecule.atomic_numbers)
+    c6 = np.asarray(_D2_C6)[index] * _C6_TO_ATOMIC
+    r0 = np.asarray(_D2_R0)[index] * BOHR_PER_ANGSTROM
     positions = np.asarray(molecule.positions, np.float64)
     distance = np.linalg.norm(positions[:, None, :] - positions[None, :, :], axis=-1)
     np.fill_diagonal(distance, np.inf)
     return np.sqrt(c6[:, None] * c6[None, :]), r0[:, None] + r0[None, :], distance
+
+
+def _d2_indices(numbers) -> np.ndarray:
+    """Rows of the D2 tables for atomic numbers ``numbers``; :class:`MoleculeError` beyond Xe."""
+    numbers = np.asarray(numbers, int)
+    beyond = sorted({ELEMENTS[z] for z in numbers if not 1 <= z <= len(_D2_C6)})
+    if beyond:
+        raise MoleculeError(f"--dispersion chg (ωB97X-D's) has parameters for H to Xe only, not {', '.join(beyond)}")
+    return numbers - 1
 
 
 def _chg_denominator(distance: np.ndarray, radius: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ import numpy as np
 from .buckets import SizeBucket
 from .config import ConfigError, RKSConfig
 from .molecule import Molecule
+from .pyscf_mole import check_basis
 from .strategies import Dispersion, IntegralSource, JKBackend
 from .xc.functionals import Functional
 
@@ -64,6 +65,12 @@ class Method:
         config = self.config
         return SizeBucket.of_symbols(symbols, config.basis, config.grid_level, self.backend.occupied_step, charge,
                                      self.bucket_step)  # fmt: skip
+
+    def check_elements(self, symbols) -> None:
+        """:class:`~pyscf_ipu.molecule.MoleculeError`, before any work, where the basis or the dispersion
+        correction cannot take one of the elements ``symbols``."""
+        check_basis(set(symbols), self.config.basis)
+        self.dispersion.check_elements(set(symbols))
 
     def same_bucket(self, molecules) -> SizeBucket:
         """The size bucket of ``molecules``, which must share one (a batch's); ValueError otherwise."""

@@ -47,7 +47,6 @@ from .method import Method
 from .molecule import Molecule
 from .problem import batch_of
 from .programs import compiled, usable_cores
-from .pyscf_mole import check_basis
 from .results import SCFResult
 from .rks import BatchRun, submit_batch
 from .units import BOHR_PER_ANGSTROM
@@ -423,7 +422,7 @@ def relax(molecules: Iterable[Molecule], method: Method, *, criteria: Criteria =
                 index, molecule = next(waiting, (None, None))
                 if molecule is None:
                     return
-                check_basis(set(molecule.symbols), method.config.basis)
+                method.check_elements(molecule.symbols)
                 pool.start(index, molecule)
                 step = pool.answer(index)
                 member = _Member(index, molecule, molecule, optimizer_seconds=step.seconds)

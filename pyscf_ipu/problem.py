@@ -32,7 +32,6 @@ from .method import Method
 from .molecule import Molecule
 from .prepare import LINEAR_DEPENDENCE_THRESHOLD
 from .programs import compiled, precision_scope
-from .pyscf_mole import check_basis
 
 VIRTUAL_SHIFT = 10.0  # Hartree; above any real orbital energy of the supported bases
 FINAL_SHIFT = 1e4  # Hartree; the float64 finalisation's
@@ -154,9 +153,8 @@ def prepare_batch(molecules: list[Molecule], method: Method, shapes: tuple[int, 
     ``method``: their integrals from the run's integral source, the problem built and laid out for
     its J-K backend; dispatched, not waited for. ``shapes`` (Np, Gp) pads further than the bucket
     where the integral source can (the host's). A :class:`~pyscf_ipu.molecule.MoleculeError` names an
-    element the basis lacks."""
-    config = method.config
-    check_basis({symbol for molecule in molecules for symbol in molecule.symbols}, config.basis)
+    element the basis or the dispersion correction cannot take."""
+    method.check_elements({symbol for molecule in molecules for symbol in molecule.symbols})
     bucket = method.same_bucket(molecules)
     return batch_of(*method.integrals.integrals(molecules, bucket, method, shapes), bucket, method)
 

@@ -24,8 +24,8 @@ def element_basis(basis: str, symbol: str) -> list:
 
 
 def check_basis(symbols, basis: str) -> dict[str, list]:
-    """Each of ``symbols``'s parsed shells in ``basis``; an unknown basis or a missing element is a
-    MoleculeError."""
+    """Each of ``symbols``'s parsed shells in ``basis``; an unknown basis, a missing element or one the
+    basis gives an effective core potential is a MoleculeError."""
     shells, missing = {}, []
     for symbol in sorted(set(symbols)):
         try:
@@ -36,7 +36,20 @@ def check_basis(symbols, basis: str) -> dict[str, list]:
         raise MoleculeError(f"unknown basis {basis!r}: use a basis PySCF knows, such as sto-3g, 6-31g or def2-svp")
     if missing:
         raise MoleculeError(f"element(s) {', '.join(missing)} not in basis {basis!r}: choose another basis")
+    cored = [symbol for symbol in shells if _needs_ecp(basis, symbol)]
+    if cored:  # the basis describes valence electrons only; an all-electron run in it would be wrong
+        raise MoleculeError(f"basis {basis!r} needs an effective core potential for {', '.join(cored)}, which this "
+                            "package does not carry: choose an all-electron basis")  # fmt: skip
     return shells
+
+
+@lru_cache(maxsize=None)
+def _needs_ecp(basis: str, symbol: str) -> bool:
+    """Whether PySCF pairs ``basis`` with an effective core potential for ``symbol`` (def2 from Rb on)."""
+    try:
+        return bool(gto.basis.load_ecp(basis, symbol))
+    except (BasisNotFoundError, KeyError, OSError, RuntimeError):
+        return False
 
 
 def build_mole(molecule: Molecule, basis: str) -> gto.Mole:

@@ -39,6 +39,7 @@ class Reference:
     cycles: int
     seconds: float
     eris: str  # how PySCF held the ERIs: in memory, recomputed every cycle (direct SCF), or density fitted
+    added: str = ""  # what this package added to PySCF's energy (a dispersion correction PySCF lacks), if anything
 
     @property
     def gap(self) -> float:
@@ -101,4 +102,5 @@ def pyscf_reference(molecule: Molecule, method: Method, conv_tol: float = 1e-11,
         cycles=int(mf.cycles),
         seconds=seconds,
         eris=_how_eris(mf),
+        added=f"{method.dispersion.name} dispersion {added:+.10f} Hartree, this package's" if added else "",
     )

@@ -9,7 +9,7 @@ after. A ``method`` argument is the run's :class:`~pyscf_ipu.method.Method`.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import jax.numpy as jnp
 import numpy as np
@@ -117,8 +117,14 @@ class Dispersion(Protocol):
     def gradient(self, molecule: Molecule, functional: Functional, gradient: np.ndarray) -> np.ndarray:
         """``gradient`` (natm, 3) (Hartree/Bohr) with the correction's gradient added."""
 
+    in_pyscf: ClassVar[bool]
+    """Whether PySCF can apply the same correction (:meth:`pyscf_counterpart`)."""
+
     def check(self, functional: Functional) -> None:
         """:class:`~pyscf_ipu.config.ConfigError` where the correction has no parameters for ``functional``."""
+
+    def check_elements(self, symbols) -> None:
+        """:class:`~pyscf_ipu.molecule.MoleculeError` where it has no parameters for one of ``symbols``."""
 
     def pyscf_counterpart(self, mf):
         """PySCF's mean-field object ``mf`` (not yet run) with the same correction."""

@@ -39,7 +39,6 @@ from pyscf_ipu.method import Method
 from pyscf_ipu.resolution import resolve
 from pyscf_ipu.molecule import MoleculeError
 from pyscf_ipu.optimize import relax
-from pyscf_ipu.pyscf_mole import check_basis
 from pyscf_ipu.padding import fill_batch
 from pyscf_ipu.programs import programs_run_on_caller, thread_program_seconds
 from pyscf_ipu.problem import prepare_batch
@@ -275,7 +274,7 @@ def _relax_buckets(items, buckets: dict, sizes: dict, method: Method, gen: Gener
         def conformers(group=group, members=members):
             for batch in group:
                 try:
-                    check_basis({s for m in batch.molecules for s in m.symbols}, method.config.basis)
+                    method.check_elements({s for m in batch.molecules for s in m.symbols})
                 except MoleculeError as err:
                     ledger.settle(_molecules_failed(batch, err))
                     continue

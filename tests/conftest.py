@@ -125,7 +125,8 @@ def _reference_code(backends: tuple[type, ...], dispersion: type) -> str:
     import pyscf_ipu.xc.functionals
     from pyscf_ipu.buckets import auxiliary_basis
 
-    sources = (pyscf_ipu.reference, *(b.pyscf_counterpart for b in backends), dispersion.pyscf_counterpart,
+    # the correction's whole module: a reference for a correction PySCF lacks holds this package's term
+    sources = (pyscf_ipu.reference, *(b.pyscf_counterpart for b in backends), inspect.getmodule(dispersion),
                pyscf_ipu.pyscf_mole, pyscf_ipu.xc.functionals, auxiliary_basis)  # fmt: skip
     return hashlib.sha256("".join(inspect.getsource(source) for source in sources).encode()).hexdigest()
 
@@ -136,7 +137,7 @@ def reference_key(molecule: Molecule, config: RKSConfig) -> str:
     the source of the code that builds the reference: ``pyscf_ipu.reference``, the J-K backend's
     ``pyscf_counterpart``, the molecule's PySCF form (``pyscf_ipu.pyscf_mole``), the functionals' libxc
     codes (``pyscf_ipu.xc.functionals``), the fitting basis (``buckets.auxiliary_basis``) and the
-    dispersion correction's ``pyscf_counterpart``."""
+    dispersion correction's module."""
     import pyscf
 
     method = resolve(config)

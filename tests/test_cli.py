@@ -18,6 +18,7 @@ from .tolerances import LABEL_MEV
 BAD_INPUT = [
     (["--atoms", "Xx 0 0 0"], "unknown element 'Xx'"),
     (["--atoms", "Xe 0 0 0", "--basis", "6-31g"], "Xe not in basis '6-31g'"),
+    (["--atoms", "H 0 0 0; I 0 0 1.6", "--basis", "def2-svp"], "needs an effective core potential for I"),
     (["--atoms", "H 0 0 0"], "even electron count"),
     (["--mol", "water", "--charge", "1"], "even electron count"),
     (["--mol", "water", "--spin", "2"], "closed shell"),

@@ -23,7 +23,7 @@ import pytest
 
 from pyscf_ipu.config import ConfigError, RKSConfig
 from pyscf_ipu.forces import nuclear_gradient
-from pyscf_ipu.molecule import Molecule, from_name
+from pyscf_ipu.molecule import Molecule, MoleculeError, from_name
 from pyscf_ipu.reference import pyscf_method
 from pyscf_ipu.resolution import resolve
 from pyscf_ipu.rks import run_rks
@@ -128,26 +128,37 @@ def test_dispersion_auto_is_the_functionals_own_and_chg_is_wb97x_ds_alone():
     assert RKSConfig(xc="wb97x-d").dispersion == "chg" and RKSConfig(xc="WB97X-D").dispersion == "chg"
     assert RKSConfig(xc="wb97x").dispersion == "none" and RKSConfig().dispersion == "none"
     assert RKSConfig(xc="wb97x-d", dispersion="none").dispersion == "none"  # asked for: the functional alone
+    assert RKSConfig(xc="wb97x-d", dispersion=" AUTO").dispersion == "chg"
     with pytest.raises(ConfigError, match="--dispersion chg is ωB97X-D's own"):
         resolve(RKSConfig(xc="b3lyp", dispersion="chg"))
     method = resolve(RKSConfig(xc="wb97x-d", jk="df", integrals="auto"))
     radon_hydride = Molecule(np.array([86, 1]), np.array([[0.0, 0, 0], [0, 0, 3.0]]))
-    with pytest.raises(ConfigError, match="H to Xe only"):
+    with pytest.raises(MoleculeError, match="H to Xe only"):
         method.dispersion.energy_terms(radon_hydride, method.functional)
 
 
 def test_references_add_the_correction_pyscf_lacks_and_pyscf_itself_refuses_it():
-    """``pyscf_reference`` (``--check``, ``qm1b validate``) runs PySCF's ωB97X-D functional without the
-    correction PySCF lacks and adds the correction's energy; PySCF's own counterpart refuses it."""
-    from pyscf_ipu.reference import pyscf_reference
+    """PySCF's counterpart of a ωB97X-D run refuses the correction PySCF lacks; what the references
+    (``--check``, ``qm1b validate``, the benchmarks) run instead is the functional without it, with the
+    correction's energy to add; a correction PySCF has is left to PySCF."""
+    from pyscf_ipu.reference import pyscf_runnable
 
     molecule = from_name("water")
-    config = RKSConfig(xc="wb97x-d", basis="6-31g", jk="df", integrals="auto")
-    method = resolve(config)
+    method = resolve(RKSConfig(xc="wb97x-d", basis="6-31g", jk="df", integrals="auto"))
     with pytest.raises(ConfigError, match="PySCF has no Chai and Head-Gordon dispersion"):
         pyscf_method(molecule, method)
-    with_it = pyscf_reference(molecule, method)
-    without = pyscf_reference(molecule, resolve(config.replace(dispersion="none")))
-    term = method.dispersion.energy_terms(molecule, method.functional)["dispersion"]
-    assert with_it.energy - without.energy == pytest.approx(term, abs=1e-10) and term < 0
-    assert (with_it.homo, with_it.lumo) == pytest.approx((without.homo, without.lumo), abs=1e-10)
+    runnable, added = pyscf_runnable(molecule, method)
+    assert runnable.dispersion.name == "none" and runnable.functional is method.functional
+    assert added == method.dispersion.energy_terms(molecule, method.functional)["dispersion"] < 0
+    assert pyscf_method(molecule, runnable).xc == "hyb_gga_xc_wb97x_d"
+    d3bj = resolve(RKSConfig(xc="b3lyp", dispersion="d3bj"))
+    assert pyscf_runnable(molecule, d3bj) == (d3bj, 0.0)
+
+
+def test_elements_beyond_the_corrections_tables_are_refused_before_any_work():
+    """3-21G has caesium, all-electron; D2's tables end at xenon."""
+    method = resolve(RKSConfig(xc="wb97x-d", basis="3-21g", jk="df", integrals="auto"))
+    with pytest.raises(MoleculeError, match="H to Xe only, not Cs"):
+        method.check_elements(["H", "Cs"])
+    method.check_elements(["H", "Xe"])
+    resolve(RKSConfig(xc="b3lyp", basis="3-21g", dispersion="d3bj")).check_elements(["H", "Cs"])

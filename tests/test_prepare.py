@@ -86,6 +86,10 @@ def test_missing_elements_and_unknown_basis():
         build_mole(from_atom_string("Xe 0 0 0"), "6-31g")
     with pytest.raises(MoleculeError, match="unknown basis 'not-a-basis'"):
         build_mole(from_name("water"), "not-a-basis")
+    # def2 describes iodine's valence only, beside a core potential this package does not carry
+    with pytest.raises(MoleculeError, match="'def2-svp' needs an effective core potential for I"):
+        build_mole(from_atom_string("H 0 0 0; I 0 0 1.6"), "def2-svp")
+    assert build_mole(from_atom_string("H 0 0 0; Br 0 0 1.4"), "def2-svp").nao > 0  # all-electron up to Kr
 
 
 def test_hartree_fock_skips_the_grid():

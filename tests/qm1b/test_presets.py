@@ -25,8 +25,9 @@ def test_a_preset_sets_its_level_and_any_option_beside_it_wins(name):
     resolved = RKSConfig(**preset.settings)  # its dispersion, auto, resolved to the functional's own
     gen, dft = settings_of(["--preset", name])
     assert gen.preset == name and all(getattr(dft, k) == getattr(resolved, k) for k in preset.settings)
-    gen, dft = settings_of(["--grid-level", "1", "--preset", name, "--dispersion", "none"])  # either side of it
-    assert (dft.grid_level, dft.dispersion) == (1, "none")
+    other = "none" if resolved.dispersion != "none" else "d3bj"
+    gen, dft = settings_of(["--grid-level", "1", "--preset", name, "--dispersion", other])  # either side of it
+    assert (dft.grid_level, dft.dispersion) == (1, other) and dft.grid_level != resolved.grid_level
     assert all(getattr(dft, k) == v for k, v in preset.settings.items() if k not in ("grid_level", "dispersion"))
 
 
