@@ -44,8 +44,9 @@ Phases, in this order, each skipped (and said so) where the time left cannot hol
   restarted): relaxed conformers per hour, steps, the host's CPU per step in the main process and in
   geomeTRIC's workers; then PySCF with geomeTRIC (its gradient with grid response, one process per
   host core) on a sample of the same starting conformers, for the ratio.
-- ``ani1x`` and ``qm9``: cold, then restarted, a dataset's level (``--preset NAME``: ANI-1x's
-  ωB97X/6-31G(d); QM9's B3LYP/6-31G(2df,p), with f shells; density fitted, grid level 3) over 8 of
+- ``ani1x``, ``qm9`` and ``nabladft``: cold, then restarted, a dataset's level (``--preset NAME``: ANI-1x's
+  ωB97X/6-31G(d); QM9's B3LYP/6-31G(2df,p), with f shells; nablaDFT's ωB97X-D/def2-SVP with its
+  dispersion; density fitted, grid level 3) over 8 of
   the sample's molecules, 16 conformers each, on the device's own integrals; with ``labels``, its
   rate and labels against PySCF's density-fitted same level on a sample.
 - ``gpu4pyscf``: where GPU4PySCF imports, its SCF plus gradient (B3LYP5, grid level 0, one conformer
@@ -83,7 +84,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 LABELS = ("energy", "homo", "lumo", "y")
-PRESET_PHASES = ("ani1x", "qm9")  # datasets' levels of theory (qm1b/presets.py), one phase each
+PRESET_PHASES = ("ani1x", "qm9", "nabladft")  # datasets' levels of theory (qm1b/presets.py), one phase each
 # in the order they run: the presets' phases last but one, so that their f-shell compiles cannot use the
 # budget of the STO-3G, J-K, forces and relaxation phases
 PHASES = ("sto3g", "programs", "pyscf", "labels", "variants", "d3bj", "def2svp", "jk", "forces", "relax",
@@ -231,21 +232,31 @@ def describe(name: str, run: Run) -> list[str]:
 
 
 def pyscf_one(task: tuple) -> dict:
-    """One conformer by PySCF (RKS at the run's settings, its default convergence), labels in eV."""
+    """One conformer by PySCF (RKS at the run's settings, its default convergence), labels in eV. The
+    functional by its libxc name; a dispersion correction PySCF lacks (ωB97X-D's) added to its energy
+    as this package computes it (:func:`pyscf_ipu.reference.pyscf_runnable`)."""
     numbers, positions, basis, fitted, dispersion, xc, grid_level = task
     from pyscf import dft, gto
 
+    from pyscf_ipu.dispersion import DISPERSIONS
+    from pyscf_ipu.molecule import Molecule
     from pyscf_ipu.units import HARTREE_TO_EV
+    from pyscf_ipu.xc.functionals import FUNCTIONALS
 
     start = time.perf_counter()
+    functional, correction = FUNCTIONALS[xc], DISPERSIONS[dispersion]
     mol = gto.M(atom=[(int(z), tuple(p)) for z, p in zip(numbers, positions)], unit="Bohr", basis=basis, verbose=0)
-    mf = dft.RKS(mol, xc=xc)
+    mf = dft.RKS(mol, xc=functional.libxc_code)
     mf.grids.level = grid_level
     if fitted:
         mf = mf.density_fit()
-    if dispersion != "none":
-        mf.disp = dispersion
-    energy = mf.kernel()
+    added = 0.0
+    if correction.in_pyscf:
+        mf = correction.pyscf_counterpart(mf)
+    else:
+        molecule = Molecule(np.asarray(numbers, int), np.asarray(positions, float))
+        added = sum(correction.energy_terms(molecule, functional).values())
+    energy = mf.kernel() + added
     nocc = mol.nelectron // 2
     homo, lumo = mf.mo_energy[nocc - 1], mf.mo_energy[nocc]
     ev = HARTREE_TO_EV
@@ -267,7 +278,8 @@ def pyscf_on_every_core(records: list[dict], basis: str, fitted: bool, timeout: 
                         ) -> tuple[list[dict], float] | None:  # fmt: skip
     """PySCF over ``records``, one single-threaded process per host core: (labels, wall seconds), or
     None past ``timeout`` (the workers are then terminated); with ``relax``, each relaxed by geomeTRIC
-    instead (converged, steps, seconds); with ``dispersion``, PySCF's ``mf.disp``; ``xc`` and
+    instead (converged, steps, seconds); with ``dispersion``, PySCF's ``mf.disp`` (or the correction's
+    energy added, where PySCF lacks it: :func:`pyscf_one`); ``xc`` and
     ``grid_level`` PySCF's (relaxations: B3LYP5 at level 0)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
@@ -372,6 +384,7 @@ def main() -> None:
 
 def run_phases(phases: set[str], size: dict, work: Path, budget: Budget, results: dict) -> None:
     """The phases of :data:`PHASES` in ``phases``, in that order, each figure printed and kept in ``results``."""
+    from pyscf_ipu.config import RKSConfig
     from qm1b.inputs import builtin_sample
     from qm1b.presets import PRESETS
 
@@ -477,7 +490,8 @@ def run_phases(phases: set[str], size: dict, work: Path, budget: Budget, results
         if "labels" in phases and results.get(f"{name}_restarted", {}).get("summary") and budget.left > 60:
             records = spread(conformers_of(work / f"{name}-restarted"), size["preset_sample"])
             done = pyscf_on_every_core(records, settings["basis"], True, budget.left - 10, xc=settings["xc"],
-                                       grid_level=settings["grid_level"])  # fmt: skip
+                                       grid_level=settings["grid_level"],
+                                       dispersion=RKSConfig(**settings).dispersion)  # fmt: skip
             if done is not None:
                 rate = 3600 * len(records) / done[1]
                 ours = results[f"{name}_restarted"]["summary"]["conformers_per_hour"]

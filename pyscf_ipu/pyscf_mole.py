@@ -46,10 +46,12 @@ def check_basis(symbols, basis: str) -> dict[str, list]:
 @lru_cache(maxsize=None)
 def _needs_ecp(basis: str, symbol: str) -> bool:
     """Whether PySCF pairs ``basis`` with an effective core potential for ``symbol`` (def2 from Rb on)."""
-    try:
-        return bool(gto.basis.load_ecp(basis, symbol))
-    except (BasisNotFoundError, KeyError, OSError, RuntimeError):
-        return False
+    with warnings.catch_warnings():  # PySCF suggests basis-set-exchange on every miss
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            return bool(gto.basis.load_ecp(basis, symbol))
+        except (BasisNotFoundError, KeyError, OSError, RuntimeError):
+            return False
 
 
 def build_mole(molecule: Molecule, basis: str) -> gto.Mole:

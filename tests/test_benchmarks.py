@@ -35,3 +35,29 @@ def test_the_gpu_benchmark_runs_at_its_tiny_size(tmp_path):
     labels = results["labels_sto3g_mev"]
     assert labels["pyscf_converged"] == 4 and max(labels[q] for q in ("energy", "homo", "lumo", "y")) < 0.3
     assert "host CPU per conformer" in done.stdout and "PySCF, one process per host core" in done.stdout
+
+
+def test_the_gpu_benchmarks_pyscf_adds_a_correction_pyscf_lacks():
+    """Its PySCF worker at ωB97X-D (the nabladft phase's level): PySCF's functional by libxc's name, and
+    the Chai and Head-Gordon term added, as the references add it (``pyscf_ipu.reference.pyscf_runnable``)."""
+    import numpy as np
+    import pytest
+    from pyscf import dft, gto
+
+    from pyscf_ipu.dispersion import DISPERSIONS
+    from pyscf_ipu.molecule import from_name
+    from pyscf_ipu.units import HARTREE_TO_EV
+    from pyscf_ipu.xc.functionals import FUNCTIONALS
+
+    from .scripts import load_script
+
+    gpu = load_script(ROOT / "benchmarks" / "gpu.py")
+    water = from_name("water")
+    task = (water.atomic_numbers.tolist(), water.positions.tolist(), "6-31g", True, "chg", "wb97x-d", 0)
+    labels = gpu.pyscf_one(task)
+    mol = gto.M(atom=water.pyscf_atom(), unit="Bohr", basis="6-31g", verbose=0)
+    plain = dft.RKS(mol, xc="hyb_gga_xc_wb97x_d").density_fit()
+    plain.grids.level = 0
+    term = DISPERSIONS["chg"].energy_terms(water, FUNCTIONALS["wb97x-d"])["dispersion"]
+    assert labels["energy"] == pytest.approx((plain.kernel() + term) * HARTREE_TO_EV, abs=1e-8)
+    assert term < 0 and np.isfinite(labels["y"])

@@ -1,13 +1,15 @@
 """Host preparation (libcint): integrals, screening, grid and guess, checked against PySCF and built-in
 identities; the integral sources by name."""
 
+import warnings
+
 import numpy as np
 import pytest
 from pyscf import ao2mo, dft, scf
 
 from pyscf_ipu.config import ConfigError, RKSConfig
 from pyscf_ipu.resolution import resolve
-from pyscf_ipu.pyscf_mole import build_mole
+from pyscf_ipu.pyscf_mole import _needs_ecp, build_mole
 from pyscf_ipu.prepare import prepare
 from pyscf_ipu.molecule import MoleculeError, from_atom_string, from_name
 
@@ -90,6 +92,10 @@ def test_missing_elements_and_unknown_basis():
     with pytest.raises(MoleculeError, match="'def2-svp' needs an effective core potential for I"):
         build_mole(from_atom_string("H 0 0 0; I 0 0 1.6"), "def2-svp")
     assert build_mole(from_atom_string("H 0 0 0; Br 0 0 1.4"), "def2-svp").nao > 0  # all-electron up to Kr
+    _needs_ecp.cache_clear()
+    with warnings.catch_warnings():  # the check asks PySCF quietly, though most elements have no core potential
+        warnings.simplefilter("error")
+        build_mole(from_name("water"), "def2-svp")
 
 
 def test_hartree_fock_skips_the_grid():
