@@ -131,12 +131,13 @@ def _molecule_and_settings(command: argparse.ArgumentParser) -> None:
 def summary(molecule: Molecule, result, config: RKSConfig, chosen: bool = False) -> str:
     """The run's labels and timings as text; ``chosen``: the J-K backend came from ``--jk auto``."""
     name = molecule.name or molecule.formula
+    dispersion = str(config.dispersion).strip().lower()
     lines = [
         f"{name}: {molecule.natom} atoms, {result.nao} AOs, {result.grid_points} grid points "
         f"(padded to {result.shapes[0]} AOs, {result.shapes[1]} points)",
         f"{config.xc}/{config.basis}, grid level {config.grid_level}, {config.precision}, J-K backend {config.jk}"
-        + (f", dispersion {config.dispersion}" if config.dispersion != "none" else "")
-        + (f" (--jk auto, for {config.basis})" if chosen else ""),
+        + (f" (--jk auto, for {config.basis})" if chosen else "")
+        + (f", dispersion {dispersion}" if dispersion != "none" else ""),
         f"energy   {result.energy:18.10f} Hartree",
         f"HOMO     {result.homo:18.10f} Hartree  {result.homo * HARTREE_TO_EV:10.4f} eV",
         f"LUMO     {result.lumo:18.10f} Hartree  {result.lumo * HARTREE_TO_EV:10.4f} eV",

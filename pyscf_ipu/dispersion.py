@@ -29,12 +29,12 @@ from functools import lru_cache
 from typing import ClassVar
 
 import numpy as np
+from pyscf import gto
 from pyscf.data.elements import ELEMENTS
 
 from .config import OWN_DISPERSION, ConfigError
 from .molecule import Molecule, MoleculeError, atomic_number
 from .units import BOHR_PER_ANGSTROM, BOHR_RADIUS_ANGSTROM
-from .pyscf_mole import build_mole
 from .xc.functionals import Functional
 
 
@@ -86,7 +86,7 @@ class D3BJ:
         _d3bj(_HYDROGEN, functional.name)
 
     def check_elements(self, symbols) -> None:
-        """The library's reference values cover H to Pu, beyond every basis this package takes."""
+        """The library's reference values cover H to Pu, beyond every all-electron basis this package takes."""
 
     def pyscf_counterpart(self, mf):
         """PySCF's mean-field object ``mf`` with the same correction (``mf.disp``)."""
@@ -105,8 +105,9 @@ def _d3bj(molecule: Molecule, functional: str):
     """The library's D3(BJ) model of ``molecule`` with ``functional``'s parameters."""
     from pyscf.dispersion import dftd3  # only where the correction is asked for
 
-    # the library reads the atoms from a Mole; its basis is never used, def2-SVP's covers H to Rn
-    mol = build_mole(molecule, "def2-svp")
+    # the library reads the atoms from a Mole; its basis is never used: one s function per element
+    mol = gto.M(atom=molecule.pyscf_atom(), unit="Bohr", basis={s: [[0, [1.0, 1.0]]] for s in set(molecule.symbols)},
+                charge=molecule.charge, spin=molecule.spin, verbose=0)  # fmt: skip
     try:
         return dftd3.DFTD3Dispersion(mol, functional, version="d3bj")
     except RuntimeError:  # the library's way of saying it has no parameters for the functional

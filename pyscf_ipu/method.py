@@ -69,8 +69,9 @@ class Method:
     def check_elements(self, symbols) -> None:
         """:class:`~pyscf_ipu.molecule.MoleculeError`, before any work, where the basis or the dispersion
         correction cannot take one of the elements ``symbols``."""
-        check_basis(set(symbols), self.config.basis)
-        self.dispersion.check_elements(set(symbols))
+        symbols = set(symbols)
+        check_basis(symbols, self.config.basis)
+        self.dispersion.check_elements(symbols)
 
     def same_bucket(self, molecules) -> SizeBucket:
         """The size bucket of ``molecules``, which must share one (a batch's); ValueError otherwise."""

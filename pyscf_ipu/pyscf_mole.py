@@ -6,6 +6,7 @@ parsed once per process, which matters for a stream of conformers.
 
 from __future__ import annotations
 
+import os
 import warnings
 from functools import lru_cache
 
@@ -50,6 +51,9 @@ def _needs_ecp(basis: str, symbol: str) -> bool:
         warnings.simplefilter("ignore", UserWarning)
         try:
             return bool(gto.basis.load_ecp(basis, symbol))
+        except TypeError:  # an alias of several files (cc-pCVnZ, aug-cc-pVnZ-PP), which load_ecp cannot join
+            files = gto.basis.ALIAS[gto.basis._format_basis_name(basis)]
+            return any(_needs_ecp(os.path.join(os.path.dirname(gto.basis.__file__), f), symbol) for f in files)
         except (BasisNotFoundError, KeyError, OSError, RuntimeError):
             return False
 

@@ -102,5 +102,6 @@ def pyscf_reference(molecule: Molecule, method: Method, conv_tol: float = 1e-11,
         cycles=int(mf.cycles),
         seconds=seconds,
         eris=_how_eris(mf),
-        added=f"{method.dispersion.name} dispersion {added:+.10f} Hartree, this package's" if added else "",
+        added=f"{method.dispersion.name} dispersion {added:+.10f} Hartree, this package's" if runnable is not method
+        else "",
     )

@@ -149,3 +149,17 @@ def test_jk_auto_is_both_command_lines_default_and_resolves_by_the_basis():
             assert config.jk == expected, (argv, basis)
     assert RKSConfig(basis="def2-svp").jk == "ipu"  # the library's default stays the exact ERIs
     assert RKSConfig(jk="s8", basis="def2-svp").jk == "s8"  # a named backend is kept
+
+
+def test_check_says_what_it_added_to_pyscfs_energy():
+    """``--check``'s PySCF line names a correction this package added to PySCF's energy (ωB97X-D's)."""
+    from types import SimpleNamespace
+
+    from pyscf_ipu.cli import check_lines
+    from pyscf_ipu.reference import Reference
+
+    ours = SimpleNamespace(energy=-1.0, homo=-0.5, lumo=0.1, gap=0.6)
+    added = Reference(-1.0, -0.5, 0.1, True, 8, 0.1, "density fitted, in memory", "chg dispersion -0.0001 Hartree")
+    plain = Reference(-1.0, -0.5, 0.1, True, 8, 0.1, "density fitted, in memory")
+    assert "added: chg dispersion -0.0001 Hartree" in check_lines(ours, added)[0]
+    assert "added" not in check_lines(ours, plain)[0]

@@ -161,4 +161,8 @@ def test_elements_beyond_the_corrections_tables_are_refused_before_any_work():
     with pytest.raises(MoleculeError, match="H to Xe only, not Cs"):
         method.check_elements(["H", "Cs"])
     method.check_elements(["H", "Xe"])
-    resolve(RKSConfig(xc="b3lyp", basis="3-21g", dispersion="d3bj")).check_elements(["H", "Cs"])
+    d3bj = resolve(RKSConfig(xc="b3lyp", basis="3-21g", dispersion="d3bj"))
+    d3bj.check_elements(["H", "Cs"])
+    # D3(BJ) reads the atoms alone: iodine in a basis without a core potential, as in any other
+    hydrogen_iodide = Molecule(np.array([1, 53]), np.array([[0.0, 0, 0], [0, 0, 3.0]]))
+    assert d3bj.dispersion.energy_terms(hydrogen_iodide, d3bj.functional)["dispersion"] < 0

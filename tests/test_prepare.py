@@ -93,9 +93,13 @@ def test_missing_elements_and_unknown_basis():
         build_mole(from_atom_string("H 0 0 0; I 0 0 1.6"), "def2-svp")
     assert build_mole(from_atom_string("H 0 0 0; Br 0 0 1.4"), "def2-svp").nao > 0  # all-electron up to Kr
     _needs_ecp.cache_clear()
-    with warnings.catch_warnings():  # the check asks PySCF quietly, though most elements have no core potential
+    with warnings.catch_warnings():  # the check asks PySCF quietly (for a basis PySCF names by no alias, it warns)
         warnings.simplefilter("error")
-        build_mole(from_name("water"), "def2-svp")
+        build_mole(from_name("water"), "6-31g(2df,p)")
+    # cc-pCVDZ, all-electron, is two files to PySCF; cc-pVDZ-PP carries iodine's core potential
+    assert build_mole(from_atom_string("N 0 0 0; N 0 0 1.1"), "cc-pcvdz").nao > 0
+    with pytest.raises(MoleculeError, match="needs an effective core potential for I"):
+        build_mole(from_atom_string("I 0 0 0; I 0 0 2.7"), "cc-pvdz-pp")
 
 
 def test_hartree_fock_skips_the_grid():
