@@ -238,24 +238,22 @@ def pyscf_one(task: tuple) -> dict:
     numbers, positions, basis, fitted, dispersion, xc, grid_level = task
     from pyscf import dft, gto
 
-    from pyscf_ipu.dispersion import DISPERSIONS
+    from pyscf_ipu.config import RKSConfig
     from pyscf_ipu.molecule import Molecule
+    from pyscf_ipu.reference import pyscf_runnable
+    from pyscf_ipu.resolution import resolve
     from pyscf_ipu.units import HARTREE_TO_EV
-    from pyscf_ipu.xc.functionals import FUNCTIONALS
 
     start = time.perf_counter()
-    functional, correction = FUNCTIONALS[xc], DISPERSIONS[dispersion]
+    # the functional and the correction as a run resolves them (its J-K backend is not read here)
+    settings = RKSConfig(basis=basis, xc=xc, dispersion=dispersion, grid_level=grid_level, jk="df", integrals="auto")
+    method, added = pyscf_runnable(Molecule(np.asarray(numbers, int), np.asarray(positions, float)), resolve(settings))
     mol = gto.M(atom=[(int(z), tuple(p)) for z, p in zip(numbers, positions)], unit="Bohr", basis=basis, verbose=0)
-    mf = dft.RKS(mol, xc=functional.libxc_code)
+    mf = dft.RKS(mol, xc=method.functional.libxc_code)
     mf.grids.level = grid_level
     if fitted:
         mf = mf.density_fit()
-    added = 0.0
-    if correction.in_pyscf:
-        mf = correction.pyscf_counterpart(mf)
-    else:
-        molecule = Molecule(np.asarray(numbers, int), np.asarray(positions, float))
-        added = sum(correction.energy_terms(molecule, functional).values())
+    mf = method.dispersion.pyscf_counterpart(mf)
     energy = mf.kernel() + added
     nocc = mol.nelectron // 2
     homo, lumo = mf.mo_energy[nocc - 1], mf.mo_energy[nocc]
