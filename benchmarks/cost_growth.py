@@ -238,7 +238,7 @@ def main() -> None:
             cache = work / f"cache-{tag}"
             ran = RKSConfig(**{**GENERATOR_DFT_DEFAULTS, "basis": basis, "xc": theory.xc, "grid_level": level,
                                "dispersion": theory.dispersion, "jk": args.jk})  # fmt: skip
-            method = resolve(ran)
+            method = resolve(ran, args.memory_budget)
             most = min(args.batch_size, len(conformers))
             # largest_batch's 0 (one at a time, or refused) runs as 1: the generator then refuses in one line
             batch = max(1, largest_batch(method.bucket(conformers[0]), method, most, args.memory_budget))

@@ -17,7 +17,7 @@ may mix them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import TYPE_CHECKING
 
 import jax
@@ -32,7 +32,7 @@ from .integrals.fitting import (COMPANION_COEFFICIENT, FittingPlan, fitted_facto
                                 plan_fitting)
 from .integrals.one_electron import OneElectronLayout, layout_of, one_electron_matrices
 from .molecule import Molecule
-from .packed import FittedFactor, RangeSeparatedERIs
+from .packed import FittedFactor, RangeSeparatedERIs, StreamedFactor, rectangular_order
 from .programs import compiled, on_device
 from .templates import BucketTemplate, ElementTables, SlotRows, long_range_one_centre_table
 
@@ -266,7 +266,8 @@ def device_factor(template: BucketTemplate, coords: np.ndarray, values: ShellVal
     (:mod:`~pyscf_ipu.integrals.fitting`) from the conformers' positions and the shells the
     assembly program gathered, and rounded to ``dtype`` for the loop. ``omega`` > 0 (a range-separated
     functional's): that and the long-range erf(ω r)/r's factor (:class:`~pyscf_ipu.packed.RangeSeparatedERIs`),
-    from the same pair data."""
+    from the same pair data. A bucket that streams its factor gets the float64 one alone, reordered into
+    the rectangular layout (:class:`~pyscf_ipu.packed.StreamedFactor`)."""
     plan = fitting_plan(template)
     with jax.enable_x64(True):
         data, shifts = pair_program(static_tables(template.plan)[0], eri_structure(template.plan),
@@ -277,8 +278,19 @@ def device_factor(template: BucketTemplate, coords: np.ndarray, values: ShellVal
         for separation in (0.0, omega) if omega else (0.0,):
             exact, packed = fitted_factor(plan, data + fitting, shifts, assembled["fitting_present"], chunk_batch(),
                                           np.dtype(dtype).name, separation)  # fmt: skip
-            factors.append(FittedFactor(packed, exact, rank))
+            if template.bucket.streams_factor:
+                factors.append(StreamedFactor(rectangular_program(exact), rank))
+            else:
+                factors.append(FittedFactor(packed, exact, rank))
     return factors[0] if len(factors) == 1 else RangeSeparatedERIs(*factors)
+
+
+@partial(compiled, name="rectangular_factor")
+def rectangular_program(exact: jax.Array) -> jax.Array:
+    """(C, Qp, npair): a batch's row-packed factors with their pairs in the rectangular layout
+    (:func:`~pyscf_ipu.packed.rectangular_columns`)."""
+    n = int(round((np.sqrt(8.0 * exact.shape[-1] + 1.0) - 1.0) / 2.0))
+    return jnp.take(exact, jnp.asarray(rectangular_order(n)), axis=-1)
 
 
 @lru_cache(maxsize=4)

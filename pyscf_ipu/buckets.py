@@ -218,6 +218,9 @@ class SizeBucket:
     grid_level: int
     kinds: tuple[tuple[tuple, int], ...]  # (kind signature, capacity), sorted by signature
     occupied: int = 0  # doubly occupied orbitals rounded up to the run's step; 0: not a dimension
+    # a density-fitted bucket's factor held once, in float64, and read a block at a time each iteration:
+    # where the loop's unpacked copy would not fit the memory budget (the fitted backend decides)
+    streams_factor: bool = False
 
     @classmethod
     def of(cls, molecule: Molecule, basis: str, grid_level: int, occupied_step: int = 0,
@@ -245,6 +248,12 @@ class SizeBucket:
     def template_elements(self) -> tuple[str, ...]:
         """The template molecule's atoms: ``capacity`` of each kind's first element, kind after kind."""
         return tuple(symbol for kind, cap in self.kinds for symbol in [kind_members(self.basis, kind)[0]] * cap)
+
+    @property
+    def always_full(self) -> bool:
+        """Whether every molecule of the bucket has exactly its template's atoms: :func:`capacity` rounds
+        no kind up (it rounds only kinds of fewer than 4 AOs per atom)."""
+        return all(element_aos(kind) >= 4 for kind, _ in self.kinds)
 
     @property
     def natm_padded(self) -> int:
@@ -285,7 +294,7 @@ class SizeBucket:
         to multiples of ``step_aos`` AOs' worth of atoms (:func:`capacity`): a bucket whose template
         holds this one's, so that its programs can serve every bucket it widens."""
         kinds = tuple((kind, capacity(cap, element_aos(kind), step_aos)) for kind, cap in self.kinds)
-        return SizeBucket(self.basis, self.grid_level, kinds, self.occupied)
+        return SizeBucket(self.basis, self.grid_level, kinds, self.occupied, self.streams_factor)
 
     @property
     def nao_padded(self) -> int:
@@ -329,4 +338,5 @@ class SizeBucket:
             return next((e for e in LABEL_ELEMENTS if e in members), members[0])
 
         parts = "".join(f"{name(kind)}{cap}" for kind, cap in self.kinds)
-        return f"{self.basis}:{parts}" + (f":occ{self.occupied}" if self.occupied else "")
+        return (f"{self.basis}:{parts}" + (f":occ{self.occupied}" if self.occupied else "")
+                + (":streamed" if self.streams_factor else ""))

@@ -195,7 +195,10 @@ def run_command(args: argparse.Namespace) -> int:
         config = config_from_arguments(args, RKSConfig)
         if args.forces:
             config = config.for_forces()
-        method = resolve(config)
+        if args.memory_budget is not None and args.memory_budget <= 0:
+            raise ValueError(f"--memory-budget is in GB and must be positive, got {args.memory_budget}")
+        budget = args.memory_budget or default_budget()
+        method = resolve(config, budget)
         if args.forces:
             method.check_forces()
         if args.fixed_grid and not args.forces:
@@ -204,9 +207,7 @@ def run_command(args: argparse.Namespace) -> int:
             two = f" over two operators (--xc {config.xc})" if method.functional.range_separated else ""
             raise ValueError("--profile and --profile-plot describe the ipu backend's tiles for one operator; this "
                              f"run uses --jk {config.jk}{two}")
-        if args.memory_budget is not None and args.memory_budget <= 0:
-            raise ValueError(f"--memory-budget is in GB and must be positive, got {args.memory_budget}")
-        check_memory(molecule, method, args.memory_budget or default_budget())
+        check_memory(molecule, method, budget)
     except ValueError as err:
         raise ConfigError(str(err)) from None
     enable_compilation_cache()
@@ -277,10 +278,11 @@ def optimize_command(args: argparse.Namespace) -> int:
             raise ValueError(f"--max-steps must be at least 1, got {args.max_steps}")
         if molecule.natom < 2:
             raise ValueError("a geometry optimisation needs at least two atoms")
-        method = resolve(config_from_arguments(args, RKSConfig).for_forces()).check_forces()
         if args.memory_budget is not None and args.memory_budget <= 0:
             raise ValueError(f"--memory-budget is in GB and must be positive, got {args.memory_budget}")
-        check_memory(molecule, method, args.memory_budget or default_budget())
+        budget = args.memory_budget or default_budget()
+        method = resolve(config_from_arguments(args, RKSConfig).for_forces(), budget).check_forces()
+        check_memory(molecule, method, budget)
         for path in [out] + ([Path(args.trajectory)] if args.trajectory else []):
             if not path.parent.is_dir():
                 raise ValueError(f"cannot write {path}: no directory {str(path.parent)!r}")

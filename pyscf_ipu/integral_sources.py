@@ -24,7 +24,7 @@ from .assembly import (BatchIntegrals, BatchMember, assemble_integrals, device_e
                        device_range_separated_eris, template_layout)
 from .buckets import SizeBucket
 from .molecule import Molecule
-from .packed import FittedFactor, RangeSeparatedERIs, batch_eris, s8_size, tril_unpack
+from .packed import FittedFactor, RangeSeparatedERIs, StreamedFactor, batch_eris, s8_size, to_rectangular, tril_unpack
 from .padding import aligned_empty, pad_into, stack_padded
 from .prepare import PreparedProblem, fitted_eri, prepare
 from .programs import on_device
@@ -54,13 +54,16 @@ def host_batch(hosts: list[PreparedProblem], dtype, shapes: tuple[int, int]) -> 
     if hosts[0].eri_fitted.size:
         bucket = hosts[0].bucket
         factors = []
-        for precision in (dtype, np.float64):
+        for precision in (np.float64,) if bucket.streams_factor else (dtype, np.float64):
             factor = aligned_empty((len(hosts), bucket.naux_padded, npad * (npad + 1) // 2), precision)
             for slot, host in zip(factor, hosts):  # a molecule's pairs come first in the padded AOs' packing
                 pad_into(slot, host.eri_fitted)
+                if bucket.streams_factor:
+                    to_rectangular(slot)
             with jax.enable_x64(True):
                 factors.append(on_device(factor, may_alias=True))
-        eris = FittedFactor(*factors, bucket.occupied_rank)
+        eris = StreamedFactor(*factors, bucket.occupied_rank) if bucket.streams_factor else FittedFactor(
+            *factors, bucket.occupied_rank)
     else:
         eris = batch_eris([host.eri_s8 for host in hosts], npad, dtype)
     with jax.enable_x64(True):  # the float64 arrays stay float64
@@ -113,7 +116,9 @@ class LibcintIntegrals:
         return None  # nothing is kept: every conformer is prepared from scratch
 
     eris_on_device: bool = False
-    fitting_bytes: int = 16  # fitted_eri solves in place, but each member's preparation keeps its factor
+
+    def fitting_bytes(self, bucket: SizeBucket) -> int:
+        return 16  # fitted_eri solves in place, but each member's preparation keeps its factor
 
     def long_range(self, backend) -> bool:
         """Whether it makes the long-range integrals of a range-separated functional for ``backend``: not yet."""
@@ -154,8 +159,10 @@ class DeviceFactor:
     (:func:`~pyscf_ipu.assembly.device_factor`)."""
 
     name: str = "jax"
-    fitting_bytes: int = 16  # the 3-centre integrals and the solve's output, both float64
     long_range: bool = True  # a range-separated functional's long-range factor: the same kernels, attenuated
+
+    def fitting_bytes(self, bucket: SizeBucket) -> int:
+        return 16  # the 3-centre integrals and the solve's output, both float64
 
     def factor(self, molecules, placed, bucket, method):
         """The ``factor`` argument of :func:`~pyscf_ipu.assembly.assemble_integrals` (with the long-range
@@ -178,8 +185,12 @@ class LibcintFactor:
     fills its template straight into them."""
 
     name: str = "libcint"
-    fitting_bytes: int = 8  # a molecule smaller than its template: its own factor before it is placed
     long_range: bool = True  # a range-separated functional's long-range factor: the same, attenuated
+
+    def fitting_bytes(self, bucket: SizeBucket) -> int:
+        # a molecule smaller than its template: its own factor before it is placed; libcint writes one
+        # that fills it straight into the buffer
+        return 0 if bucket.always_full else 8
 
     def factor(self, molecules, placed, bucket, method):
         """Each conformer's factor, and its long-range one (:class:`~pyscf_ipu.packed.RangeSeparatedERIs`)
@@ -188,8 +199,9 @@ class LibcintFactor:
         omegas = (0.0, functional.omega) if functional.range_separated else (0.0,)
         npad = bucket.nao_padded
         shape = (len(molecules), bucket.naux_padded, npad * (npad + 1) // 2)
-        buffers = [(aligned_empty(shape, np.float64, zeroed=True), aligned_empty(shape, method.dtype, zeroed=True))
-                   for _ in omegas]  # fmt: skip
+        exacts = [aligned_empty(shape, np.float64, zeroed=True) for _ in omegas]
+        # the loop's copies, unless the bucket streams its float64 factor
+        loops = [] if bucket.streams_factor else [aligned_empty(shape, method.dtype, zeroed=True) for _ in omegas]
 
         def fill() -> None:
             for c, (molecule, (_, atoms, aos, _)) in enumerate(zip(molecules, placed)):
@@ -197,21 +209,28 @@ class LibcintFactor:
                 mol = build_mole(ordered, bucket.basis)
                 pairs = template_pairs(aos)
                 fills = len(pairs) == shape[2]  # every template pair, in order (aos ascend)
-                for omega, (exact, packed) in zip(omegas, buffers):
+                for i, (omega, exact) in enumerate(zip(omegas, exacts)):
                     own = fitted_eri(mol, bucket.basis, method.config.eri_expcutoff, out=exact[c] if fills else None,
                                      omega=omega)  # fmt: skip
                     rows = len(own)
                     if not fills:  # the fitting functions' order is immaterial
                         copy_columns(exact[c, :rows], own, pairs)
-                    packed[c, :rows] = exact[c, :rows]
+                    if bucket.streams_factor:
+                        to_rectangular(exact[c])
+                    else:
+                        loops[i][c, :rows] = exact[c, :rows]
 
         wait = in_background(fill, "libcint-factor")
 
-        def made(template, coords, values, assembled) -> FittedFactor | RangeSeparatedERIs:
+        def made(template, coords, values, assembled) -> FittedFactor | StreamedFactor | RangeSeparatedERIs:
             wait()
+            rank = bucket.occupied_rank
             with jax.enable_x64(True):
-                factors = [FittedFactor(on_device(packed, may_alias=True), on_device(exact, may_alias=True),
-                                        bucket.occupied_rank) for exact, packed in buffers]  # fmt: skip
+                if bucket.streams_factor:
+                    factors = [StreamedFactor(on_device(exact, may_alias=True), rank) for exact in exacts]
+                else:
+                    factors = [FittedFactor(on_device(loop, may_alias=True), on_device(exact, may_alias=True), rank)
+                               for exact, loop in zip(exacts, loops)]  # fmt: skip
             return factors[0] if len(factors) == 1 else RangeSeparatedERIs(*factors)
 
         return made
@@ -320,9 +339,8 @@ class JaxIntegrals:
         """The precision the ERIs are computed in: ``eri_precision``, or the loop's where that is higher."""
         return np.promote_types(self.eri_precision, method.dtype)
 
-    @property
-    def fitting_bytes(self) -> int:
-        return self.factor.fitting_bytes
+    def fitting_bytes(self, bucket: SizeBucket) -> int:
+        return self.factor.fitting_bytes(bucket)
 
     def held_bytes(self, nao, grid_points, value_bytes):
         # the bucket's s8 array as computed (the finalisation's), and rounded for the loop where that

@@ -55,7 +55,7 @@ def batch_memory(bucket: SizeBucket, method: Method, conformers: int, prepared_a
     grid = bucket.grid_points_padded if method.needs_grid else 0
     held = method.integrals.held_bytes(nao, grid, value_bytes)  # one conformer's
     # the s8 ERIs or the fitted factor, and what is held only while one conformer's are made
-    eris, making = method.backend.eri_bytes(bucket, held["eris"], method.integrals.fitting_bytes, value_bytes)
+    eris, making = method.backend.eri_bytes(bucket, held["eris"], method.integrals.fitting_bytes(bucket), value_bytes)
     jk = method.backend.layout_bytes(bucket, value_bytes)
     device_ao = 4 * grid * nao * value_bytes  # (4, Gp, Np) in the loop's precision
     host = conformers + prepared_ahead

@@ -43,6 +43,7 @@ class Method:
     integrals: IntegralSource
     bucket_step: int  # the size buckets' step for light kinds (RKSConfig.bucket_step, auto resolved by platform)
     dispersion: Dispersion  # the empirical dispersion added to the energy and forces
+    memory_budget: float  # GB: the run's memory budget, which the J-K backend lays its arrays out for
 
     @property
     def dtype(self) -> np.dtype:
@@ -60,11 +61,13 @@ class Method:
 
     def bucket_of(self, symbols, charge: int = 0) -> SizeBucket:
         """The size bucket of a molecule of ``symbols`` (with ``charge``) at this basis and grid level,
-        at the run's bucket step and the J-K backend's occupied-orbital step;
-        :class:`~pyscf_ipu.molecule.MoleculeError` where the basis lacks an element."""
+        at the run's bucket step and the J-K backend's occupied-orbital step, in the layout the backend
+        picks for it under the memory budget; :class:`~pyscf_ipu.molecule.MoleculeError` where the basis
+        lacks an element."""
         config = self.config
-        return SizeBucket.of_symbols(symbols, config.basis, config.grid_level, self.backend.occupied_step, charge,
-                                     self.bucket_step)  # fmt: skip
+        bucket = SizeBucket.of_symbols(symbols, config.basis, config.grid_level, self.backend.occupied_step, charge,
+                                       self.bucket_step)  # fmt: skip
+        return self.backend.laid_out(bucket, self)
 
     def check_elements(self, symbols) -> None:
         """:class:`~pyscf_ipu.molecule.MoleculeError`, before any work, where the basis or the dispersion

@@ -17,6 +17,7 @@ matrix of pairs p = ij (i >= j), npair = N(N+1)/2. From it we derive
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import jax
 import jax.numpy as jnp
@@ -70,6 +71,18 @@ class FittedFactor:
 
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
+class StreamedFactor:
+    """A batch's density-fitted factor held once, in float64, in the rectangular layout
+    (:func:`rectangular_columns`) that the fitted backend reads a block of fitting functions at a
+    time: what a bucket that streams its factor (:attr:`~pyscf_ipu.buckets.SizeBucket.streams_factor`)
+    holds instead of a :class:`FittedFactor`."""
+
+    exact: jax.Array  # (C, Qp, npair)  float64, the pairs in rectangular order
+    rank: int = field(metadata=dict(static=True))
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
 class RangeSeparatedERIs:
     """A range-separated hybrid's two-electron integrals: those of the Coulomb operator 1/r and of its
     long-range part erf(ω r)/r, each in the form the J-K backend takes (s8 arrays or a
@@ -111,6 +124,85 @@ def pair_index(nao: int, nao_padded: int | None = None) -> np.ndarray:
     index = hi * (hi + 1) // 2 + lo
     index[(i >= nao) | (j >= nao)] = nao * (nao + 1) // 2
     return index.astype(np.int32)
+
+
+def _rectangular_shape(n: int) -> tuple[int, int, int, int]:
+    """(h, k, row offset, column offset) of the rectangular layout of ``n`` AOs: h = ceil(n / 2)."""
+    h = (n + 1) // 2
+    return h, n - h, 1 - n % 2, n % 2
+
+
+@lru_cache(maxsize=8)
+def rectangular_columns(n: int) -> np.ndarray:
+    """(n, n) int32: each AO pair's column in the rectangular layout of a packed symmetric matrix.
+
+    The N(N+1)/2 pairs fill an (N + 1 - N mod 2, h) array, h = ceil(N / 2), row-major (after LAPACK's
+    rectangular full packed format; Gustavson, Wasniewski, Dongarra and Langou 2010): the first h
+    columns of the lower triangle L stand in its rows from the row offset on (L[r, s] at [r + 1 - N mod 2, s]),
+    and the lower triangle of the trailing k x k block (k = N - h) stands transposed in the triangle
+    they leave free (L[h + a, h + b], a >= b, at [b, a + N mod 2]). Unlike the row-packed order, a
+    block of these rows multiplies a matrix with slices, transposes and products alone
+    (:func:`rectangular_times`), no gather.
+    """
+    h, _, row_offset, column_offset = _rectangular_shape(n)
+    r, s = np.tril_indices(n)
+    column = np.where(s < h, (r + row_offset) * h + s, (s - h) * h + (r - h) + column_offset)
+    out = np.empty((n, n), np.int32)
+    out[r, s], out[s, r] = column, column
+    return out
+
+
+def rectangular_order(n: int) -> np.ndarray:
+    """(npair,) int32: the row-packed pair number of each column of the rectangular layout of ``n`` AOs."""
+    order = np.empty(n * (n + 1) // 2, np.int32)
+    r, s = np.tril_indices(n)
+    order[rectangular_columns(n)[r, s]] = r * (r + 1) // 2 + s
+    return order
+
+
+@lru_cache(maxsize=8)
+def _rectangular_segments(n: int) -> tuple[tuple[int, int, int, int], ...]:
+    """(source, destination, length, stride) of the copies that move row-packed pairs of ``n`` AOs to
+    their rectangular columns: each row of L's first h columns, then each row of its trailing block."""
+    h, k, row_offset, column_offset = _rectangular_shape(n)
+    rows = [(r * (r + 1) // 2, (r + row_offset) * h, min(r + 1, h), 1) for r in range(n)]
+    trailing = [((h + a) * (h + a + 1) // 2 + h, a + column_offset, a + 1, h) for a in range(k)]
+    return tuple(rows + trailing)
+
+
+def to_rectangular(factor: np.ndarray, block: int = 64) -> None:
+    """Reorder the columns of ``factor`` (rows, npair), row-packed pairs, into the rectangular layout
+    (:func:`rectangular_columns`), in place: a copy of ``block`` rows at a time is all it holds beside."""
+    n = int(round((np.sqrt(8.0 * factor.shape[1] + 1.0) - 1.0) / 2.0))
+    segments = _rectangular_segments(n)
+    for start in range(0, len(factor), block):
+        rows = factor[start : start + block]
+        packed = rows.copy()
+        for source, destination, length, stride in segments:
+            end = destination + (length - 1) * stride + 1
+            rows[:, destination:end:stride] = packed[:, source : source + length]
+
+
+def rectangular_times(block: jax.Array, w: jax.Array) -> jax.Array:
+    """(c, n, R): S_q W for each row q of ``block`` (c, npair), a symmetric (n, n) S_q in the rectangular
+    layout of n AOs, and ``w`` (n, R).
+
+    With S = [[S11, S21^T], [S21, S22]] split at h, only the two symmetric diagonal blocks are unpacked
+    (their triangles mirrored); S21 enters its products as stored, S21^T W2 as a contraction over its rows."""
+    n = w.shape[0]
+    h, k, row_offset, column_offset = _rectangular_shape(n)
+    c = block.shape[0]
+    a = block.reshape(c, n + row_offset, h)
+    first = a[:, row_offset:]  # (c, n, h)  L[:, :h] below the diagonal
+    top = first[:, :h]
+    s11 = jnp.where(np.tri(h, dtype=bool), top, jnp.swapaxes(top, 1, 2))  # (c, h, h)
+    s21 = first[:, h:]  # (c, k, h)
+    trailing = a[:, :k, column_offset : column_offset + k]  # L[h + a, h + b] at [b, a] for a >= b
+    s22 = jnp.where(np.tri(k, dtype=bool), jnp.swapaxes(trailing, 1, 2), trailing)  # (c, k, k)
+    w1, w2, r = w[:h], w[h:], w.shape[1]
+    upper = (s11.reshape(c * h, h) @ w1).reshape(c, h, r) + jnp.einsum("qkh,kr->qhr", s21, w2)
+    lower = (s21.reshape(c * k, h) @ w1).reshape(c, k, r) + (s22.reshape(c * k, k) @ w2).reshape(c, k, r)
+    return jnp.concatenate([upper, lower], 1)
 
 
 def unique_quartets(eri_s8: np.ndarray, nao: int) -> tuple[np.ndarray, np.ndarray]:

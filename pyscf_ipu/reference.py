@@ -79,7 +79,7 @@ def pyscf_runnable(molecule: Molecule, method: Method) -> tuple[Method, float]:
     if method.dispersion.in_pyscf:
         return method, 0.0
     added = sum(method.dispersion.energy_terms(molecule, method.functional).values())
-    return resolve(method.config.replace(dispersion="none")), added
+    return resolve(method.config.replace(dispersion="none"), method.memory_budget), added
 
 
 def pyscf_reference(molecule: Molecule, method: Method, conv_tol: float = 1e-11, max_cycle: int = 100) -> Reference:

@@ -19,14 +19,17 @@ from .dispersion import DISPERSIONS
 from .integral_sources import INTEGRAL_SOURCES, auto_integrals
 from .jk import JK_BACKENDS
 from .jk.range_separated import range_separated
+from .memory import default_budget
 from .method import Method
 from .xc.functionals import FUNCTIONALS
 
 
-def resolve(config: RKSConfig) -> Method:
+def resolve(config: RKSConfig, memory_budget: float | None = None) -> Method:
     """``config``'s functional, J-K backend and integral source as objects, and its size buckets' step
     (``auto``: by the platform, :func:`~pyscf_ipu.buckets.default_bucket_step`); :class:`ConfigError`
-    naming the choices where a name is unknown (functional names are case-insensitive)."""
+    naming the choices where a name is unknown (functional names are case-insensitive).
+    ``memory_budget`` (GB; by default :func:`~pyscf_ipu.memory.default_budget`) is what the J-K backend
+    lays each size bucket's arrays out for."""
     functional = _named(FUNCTIONALS, str(config.xc).strip().lower(), config.xc, "functional")
     backend = _named(JK_BACKENDS, config.jk, config.jk, "J-K backend")(config)
     if config.integrals == AUTO:  # by the platform the programs run on
@@ -38,7 +41,8 @@ def resolve(config: RKSConfig) -> Method:
     dispersion.check(functional)
     if functional.range_separated:  # the backend contracts the long-range exchange too
         backend = range_separated(backend, functional, integrals)
-    return Method(config, functional, backend, integrals, step, dispersion)
+    budget = default_budget() if memory_budget is None else memory_budget
+    return Method(config, functional, backend, integrals, step, dispersion, budget)
 
 
 def _named(registry: dict, key: str, given, what: str):

@@ -45,6 +45,10 @@ class JKBackend(Protocol):
     def resident_bytes(self, bucket: SizeBucket, value_bytes: int) -> int:
         """Bytes of ``prepare``'s arrays for one conformer of ``bucket``, its temporaries gone."""
 
+    def laid_out(self, bucket: SizeBucket, method) -> SizeBucket:
+        """``bucket`` with the layout of its arrays that this backend picks under ``method`` (its memory
+        budget): ``bucket`` itself where the backend has one layout."""
+
     def host_eris(self, mol, bucket: SizeBucket, config: RKSConfig) -> tuple[np.ndarray, int, np.ndarray]:
         """(s8 ERIs, their count kept, fitted factor) of one molecule from libcint, one of them empty."""
 
@@ -100,9 +104,9 @@ class IntegralSource(Protocol):
         """What one conformer's preparation holds on the host: {"eris": bytes, "ao_values": bytes}
         for ``nao`` AOs and ``grid_points`` points, the loop in ``value_bytes`` floats."""
 
-    fitting_bytes: int
-    """Bytes per value of a density-fitted factor that making it holds beside the factor itself (the
-    float64 3-centre integrals, and the triangular solve's output where it is not in place)."""
+    def fitting_bytes(self, bucket: SizeBucket) -> int:
+        """Bytes per value of a density-fitted factor of ``bucket`` that making it holds beside the factor
+        itself (the float64 3-centre integrals, and the triangular solve's output where it is not in place)."""
 
 
 class Dispersion(Protocol):

@@ -65,10 +65,13 @@ def check_memory(run: Run, method: Method, sizes: dict[SizeBucket, int]) -> None
 
 
 def chosen(dft: RKSConfig, sizes: dict[SizeBucket, int]) -> str:
-    """What ``--jk auto`` and ``--batch-size auto`` picked, e.g. ``def2-svp, jk df, batch 1``: the
-    progress bar's label and the summary's; the backend is also in the dataset's settings."""
+    """What ``--jk auto`` and ``--batch-size auto`` picked, e.g. ``def2-svp, jk df, batch 1``, and how
+    many size buckets the memory budget made stream their factor: the progress bar's label and the
+    summary's; the backend is also in the dataset's settings."""
     low, high = min(sizes.values(), default=0), max(sizes.values(), default=0)
-    return f"{dft.basis}, jk {dft.jk}, batch {low}" + (f"-{high}" if high != low else "")
+    streamed = sum(bucket.streams_factor for bucket in sizes)
+    return (f"{dft.basis}, jk {dft.jk}, batch {low}" + (f"-{high}" if high != low else "")
+            + (f", factor streamed in {streamed} of {len(sizes)} size buckets" if streamed else ""))
 
 
 def bucket_order(bucket: SizeBucket | None) -> tuple:

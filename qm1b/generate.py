@@ -90,7 +90,7 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
     disable_numpy_huge_pages()
     clock = HostClock()
     with clock.stage("templates"):
-        method = resolve(run.dft)
+        method = resolve(run.dft, run.budget_gb)
         if gen.stores_forces:  # before any work, wherever the run was resolved (a Ray worker too)
             method.check_forces()
         buckets = run.buckets(method, inputs)

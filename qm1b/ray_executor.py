@@ -67,7 +67,7 @@ def run_ray(run: Run, label: Labelling) -> Summary:
     gen, inputs = run.gen, run.inputs()
     if not gen.resume and shard_count(gen.out):
         raise FileExistsError(f"{gen.out} already holds a dataset: pass --resume to continue it, or choose another --out")
-    method = resolve(run.dft)
+    method = resolve(run.dft, run.budget_gb)
     buckets = run.buckets(method, inputs)
     sizes = batch_sizes(run, method, inputs, buckets)
     check_memory(run, method, sizes)  # each task's batches

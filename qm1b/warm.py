@@ -71,7 +71,7 @@ def warm(run: Run, cache: Path | None = None, progress: bool = True) -> Warmed:
     enabled = enable_compilation_cache(cache / "jax")
     if jax.config.jax_compilation_cache_dir != str(enabled):
         raise OSError(errno.EACCES, "cannot make the program cache there", str(cache))
-    method = resolve(run.dft)
+    method = resolve(run.dft, run.budget_gb)
     inputs = run.inputs()
     buckets = run.buckets(method, inputs)
     sizes = batch_sizes(run, method, inputs, buckets)

@@ -103,8 +103,9 @@ def test_a_bucket_whose_batches_fit_only_one_at_a_time_runs_them_so(tmp_path):
     charges = [6] * 16 + [1] * 13 + [17] + [7] * 2 + [8]  # C16H13ClN2O: a size bucket needs only the atoms
     diazepam = Molecule(np.array(charges), np.arange(3 * len(charges), dtype=float).reshape(-1, 3) * 2.0)
     dft = RKSConfig(basis="def2-svp", xc="b3lyp5", jk="df", grid_level=3, integrals="auto")
-    method = resolve(dft)
+    method = resolve(dft, 8)  # its factor held whole under 8 GB
     bucket = method.bucket(diazepam)
+    assert not bucket.streams_factor
     assert batch_memory(bucket, method, 1).total <= 8 * GB < batch_memory(bucket, method, 1, prepared_ahead=1).total
     tight, roomy = GenerateConfig(memory_budget=8).resolved(dft), GenerateConfig(memory_budget=16).resolved(dft)
     check_memory(tight, method, {bucket: 1})  # not refused

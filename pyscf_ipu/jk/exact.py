@@ -41,6 +41,10 @@ class ExactERIs:
     # what a memory error suggests first where not even one conformer fits
     memory_advice: ClassVar[str] = "--jk df (density fitting: no N^4 array), "
 
+    def laid_out(self, bucket: SizeBucket, method) -> SizeBucket:
+        """``bucket`` itself: the s8 ERIs have one layout."""
+        return bucket
+
     def host_eris(self, mol, bucket: SizeBucket, config: RKSConfig) -> tuple[np.ndarray, int, np.ndarray]:
         """(s8 ERIs, their count after Schwarz screening, an empty fitted factor) of ``mol`` from libcint."""
         eri = eri_s8(mol, config.eri_expcutoff)

@@ -5,7 +5,7 @@ gradient), each where :class:`~pyscf_ipu.jk.exact.ExactERIs` answers for the exa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache, partial
 from typing import TYPE_CHECKING, ClassVar
 
@@ -15,7 +15,8 @@ import numpy as np
 
 from ..buckets import OCCUPIED_STEP, SizeBucket, auxiliary_basis
 from ..config import ConfigError
-from ..packed import FittedFactor, pair_index
+from ..memory import GB, batch_memory
+from ..packed import FittedFactor, StreamedFactor, pair_index, rectangular_columns, rectangular_times
 from ..prepare import fitted_eri
 from ..programs import compiled, on_device
 from ..two_electron_gradient import fitted_two_electron_gradient
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 # density fitting's loop keeps a CPU's cores busy with one conformer: a batch would multiply the
 # memory, not the speed (docs/decisions/jk-auto.md)
 AUTO_FITTED_BATCH_ON_A_CPU = 1
+STREAM_BLOCK = 64  # fitting functions a streamed factor reads at a time (docs/decisions/streamed-factor.md)
 
 
 @jax.tree_util.register_dataclass
@@ -39,6 +41,43 @@ class FittedArrays:
     exact: jax.Array  # (Qp, npair)  the same in float64: the finalisation's J reads it, the loop does not
     pairs: jax.Array  # (Np, Np) int32  each AO pair's column in ``packed``
     rank: int = field(metadata=dict(static=True))
+
+    def loop_jk(self, dm):
+        """The loop's (J, K) of ``dm`` (:meth:`FittedJK.contract`)."""
+        y = exchange_factor(self.factor, density_factor(dm, self.rank))  # (R Qp, Np)
+        return fitted_coulomb(self.packed, self.pairs, dm), y.T @ y
+
+    def final_jk(self, dm):
+        """The finalisation's (J, K, tr(D K)) of the float64 ``dm`` (:class:`FittedExchange`)."""
+        w = density_factor(dm, self.rank).astype(self.factor.dtype)  # (Np, R)  D = W W^T
+        y = exchange_factor(self.factor, w)  # (R Qp, Np)
+        z = (y @ w).astype(dm.dtype)  # (R Qp, R)  the blocks W^T B_Q W
+        return fitted_coulomb(self.exact, self.pairs, dm), (y.T @ y).astype(dm.dtype), jnp.sum(z * z)
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class StreamedArrays:
+    """A conformer's fitted J-K arrays where its bucket streams the factor: the float64 factor alone, in
+    the rectangular layout, of which each contraction reads :data:`STREAM_BLOCK` fitting functions at a
+    time in the loop's precision (``dtype``); the same J and K as :class:`FittedArrays`, to rounding."""
+
+    exact: jax.Array  # (Qp, npair)  float64, rectangular order (:func:`~pyscf_ipu.packed.rectangular_columns`)
+    pairs: jax.Array  # (Np, Np) int32  each AO pair's column in ``exact``
+    rank: int = field(metadata=dict(static=True))
+    dtype: str = field(metadata=dict(static=True))
+
+    def loop_jk(self, dm):
+        """The loop's (J, K) of ``dm``, J from the same blocks (the loop traces without float64)."""
+        j, k, _ = streamed_jk(self.exact, self.pairs, dm, density_factor(dm, self.rank), trace=False)
+        return j, k
+
+    def final_jk(self, dm):
+        """The finalisation's (J, K, tr(D K)) of the float64 ``dm``, from the blocks: J in float64, K and
+        its energy as :class:`FittedExchange` forms them."""
+        w = density_factor(dm, self.rank).astype(self.dtype)  # (Np, R)  D = W W^T
+        j, k, trace = streamed_jk(self.exact, self.pairs, dm, w, trace=True)
+        return j, k.astype(dm.dtype), trace
 
 
 @dataclass(frozen=True)
@@ -59,6 +98,10 @@ class FittedJK:
     (DIIS leaves it out), so the converged result does not depend on it. J is exact for any density,
     from the packed factor. B is held unpacked, Q ~ 6 N values per AO pair instead of the N^2 / 2 of the s8 ERIs. The labels
     differ from exact ERIs by the fitting error (Whitten 1973; Vahtras, Almlof and Feyereisen 1993).
+
+    Where one conformer's arrays would not fit the memory budget, its bucket streams the factor
+    (:meth:`laid_out`): the float64 copy alone is held, and each contraction reads it a block of
+    fitting functions at a time (:class:`StreamedArrays`), less than half the memory for a slower K.
     """
 
     name: str = "df"
@@ -67,15 +110,23 @@ class FittedJK:
     cpu_batch: ClassVar[int] = AUTO_FITTED_BATCH_ON_A_CPU  # ``--batch-size auto`` on a CPU
     memory_advice: ClassVar[str] = ""  # nothing smaller to suggest: no N^4 array already
 
+    def laid_out(self, bucket: SizeBucket, method: Method) -> SizeBucket:
+        """``bucket``, streaming its factor where one conformer's arrays held whole would exceed the
+        run's memory budget (:attr:`~pyscf_ipu.method.Method.memory_budget`)."""
+        if batch_memory(bucket, method, 1).total <= method.memory_budget * GB:
+            return bucket
+        return replace(bucket, streams_factor=True)
+
     def host_eris(self, mol, bucket: SizeBucket, config: RKSConfig) -> tuple[np.ndarray, int, np.ndarray]:
         """(empty s8 ERIs, 0, the fitted factor (naux, npair)) of ``mol`` from libcint: no N^4 array at all."""
         return np.zeros(0), 0, fitted_eri(mol, bucket.basis, config.eri_expcutoff)
 
     def eri_bytes(self, bucket: SizeBucket, held: int, fitting_bytes: int, value_bytes: int) -> tuple[int, int]:
-        """(held, made): the factor in float64 and in the loop's precision (``value_bytes``) instead of
-        the s8 ERIs (``held``), and what making it holds beside it (``fitting_bytes`` per value)."""
+        """(held, made): the factor in float64, and in the loop's precision (``value_bytes``) unless the
+        bucket streams it, instead of the s8 ERIs (``held``); and what making it holds beside it
+        (``fitting_bytes`` per value)."""
         values = bucket.naux_padded * bucket.nao_padded * (bucket.nao_padded + 1) // 2
-        return (8 + value_bytes) * values, fitting_bytes * values
+        return (8 + (0 if bucket.streams_factor else value_bytes)) * values, fitting_bytes * values
 
     def keeps_final_eris(self, method: Method) -> bool:
         """Never: the finalisation reads the factor's float64 copy (:class:`FittedExchange`)."""
@@ -95,24 +146,29 @@ class FittedJK:
         (``omega`` > 0: of ``exchange`` E_K^ω alone, the fitted exchange energy of erf(ω r)/r)."""
         return fitted_two_electron_gradient(mol, config.basis, occupied, exchange, config.eri_expcutoff, omega)
 
-    def prepare(self, eris: FittedFactor, nao_padded, dtype):
+    def prepare(self, eris: FittedFactor | StreamedFactor, nao_padded, dtype):
+        if isinstance(eris, StreamedFactor):
+            pairs = _pairs(nao_padded, len(eris.exact), True)
+            return StreamedArrays(eris.exact, pairs, eris.rank, np.dtype(dtype).name)
         return FittedArrays(_unpacked_factors(eris.packed, nao_padded), eris.packed, eris.exact,
-                            _pairs(nao_padded, len(eris.packed)), eris.rank)  # fmt: skip
+                            _pairs(nao_padded, len(eris.packed), False), eris.rank)  # fmt: skip
 
     def profile(self, eri, nao_padded, dtype, iterations):
         return None
 
     def layout_bytes(self, bucket, value_bytes):
+        n, rank = bucket.nao_padded, bucket.occupied_rank
+        if bucket.streams_factor:  # a block's rows, its unpacked matrices, its products and their copies
+            return min(STREAM_BLOCK, bucket.naux_padded) * (2 * n * n + 4 * n * rank) * value_bytes
         # the unpacked factors and the loop's (Np, Qp, R) products (B_Q U w^(1/2), the products'
         # temporaries and their batched forms); the packed factors are the integral source's
-        return bucket.naux_padded * (bucket.nao_padded**2 + 4 * bucket.nao_padded * bucket.occupied_rank) * value_bytes
+        return bucket.naux_padded * (n**2 + 4 * n * rank) * value_bytes
 
     def resident_bytes(self, bucket, value_bytes):
-        return bucket.naux_padded * bucket.nao_padded**2 * value_bytes
+        return 0 if bucket.streams_factor else bucket.naux_padded * bucket.nao_padded**2 * value_bytes
 
-    def contract(self, data: FittedArrays, dm):
-        y = exchange_factor(data.factor, density_factor(dm, data.rank))  # (R Qp, Np)
-        return fitted_coulomb(data.packed, data.pairs, dm), y.T @ y
+    def contract(self, data: FittedArrays | StreamedArrays, dm):
+        return data.loop_jk(dm)
 
 
 def fitted_backend(config: RKSConfig) -> FittedJK:
@@ -148,6 +204,37 @@ def exchange_factor(bt, w):
     return (w.T @ bt.reshape(n, q * n)).reshape(w.shape[1] * q, n)
 
 
+def streamed_jk(exact, pairs, dm, w, trace: bool):
+    """(J, K, tr(D K)) from a factor ``exact`` (Qp, npair) in the rectangular layout, read
+    :data:`STREAM_BLOCK` fitting functions at a time in the precision of ``w`` (Np, R), D = W W^T.
+
+    Per block: its rows' rho_Q = tr(B_Q D) and their part of J over the packed pairs, then Y_Q = B_Q W
+    (:func:`~pyscf_ipu.packed.rectangular_times`), K += sum_Q Y_Q Y_Q^T, and (``trace``) the squares
+    of W^T Y_Q summed in ``dm``'s precision (else 0). A last block that would run past Qp starts
+    earlier instead, its rows already counted zeroed. J and the rows are in ``dm``'s precision, K in ``w``'s."""
+    q, n, rank = exact.shape[0], w.shape[0], w.shape[1]
+    block = min(STREAM_BLOCK, q)
+    dm_pairs = jnp.zeros(exact.shape[1], dm.dtype).at[pairs].add(dm)  # (npair,)  D_ij + D_ji on pair ij
+
+    def step(i, carry):
+        j_pairs, k, squares = carry
+        start = jnp.minimum(i * block, q - block)
+        rows = jax.lax.dynamic_slice_in_dim(exact, start, block, 0).astype(dm.dtype)  # (c, npair)
+        rows = jnp.where((start + jnp.arange(block) >= i * block)[:, None], rows, 0.0)
+        j_pairs = j_pairs + (rows @ dm_pairs) @ rows
+        y = rectangular_times(rows.astype(w.dtype), w)  # (c, Np, R)
+        columns = jnp.transpose(y, (1, 0, 2)).reshape(n, block * rank)  # (Np, c R)
+        k = k + columns @ columns.T
+        if trace:
+            z = jnp.einsum("ir,qis->qrs", w, y).astype(squares.dtype)  # (c, R, R)  W^T B_Q W
+            squares = squares + jnp.sum(z * z)
+        return j_pairs, k, squares
+
+    init = (jnp.zeros(exact.shape[1], dm.dtype), jnp.zeros((n, n), w.dtype), jnp.zeros((), dm.dtype))
+    j_pairs, k, squares = jax.lax.fori_loop(0, -(-q // block), step, init)
+    return j_pairs[pairs], k, squares
+
+
 @partial(compiled, static_argnums=1, name="fitted_factors")
 def _unpacked_factors(packed, nao_padded: int):
     """(C, Np, Qp, Np): each conformer's packed factor (Qp, npair) gathered onto its AO pairs, laid
@@ -157,9 +244,11 @@ def _unpacked_factors(packed, nao_padded: int):
 
 
 @lru_cache(maxsize=8)
-def _pairs(nao_padded: int, batch: int) -> jax.Array:
-    """(C, Np, Np) int32: each AO pair's column in a packed factor, for a batch of ``batch``, on the device once."""
-    return on_device(np.ascontiguousarray(np.broadcast_to(pair_index(nao_padded), (batch, nao_padded, nao_padded))))
+def _pairs(nao_padded: int, batch: int, rectangular: bool) -> jax.Array:
+    """(C, Np, Np) int32: each AO pair's column in a packed factor, row-packed or ``rectangular``, for a
+    batch of ``batch``, on the device once."""
+    columns = rectangular_columns(nao_padded) if rectangular else pair_index(nao_padded)
+    return on_device(np.ascontiguousarray(np.broadcast_to(columns, (batch, nao_padded, nao_padded))))
 
 
 @dataclass(frozen=True)
@@ -179,15 +268,12 @@ class FittedExchange:
     def device_arrays(self, jk, final):
         return jk
 
-    def on_device(self, data: FittedArrays, dm):
-        w = density_factor(dm, data.rank).astype(data.factor.dtype)  # (Np, R)  D = W W^T
-        y = exchange_factor(data.factor, w)  # (R Qp, Np)
-        z = (y @ w).astype(dm.dtype)  # (R Qp, R)  the blocks W^T B_Q W
-        return fitted_coulomb(data.exact, data.pairs, dm), (y.T @ y).astype(dm.dtype), jnp.sum(z * z)
+    def on_device(self, data: FittedArrays | StreamedArrays, dm):
+        return data.final_jk(dm)
 
     def on_host(self, prepared, dm, final):
         raise AssertionError("a density-fitted finalisation forms J and K on the device")
 
 
-__all__ = ["FittedArrays", "FittedExchange", "FittedJK", "density_factor", "exchange_factor", "fitted_backend",
-           "fitted_coulomb"]
+__all__ = ["FittedArrays", "FittedExchange", "FittedJK", "StreamedArrays", "density_factor", "exchange_factor",
+           "fitted_backend", "fitted_coulomb", "streamed_jk"]

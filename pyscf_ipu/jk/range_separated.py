@@ -84,6 +84,11 @@ class RangeSeparatedJK:
     def resident_bytes(self, bucket, value_bytes):
         return 2 * self.inner.resident_bytes(bucket, value_bytes)
 
+    def laid_out(self, bucket, method):
+        """The wrapped backend's layout of ``bucket``, judged on both operators' arrays (``method``'s
+        backend is this one): a streamed density-fitted bucket streams both factors."""
+        return self.inner.laid_out(bucket, method)
+
     def host_eris(self, mol, bucket, config):
         raise ConfigError("a range-separated functional's integrals are made by the JAX integral source only")
 
