@@ -32,7 +32,7 @@ from .integrals.fitting import (COMPANION_COEFFICIENT, FittingPlan, fitted_facto
                                 plan_fitting)
 from .integrals.one_electron import OneElectronLayout, layout_of, one_electron_matrices
 from .molecule import Molecule
-from .packed import FittedFactor, RangeSeparatedERIs, StreamedFactor, rectangular_order
+from .packed import FittedFactor, RangeSeparatedERIs, StreamedFactor, rectangular_order, triangle_side
 from .programs import compiled, on_device
 from .templates import BucketTemplate, ElementTables, SlotRows, long_range_one_centre_table
 
@@ -289,8 +289,7 @@ def device_factor(template: BucketTemplate, coords: np.ndarray, values: ShellVal
 def rectangular_program(exact: jax.Array) -> jax.Array:
     """(C, Qp, npair): a batch's row-packed factors with their pairs in the rectangular layout
     (:func:`~pyscf_ipu.packed.rectangular_columns`)."""
-    n = int(round((np.sqrt(8.0 * exact.shape[-1] + 1.0) - 1.0) / 2.0))
-    return jnp.take(exact, jnp.asarray(rectangular_order(n)), axis=-1)
+    return jnp.take(exact, jnp.asarray(rectangular_order(triangle_side(exact.shape[-1]))), axis=-1)
 
 
 @lru_cache(maxsize=4)

@@ -62,8 +62,8 @@ def host_batch(hosts: list[PreparedProblem], dtype, shapes: tuple[int, int]) -> 
                     to_rectangular(slot)
             with jax.enable_x64(True):
                 factors.append(on_device(factor, may_alias=True))
-        eris = StreamedFactor(*factors, bucket.occupied_rank) if bucket.streams_factor else FittedFactor(
-            *factors, bucket.occupied_rank)
+        rank = bucket.occupied_rank
+        eris = StreamedFactor(factors[0], rank) if bucket.streams_factor else FittedFactor(*factors, rank)
     else:
         eris = batch_eris([host.eri_s8 for host in hosts], npad, dtype)
     with jax.enable_x64(True):  # the float64 arrays stay float64

@@ -29,10 +29,14 @@ MAX_NAO = 2**15 - 1  # AO indices are stored as int16
 ROW_BLOCK_VALUES = 2**24  # working-set size (values) of one step of row_matrix
 
 
+def triangle_side(length: int) -> int:
+    """N of a packed triangle of ``length`` = N(N+1)/2 entries: the AOs of ``npair`` pairs, say."""
+    return int(round((np.sqrt(8.0 * length + 1.0) - 1.0) / 2.0))
+
+
 def s8_aos(length: int) -> int:
     """The AO count N of an s8 array of ``length`` = P(P+1)/2 entries, P = N(N+1)/2."""
-    npair = int(round((np.sqrt(8.0 * length + 1.0) - 1.0) / 2.0))
-    return int(round((np.sqrt(8.0 * npair + 1.0) - 1.0) / 2.0))
+    return triangle_side(triangle_side(length))
 
 
 def s8_size(nao: int) -> int:
@@ -173,8 +177,7 @@ def _rectangular_segments(n: int) -> tuple[tuple[int, int, int, int], ...]:
 def to_rectangular(factor: np.ndarray, block: int = 64) -> None:
     """Reorder the columns of ``factor`` (rows, npair), row-packed pairs, into the rectangular layout
     (:func:`rectangular_columns`), in place: a copy of ``block`` rows at a time is all it holds beside."""
-    n = int(round((np.sqrt(8.0 * factor.shape[1] + 1.0) - 1.0) / 2.0))
-    segments = _rectangular_segments(n)
+    segments = _rectangular_segments(triangle_side(factor.shape[1]))
     for start in range(0, len(factor), block):
         rows = factor[start : start + block]
         packed = rows.copy()
