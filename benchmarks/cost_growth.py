@@ -2,7 +2,7 @@
 
     python benchmarks/cost_growth.py [--bases 6-31g*,def2-svp] [--levels 0] [--conformers 2]
                                      [--molecules indole,paracetamol,aspirin,naproxen,diazepam]
-                                     [--jk df] [--batch-size 1] [--memory-budget 8] [--plot cost_growth.png]
+                                     [--jk df] [--batch-size 1|auto] [--memory-budget 8] [--plot cost_growth.png]
     python benchmarks/cost_growth.py --presets qm9,ani1x [...]
     python benchmarks/cost_growth.py --xc wb97x --bases def2-svp [...]
     python benchmarks/cost_growth.py --xc b3lyp --dispersion d3bj --bases 6-31g* [...]
@@ -17,8 +17,9 @@ functional; or each of ``--presets``: a dataset's functional, basis and grid, wh
   directory and compilation cache, at the level's functional (B3LYP with VWN5, the generator's, unless
   a preset names another), float32, its default integrals, ``--jk`` as given (``df`` by default: the ERI arrays of the other backends
   grow as N^4 and do not fit at these sizes), the molecule's conformers in batches of ``--batch-size``
-  (1 by default: on a CPU the fastest per conformer at these sizes), or of the largest size below it
-  whose estimated peak (:mod:`pyscf_ipu.memory`, the next batch prepared beside it) fits
+  (1 by default: on a CPU the fastest per conformer at these sizes; ``auto``: what the generator picks
+  by default, the J-K backend's batch on a CPU), or of the largest size below it whose estimated
+  peak (:mod:`pyscf_ipu.memory`, the next batch prepared beside it) fits
   ``--memory-budget``, which the generator is given too;
 - **ours, restarted**: the same command in a new process with the cache the cold run filled;
 - **PySCF direct** and **PySCF density fitted** (``density_fit()`` in the fitting basis PySCF picks
@@ -207,9 +208,10 @@ def main() -> None:
     parser.add_argument("--conformers", type=int, default=2)
     parser.add_argument("--molecules", default=",".join(MOLECULES), help=f"of {', '.join(MOLECULES)}")
     parser.add_argument("--jk", default="df", help="our J-K backend")
-    parser.add_argument("--batch-size", type=int, default=1,
+    parser.add_argument("--batch-size", default="1",
                         help="our batches hold at most this many conformers (on a CPU, one is the fastest per "
-                             "conformer at these sizes), fewer where the memory budget needs")
+                             "conformer at these sizes), fewer where the memory budget needs; auto: the generator's "
+                             "own choice")
     parser.add_argument("--memory-budget", type=float, default=8.0, metavar="GB",
                         help="our runs' memory budget: each molecule's conformers go in the largest batch up to "
                              "--batch-size that fits")
@@ -239,9 +241,11 @@ def main() -> None:
             ran = RKSConfig(**{**GENERATOR_DFT_DEFAULTS, "basis": basis, "xc": theory.xc, "grid_level": level,
                                "dispersion": theory.dispersion, "jk": args.jk})  # fmt: skip
             method = resolve(ran, args.memory_budget)
-            most = min(args.batch_size, len(conformers))
+            bucket = method.bucket(conformers[0])
+            most = min(method.backend.cpu_batch(bucket) if args.batch_size == "auto" else int(args.batch_size),
+                       len(conformers))  # fmt: skip
             # largest_batch's 0 (one at a time, or refused) runs as 1: the generator then refuses in one line
-            batch = max(1, largest_batch(method.bucket(conformers[0]), method, most, args.memory_budget))
+            batch = max(1, largest_batch(bucket, method, most, args.memory_budget))
             cold, cold_peak = ours(xyz, work / f"cold-{tag}", cache, theory, args.jk, batch, args.memory_budget)
             restarted, peak = ours(xyz, work / f"restarted-{tag}", cache, theory, args.jk, batch, args.memory_budget)
             with open_dataset(work / f"restarted-{tag}") as ds:

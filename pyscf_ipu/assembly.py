@@ -239,25 +239,29 @@ def assemble_integrals(template: BucketTemplate, elements: np.ndarray, coords: n
                           real=out["real"], occupied=on_device(np.asarray(occupied, np.int32)), eris=eris)  # fmt: skip
 
 
-def device_eris(template: BucketTemplate, coords: np.ndarray, values: ShellValues, assembled: dict, dtype) -> jax.Array:
+def device_eris(template: BucketTemplate, coords: np.ndarray, values: ShellValues, assembled: dict, dtype,
+                threshold: float = 0.0) -> jax.Array:  # fmt: skip
     """The s8 ERIs (C, size) of a batch of ``template``'s bucket in ``dtype``, computed on the device
     under the bucket's ERI plan from the conformers' positions and the shells the assembly program
-    gathered (``assembled`` is not read)."""
+    gathered (``assembled`` is not read), Schwarz-screened at ``threshold`` (0: none)."""
     with jax.enable_x64(True):  # the shells and one-centre values arrive in float64
-        return eri_s8(template.plan, coords, dtype, values=values)
+        return eri_s8(template.plan, coords, dtype, values=values, threshold=threshold)
 
 
 def device_range_separated_eris(template: BucketTemplate, coords: np.ndarray, values: ShellValues, assembled: dict,
-                                dtype, elements: np.ndarray, omega: float) -> RangeSeparatedERIs:  # fmt: skip
+                                dtype, elements: np.ndarray, omega: float, threshold: float = 0.0
+                                ) -> RangeSeparatedERIs:  # fmt: skip
     """:func:`device_eris` of a range-separated functional: the Coulomb ERIs and those of erf(ω r)/r,
     from the same shells, the long-range one-centre constants gathered on the host for the slots'
-    element rows ``elements`` (C, natm) as the assembly program gathers the Coulomb ones."""
+    element rows ``elements`` (C, natm) as the assembly program gathers the Coulomb ones; both
+    Schwarz-screened at ``threshold``."""
     rows = template.one_centre_rows
     one_centre = long_range_one_centre_table(template, omega)[np.asarray(elements)[:, rows.slot], rows.local]  # (C, M)
     long_range = values._replace(one_centre=one_centre)
     with jax.enable_x64(True):  # the shells and one-centre values arrive in float64
-        return RangeSeparatedERIs(eri_s8(template.plan, coords, dtype, values=values),
-                                  eri_s8(template.plan, coords, dtype, values=long_range, omega=omega))  # fmt: skip
+        return RangeSeparatedERIs(eri_s8(template.plan, coords, dtype, values=values, threshold=threshold),
+                                  eri_s8(template.plan, coords, dtype, values=long_range, omega=omega,
+                                         threshold=threshold))  # fmt: skip
 
 
 def device_factor(template: BucketTemplate, coords: np.ndarray, values: ShellValues, assembled: dict, dtype,

@@ -13,6 +13,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
+
 PRECISIONS = ("float32", "float64")
 AUTO = "auto"  # picked for the run: an integral source by the platform (resolution.resolve), a J-K backend by the basis
 INTEGRALS = ("libcint", "jax", AUTO)
@@ -26,6 +28,8 @@ MINIMAL_BASES = ("sto", "minao")
 # The dispersion corrections that belong to a functional's definition (--dispersion auto); every other
 # functional's is none.
 OWN_DISPERSION = {"wb97x-d": "chg"}
+# --eri-threshold auto's for float32 ERIs: each dropped value is below a float32 J or K element's rounding
+FLOAT32_ERI_THRESHOLD = 1e-10
 FORCES_REFINE_COMMUTATOR = 5e-7  # --refine-commutator auto with --forces (RKSConfig.for_forces)
 
 
@@ -113,7 +117,12 @@ class RKSConfig:
         choices=INTEGRALS,
         renamed=RENAMED_VALUES["integrals"],
     )
-    eri_threshold: float = option(0.0, "Schwarz screening: drop (ij|kl) with sqrt((ij|ij)(kl|kl)) below this")
+    eri_threshold: float | None = option(
+        None,
+        "Schwarz screening of the exact ERIs: drop (ij|kl) with sqrt((ij|ij)(kl|kl)) below this; 0 screens nothing; "
+        "auto: 1e-10 where they are computed in float32 (far below what float32 resolves in J and K), else 0",
+        auto=True,
+    )
     eri_expcutoff: float = option(
         30.0,
         "libcint primitive screening of the ERIs (and of density fitting's 3-centre integrals): skip primitive "
@@ -163,7 +172,7 @@ class RKSConfig:
             raise ConfigError(f"max iterations must be at least 1, got {self.max_iterations}")
         if self.diis_space < 2:
             raise ConfigError(f"the DIIS space must hold at least 2 matrices, got {self.diis_space}")
-        if self.eri_threshold < 0:
+        if self.eri_threshold is not None and self.eri_threshold < 0:
             raise ConfigError(f"the ERI threshold must be >= 0, got {self.eri_threshold}")
         if self.eri_expcutoff < 0:
             raise ConfigError(f"the ERI exponent cutoff must be >= 0, got {self.eri_expcutoff}")
@@ -187,6 +196,14 @@ class RKSConfig:
     def refine_threshold(self) -> float:
         """The float64 refinement's threshold on max|FDS-SDF| (0: none); auto (None) is none."""
         return self.refine_commutator or 0.0
+
+    def eri_screening(self, eri_dtype) -> float:
+        """The Schwarz screening threshold of exact ERIs computed in ``eri_dtype``: ``eri_threshold``, or
+        auto's, :data:`FLOAT32_ERI_THRESHOLD` for float32 ERIs and none (0) for float64 ones, whose
+        labels it would move where float64 resolves them (``docs/decisions/eri-screening.md``)."""
+        if self.eri_threshold is not None:
+            return self.eri_threshold
+        return FLOAT32_ERI_THRESHOLD if np.dtype(eri_dtype) == np.float32 else 0.0
 
     def for_forces(self) -> RKSConfig:
         """These settings with auto's refinement made explicit for nuclear gradients: those are first

@@ -25,8 +25,10 @@ class JKBackend(Protocol):
     name: str
     occupied_step: int  # the size buckets' occupied-orbital step (0: none)
     profiles: bool  # whether ``profile`` reports how the work is spread (``--profile``)
-    cpu_batch: int  # conformers per batch on a CPU, by default
     memory_advice: str  # what a memory error suggests first where not even one conformer fits
+
+    def cpu_batch(self, bucket: SizeBucket) -> int:
+        """Conformers per batch of ``bucket`` on a CPU, by default (``--batch-size auto``)."""
 
     def prepare(self, eris, nao_padded: int, dtype):
         """The batch's J-K arrays in ``dtype`` from its two-electron integrals ``eris`` as the integral

@@ -25,7 +25,7 @@ from .settings import Run
 
 def batch_sizes(run: Run, method: Method, inputs: list[Input], buckets: dict) -> dict[SizeBucket, int]:
     """The batch size of each size bucket of ``buckets`` (by molecule id): ``--batch-size``, or auto:
-    the J-K backend's ``cpu_batch`` on a CPU; on an accelerator the largest power of two, up to the
+    the J-K backend's ``cpu_batch`` of the bucket on a CPU; on an accelerator the largest power of two, up to the
     bucket's conformers rounded up to one, whose arrays (with the next batch's beside them) fit :data:`~pyscf_ipu.memory.DEVICE_SHARE` of its
     memory. Auto never goes above the largest batch that fits the memory budget (nor below one:
     :func:`check_memory` then says what would fit)."""
@@ -37,7 +37,7 @@ def batch_sizes(run: Run, method: Method, inputs: list[Input], buckets: dict) ->
         return {bucket: run.gen.batch_size for bucket in conformers}
     memory = device_memory_bytes()
     if memory is None:
-        sizes = {bucket: method.backend.cpu_batch for bucket in conformers}
+        sizes = {bucket: method.backend.cpu_batch(bucket) for bucket in conformers}
     else:
         sizes = {bucket: device_batch(bucket, method, count, memory) for bucket, count in conformers.items()}
     budget = run.budget_gb

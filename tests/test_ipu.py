@@ -280,9 +280,10 @@ def test_layout_pads_only_the_last_tile():
 @pytest.mark.parametrize("ipus", [1, 3, 4])
 def test_rows_placement_puts_every_row_where_row_source_says(ipus):
     """The rows layout built by slices (row_placement) equals the row matrix gathered by row_source,
-    on ragged splits over tiles and IPUs, for one conformer and for a batch of two."""
+    on ragged splits over tiles and IPUs, for one conformer and for a batch of two; built on the host
+    (a CPU's way: host_tiled_rows, from float64 or float32 s8 arrays), bit for bit the same."""
     from pyscf_ipu.packed import row_matrix, s8_to_s4
-    from pyscf_ipu.ipu.contract import _tiled_rows, row_placement, row_source, tile_shape
+    from pyscf_ipu.ipu.contract import _tiled_rows, host_tiled_rows, row_placement, row_source, tile_shape
 
     host = prepare([from_name("water")], resolve(RKSConfig(xc="hf")))[0]
     n, npad = host.nao, host.nao + 3
@@ -292,6 +293,8 @@ def test_rows_placement_puts_every_row_where_row_source_says(ipus):
     for eri in (s8[:1], s8):  # a batch of one, and of two
         placed = np.asarray(_tiled_rows(jnp.asarray(eri), row_placement(p), n, npad, "float32"))
         assert placed.shape == eri.shape[:-1] + tile_shape(p) + (npad * (npad + 1) // 2,)
+        for computed in (eri, eri.astype(np.float64)):
+            np.testing.assert_array_equal(host_tiled_rows(computed, row_placement(p), n, npad, np.float32), placed)
         for k, one in enumerate(eri.reshape(-1, eri.shape[-1])):
             matrix = np.asarray(row_matrix(s8_to_s4(jnp.asarray(one), n * (n + 1) // 2), n, npad))
             expected = np.where((source >= 0)[:, None], matrix[np.maximum(source, 0)], 0.0)

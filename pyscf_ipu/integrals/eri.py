@@ -23,7 +23,7 @@ import numpy as np
 from ..padding import padded_size
 from ..programs import compiled, members_at_once, on_device, usable_cores
 from .eri_kernels import pair_program, quartet_member_bytes, quartet_program
-from .eri_plan import NOWHERE, EriPlan, QuartetClass
+from .eri_plan import NOWHERE, EriPlan, QuartetClass, pair_rows
 
 
 class ShellValues(NamedTuple):
@@ -47,7 +47,7 @@ def plan_values(plan: EriPlan, conformers: int) -> ShellValues:
 
 
 def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None, values: ShellValues | None = None,
-           share: tuple | None = None, omega: float | None = None) -> jax.Array:  # fmt: skip
+           share: tuple | None = None, omega: float | None = None, threshold: float = 0.0) -> jax.Array:  # fmt: skip
     """The ERIs packed as PySCF's s8, (C, size), of C conformers at atom positions ``coords``
     (C, natm, 3) in Bohr, computed as one batch under ``plan``; positions beyond the plan's atoms are
     ignored. ``values`` (default: the plan's own) are each conformer's shells and one-centre
@@ -68,12 +68,14 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
     as an argument of the caller's program, not a constant, it lets the n shares, all of one shape,
     run one compiled program. ``omega`` (default: the plan's) is the operator's range separation: 0
     for 1/r, else the long-range erf(ω r)/r, whose one-centre integrals ``values`` must then hold.
+    ``threshold`` > 0 screens: chunks of quartets whose Schwarz bounds multiply to less are not
+    computed (:func:`~.eri_kernels.quartet_stage`).
     """
     if coords.ndim != 3 or coords.shape[-1] != 3 or not plan.natm <= coords.shape[-2] <= plan.padded_natm:
         raise ValueError(f"coords has shape {coords.shape}: expected (conformers, {plan.natm}, 3)")
     values = plan_values(plan, coords.shape[0]) if values is None else values
     dtype = jnp.dtype(dtype)
-    static = static_tables(plan, omega)
+    static = static_tables(plan, omega, threshold)
     extra_atoms = [(0, 0), (0, plan.padded_natm - coords.shape[1]), (0, 0)]  # own no shell
     exponents, coefficients, one_centre, present = at_counts(values, computed_counts(plan))
     at_once = members_at_once(coords.shape[0], quartet_member_bytes(static, plan.pairs, dtype.itemsize))
@@ -82,7 +84,8 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
         data, shifts = pair_program(static[0], eri_structure(plan), (exponents, coefficients), coords, present,
                                     dtype.name)  # fmt: skip
         index, selection, arrays = eri_shares(plan, 1)[0] if share is None else share
-        return quartet_program(static, arrays, (index, selection, one_centre), data, shifts, at_once)[..., : plan.size]
+        return quartet_program(static, arrays, (index, selection, one_centre), data, shifts, eri_rows(plan),
+                               at_once)[..., : plan.size]  # fmt: skip
     workers = default_workers() if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers = {workers}: need at least 1")
@@ -95,7 +98,7 @@ def eri_s8(plan: EriPlan, coords, dtype=jnp.float32, workers: int | None = None,
 
     def run(k: int) -> jax.Array:
         index, selection, arrays = shares[k]
-        return quartet_program(static, arrays, (index, selection, one_centre), data, shifts, at_once)
+        return quartet_program(static, arrays, (index, selection, one_centre), data, shifts, eri_rows(plan), at_once)
 
     if workers == 1:
         return _combine((run(0),), plan.size)
@@ -115,6 +118,7 @@ def device_tables(plan: EriPlan, workers: int) -> None:
     in ``workers`` shares: made inside a ``jax.jit`` trace, the cache would keep that trace's values."""
     static_tables(plan)
     eri_structure(plan)
+    eri_rows(plan)
     eri_shares(plan, workers)
 
 
@@ -184,12 +188,14 @@ def default_workers() -> int:
 
 class Share(NamedTuple):
     """The part of a plan one worker computes: its chunks of every quartet class (padded to a common
-    count with chunks that write NOWHERE), and its one-centre integrals' positions and their places in
-    the plan's one-centre list (the padding: NOWHERE, and one past the list's end)."""
+    count with chunks that write NOWHERE), which of them are its own (not that padding), and its
+    one-centre integrals' positions and their places in the plan's one-centre list (the padding:
+    NOWHERE, and one past the list's end)."""
 
     quartets: tuple[QuartetClass, ...]
     one_centre_index: np.ndarray  # (m,) int32
     one_centre_selection: np.ndarray  # (m,) int32
+    dealt: tuple[np.ndarray, ...] = ()  # per class (T,) bool
 
 
 def _parts(plan: EriPlan, workers: int) -> tuple[Share, ...]:
@@ -201,6 +207,7 @@ def _parts(plan: EriPlan, workers: int) -> tuple[Share, ...]:
     kernel skips them). The one-centre integrals are dealt out likewise.
     """
     shares: list[list[QuartetClass]] = [[] for _ in range(workers)]
+    own: list[list[np.ndarray]] = [[] for _ in range(workers)]
     dealt = 0
     for q in plan.quartets:
         owner = (dealt + np.arange(len(q.chunks))) % workers
@@ -212,6 +219,7 @@ def _parts(plan: EriPlan, workers: int) -> tuple[Share, ...]:
             chunks = np.concatenate([q.chunks[mine], np.repeat(q.chunks[:1], extra, axis=0)])
             nowhere = np.full((extra,) + q.destination.shape[1:], NOWHERE, np.int32)
             shares[k].append(QuartetClass(q.bra, q.ket, chunks, np.concatenate([q.destination[mine], nowhere])))
+            own[k].append(np.arange(count) < count - extra)
     total = len(plan.one_centre_index)
     count = padded_size(-(-plan.one_centre_count // workers), minimum=64)
 
@@ -219,16 +227,18 @@ def _parts(plan: EriPlan, workers: int) -> tuple[Share, ...]:
         mine = values[k::workers]
         return np.pad(mine, (0, count - len(mine)), constant_values=fill).astype(np.int32)
 
-    return tuple(Share(tuple(share), dealt_to(plan.one_centre_index, k, NOWHERE),
-                       dealt_to(np.arange(total), k, total)) for k, share in enumerate(shares))  # fmt: skip
+    return tuple(Share(tuple(share), dealt_to(plan.one_centre_index, k, NOWHERE), dealt_to(np.arange(total), k, total),
+                       tuple(own[k])) for k, share in enumerate(shares))  # fmt: skip
 
 
-def static_tables(plan: EriPlan, omega: float | None = None):
+def static_tables(plan: EriPlan, omega: float | None = None, threshold: float = 0.0):
     """The plan's compile-time part: each pair class's (l_a, l_b, K_a, K_b), each quartet class's
     (bra, ket), the s8 array's padded length, how many chunks the map computes at once
-    (:func:`chunk_batch`) and the operator's range separation ω (0: Coulomb; default: the plan's)."""
+    (:func:`chunk_batch`), the operator's range separation ω (0: Coulomb; default: the plan's) and
+    the screening threshold (0: none)."""
     return (tuple((c.la, c.lb, c.ka, c.kb) for c in plan.pairs), tuple((q.bra, q.ket) for q in plan.quartets),
-            plan.padded_size, chunk_batch(), float(plan.omega if omega is None else omega))  # fmt: skip
+            plan.padded_size, chunk_batch(), float(plan.omega if omega is None else omega),
+            float(threshold))  # fmt: skip
 
 
 @lru_cache(maxsize=4)  # a 6-31G* plan's destinations alone are hundreds of MB
@@ -243,8 +253,24 @@ def eri_structure(plan: EriPlan) -> tuple:
 @lru_cache(maxsize=4)
 def eri_shares(plan: EriPlan, workers: int) -> tuple:
     """Per share of :func:`_parts`, on the device: (one-centre positions, their selection, and per
-    quartet class the chunks, whether each has anything to compute and its s8 destinations)."""
+    quartet class the chunks, whether each has anything to compute in the plan's row order and
+    whether it is the share's own). The kernels work out the destinations (:func:`eri_rows`)."""
     return on_device(tuple((share.one_centre_index, share.one_centre_selection,
-                            tuple((q.chunks, (q.destination != NOWHERE).any((1, 2, 3, 4)), q.destination.reshape(-1))
-                                  for q in share.quartets))
+                            tuple((q.chunks, (q.destination != NOWHERE).any((1, 2, 3, 4)), dealt)
+                                  for q, dealt in zip(share.quartets, share.dealt)))
                            for share in _parts(plan, workers)))  # fmt: skip
+
+
+@lru_cache(maxsize=4)
+def eri_rows(plan: EriPlan) -> tuple:
+    """Per pair class, on the device, what the kernels need to place its rows' values
+    (:func:`~.eri_kernels.chunk_destinations`): each value's packed AO pair and whether it repeats
+    another of its row (S, R), the atom the row's two shells share (-1 if none) and whether the row is
+    a real pair, not padding (R,)."""
+    atom = plan.shells.atom
+    out = []
+    for c in plan.pairs:
+        aos, repeat = pair_rows(plan.shells, c)
+        shared = np.where(atom[c.first] == atom[c.second], atom[c.first], -1)
+        out.append((aos.astype(np.int32), repeat, shared.astype(np.int32), np.arange(len(c.first)) < c.count))
+    return on_device(tuple(out))

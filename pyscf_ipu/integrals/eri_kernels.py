@@ -35,7 +35,7 @@ import numpy as np
 from ..programs import MappingBudget, compiled, map_members
 from .basis import cartesian_powers
 from .boys import scaled
-from .eri_plan import CHUNK, cartesian_functions, cartesian_to_spherical
+from .eri_plan import CHUNK, NOWHERE, cartesian_functions, cartesian_to_spherical
 from .hermite import PairFactors, hermite_coefficients, hermite_coulomb, hermite_indices, stack_hermite
 
 
@@ -249,19 +249,35 @@ def pair_stage(kinds, pairs, shells, difference, present, dtype: str):
     return tuple(data)
 
 
-def quartet_stage(static, quartet_arrays, one_centre, data, shifts):
+def quartet_stage(static, quartet_arrays, one_centre, data, shifts, rows):
     """The s8 array: the one-centre constants, then every quartet class's chunks (those with nothing
     to compute, the padding of a size bucket's full chunk grids and the chunks of pairs of atoms that
     are not there, a template's absent slots, are skipped). ``one_centre``: (positions (M,), values
-    (M,)) of the integrals with all four AOs on one atom."""
-    kinds, quartet_classes, size, batch, omega = static
+    (M,)) of the integrals with all four AOs on one atom; ``rows``: per pair class, each row's values'
+    AO pairs and repeats (S, R), the atom its two shells share (R,; -1 if none) and whether it is a
+    real pair (R,) (:func:`~.eri.eri_rows`).
+
+    With a screening threshold (``static``), each class's rows are first sorted by their Schwarz
+    bound, the largest sqrt|(ij|ij)| of their values (from the kernel's own diagonal chunks), so that
+    the quartets of small pairs gather in whole chunks: a chunk whose first bra and ket rows' bounds
+    multiply to less than the threshold is skipped (its values are zeros). The destinations follow
+    the rows, so the compiled program is the same for every geometry (``docs/decisions/eri-screening.md``)."""
+    kinds, quartet_classes, size, batch, omega, threshold = static
     one_centre_index, one_centre_value = one_centre
     out = jnp.zeros(size, shifts.dtype).at[one_centre_index].set(one_centre_value.astype(shifts.dtype), mode="drop")
-    for (x, y), (chunks, active, destination) in zip(quartet_classes, quartet_arrays):
+    if threshold:  # each class's rows by their bounds, largest first; the bounds in that order
+        bounds = pair_bounds(kinds, data, shifts, rows, omega)
+        order = [jnp.argsort(-b, stable=True) for b in bounds]
+        bounds = [b[o] for b, o in zip(bounds, order)]
+        data = [(e[o], p[o], pa[:, o], atom[o], there[o]) for (e, p, pa, atom, there), o in zip(data, order)]
+        rows = [(aos[:, o], repeat[:, o], atom[o], real[o]) for (aos, repeat, atom, real), o in zip(rows, order)]
+    for (x, y), (chunks, active, dealt) in zip(quartet_classes, quartet_arrays):
         orders = tuple(max(kinds[c][0]) + max(kinds[c][1]) for c in (x, y))  # Hermite orders of bra, ket
         (e_bra, p_bra, pa_bra, atom_bra, there_bra), (e_ket, p_ket, pa_ket, atom_ket, there_ket) = data[x], data[y]
-        # a chunk computes where it has work and both sides hold a pair of atoms that are there
-        work = active & by_chunk(there_bra, chunks[:, 0]).any(-1) & by_chunk(there_ket, chunks[:, 1]).any(-1)
+        if threshold:  # a chunk's largest bounds are its first rows'
+            work = dealt & (bounds[x][CHUNK * chunks[:, 0]] * bounds[y][CHUNK * chunks[:, 1]] >= threshold)
+        else:  # a chunk computes where it has work and both sides hold a pair of atoms that are there
+            work = active & by_chunk(there_bra, chunks[:, 0]).any(-1) & by_chunk(there_ket, chunks[:, 1]).any(-1)
         # each chunk's pairs gathered up front: the kernel then only reads its own slice
         bra = (by_chunk(e_bra, chunks[:, 0]), by_chunk(p_bra, chunks[:, 0]), by_chunk(pa_bra, chunks[:, 0], 1))
         ac = shifts[by_chunk(atom_bra, chunks[:, 0])[:, None, :], by_chunk(atom_ket, chunks[:, 1])[:, :, None]]  # (T, J, I, 3)
@@ -280,7 +296,61 @@ def quartet_stage(static, quartet_arrays, one_centre, data, shifts):
         # One chunk at a time (a CPU) is a plain map: with batch_size, even 1, the kernel is vmapped,
         # and a vmapped cond computes both branches, so idle chunks would cost as much as busy ones.
         values = jax.lax.map(jax.checkpoint(chunk), (work, bra, ket), batch_size=batch if batch > 1 else None)
-        out = out.at[destination].set(values.reshape(-1), mode="drop", unique_indices=True)
+        destination = chunk_destinations(rows[x], rows[y], chunks, dealt, x == y)
+        out = out.at[destination.reshape(-1)].set(values.reshape(-1), mode="drop", unique_indices=True)
+    return out
+
+
+def chunk_destinations(bra_rows, ket_rows, chunks, dealt, same_class: bool):
+    """(T, I, S_ab, J, S_cd) int32: the s8 index of every value of the chunks ``chunks`` (T, 2) of one
+    quartet class, from its bra's and ket's row tables (in the order the kernel reads the rows); NOWHERE
+    for the values that are not computed here: repeats, pairs that are padding, one-centre quartets (the
+    plan's constants), and the chunks of a share's padding (not ``dealt``). Within one class a quartet
+    of two rows is the bra's where its row comes later, and a row with itself keeps ij >= kl."""
+    def side(tables, index):  # one side's tables at each chunk's rows
+        aos, repeat, atom, real = tables
+        rows = CHUNK * index[:, None] + jnp.arange(CHUNK)  # (T, CHUNK)
+        return rows, aos[:, rows], repeat[:, rows], atom[rows], real[rows]  # (S, T, CHUNK) or (T, CHUNK)
+
+    b_rows, ij, b_repeat, b_atom, b_real = side(bra_rows, chunks[:, 0])
+    k_rows, kl, k_repeat, k_atom, k_real = side(ket_rows, chunks[:, 1])
+    ij = ij.transpose(1, 2, 0)[:, :, :, None, None]  # (T, I, S_ab, 1, 1)
+    kl = kl.transpose(1, 2, 0)[:, None, None, :, :]  # (T, 1, 1, J, S_cd)
+    hi, lo = jnp.maximum(ij, kl), jnp.minimum(ij, kl)
+    # hi (hi + 1) / 2 with the even factor halved first: it fits int32 wherever the s8 index does
+    index = jnp.where(hi % 2 == 0, (hi >> 1) * (hi + 1), hi * ((hi + 1) >> 1)) + lo
+    bra = lambda a: a[:, :, None, None, None]  # noqa: E731  (T, I) -> (T, I, 1, 1, 1)
+    ket = lambda a: a[:, None, None, :, None]  # noqa: E731  (T, J) -> (T, 1, 1, J, 1)
+    drop = b_repeat.transpose(1, 2, 0)[:, :, :, None, None] | k_repeat.transpose(1, 2, 0)[:, None, None, :, :]
+    drop |= ~(bra(b_real) & ket(k_real) & bra(dealt[:, None]))
+    drop |= bra(b_atom >= 0) & (bra(b_atom) == ket(k_atom))  # all four shells on one atom
+    if same_class:
+        drop |= (bra(b_rows) < ket(k_rows)) | ((bra(b_rows) == ket(k_rows)) & (ij < kl))
+    return jnp.where(drop, NOWHERE, index)
+
+
+def pair_bounds(kinds, data, shifts, rows, omega: float):
+    """Per pair class, each row's Schwarz bound (R,): the largest sqrt|(ij|ij)| over its values, from the
+    diagonal of its class's own diagonal chunks; 0 for rows that are padding or whose atoms are not there
+    (|(ij|kl)| <= sqrt((ij|ij) (kl|kl)) for the Coulomb and the long-range operator alike)."""
+    out = []
+    for kind, (e, p, pa, atom, there), (_, _, _, real) in zip(kinds, data, rows):
+        order = max(kind[0]) + max(kind[1])
+        index = jnp.arange(e.shape[0] // CHUNK)
+        signed = ket_signed(order, e)
+        signed = signed.reshape(-1, CHUNK, *signed.shape[1:])
+        atoms = by_chunk(atom, index)  # (C, CHUNK)
+        ac = shifts[atoms[:, None, :], atoms[:, :, None]]  # (C, J, I, 3)
+        bra = (by_chunk(e, index), by_chunk(p, index), by_chunk(pa, index, 1))
+        ket = (by_chunk(p, index), by_chunk(pa, index, 1), index, ac)
+
+        def diagonal(arguments, order=order, signed=signed):
+            values = chunk_of(order, order, *arguments, signed, omega)  # (I, S, I, S)
+            own = jnp.arange(CHUNK)
+            return jnp.abs(jnp.diagonal(values[own, :, own, :], axis1=1, axis2=2)).max(-1)  # (CHUNK,)
+
+        bound = jnp.sqrt(jax.lax.map(diagonal, (bra, ket)).reshape(-1))
+        out.append(jnp.where(real & there, bound, 0.0))
     return out
 
 
@@ -298,7 +368,7 @@ def _pair_program(kinds, pairs, shells, coords, present, dtype: str):
     return jax.vmap(member)(shells, coords, present)
 
 
-def _quartet_program(static, quartet_arrays, one_centre, data, shifts, at_once: int):
+def _quartet_program(static, quartet_arrays, one_centre, data, shifts, rows, at_once: int):
     """:func:`quartet_stage` of the batch's conformers, ``at_once`` of them together
     (:func:`~pyscf_ipu.programs.map_members`: on a CPU one after another, so that a chunk's arrays stay
     cache-sized). The plan's ``quartet_arrays`` and one-centre positions are shared; ``one_centre`` =
@@ -306,8 +376,8 @@ def _quartet_program(static, quartet_arrays, one_centre, data, shifts, at_once: 
     selects a zero), then ``data`` and ``shifts`` per conformer."""
     index, selection, values = one_centre
     values = jnp.concatenate([values, jnp.zeros((values.shape[0], 1), values.dtype)], axis=1)
-    return map_members(lambda member: quartet_stage(static, quartet_arrays, (index, member[0][selection]), *member[1:]),
-                       (values, data, shifts), at_once)  # fmt: skip
+    return map_members(lambda member: quartet_stage(static, quartet_arrays, (index, member[0][selection]), *member[1:],
+                                                     rows), (values, data, shifts), at_once)  # fmt: skip
 
 
 def quartet_member_bytes(static, pairs, itemsize: int) -> int:
@@ -315,7 +385,7 @@ def quartet_member_bytes(static, pairs, itemsize: int) -> int:
     its s8 array as computed, and one step of the chunk map over the largest class (per primitive
     quartet its Hermite integrals R and the bra-ket matrix of them, and each chunk's values).
     ``static``: the plan's :func:`~.eri.static_tables`; ``pairs``: its pair classes."""
-    _, classes, size, batch, _ = static
+    _, classes, size, batch, _, _ = static
     largest = 0
     for x, y in classes:
         bra, ket = pairs[x], pairs[y]
@@ -328,6 +398,6 @@ def quartet_member_bytes(static, pairs, itemsize: int) -> int:
 
 pair_program = compiled(_pair_program, static_argnums=(0, 5), name="eri_pairs", quick_compile=True)
 quartet_program = compiled(
-    _quartet_program, static_argnums=(0, 5), name="eri_quartets",
+    _quartet_program, static_argnums=(0, 6), name="eri_quartets",
     # a 6-31G* program holds thousands of memory mappings: drop old ones before the process nears its limit
     budget=MappingBudget(share=0.5, fallback=3))

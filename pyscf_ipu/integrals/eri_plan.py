@@ -107,8 +107,11 @@ def shells_of(mol: gto.Mole) -> Shells:
 
 def packed_pairs(i, j):
     """Index of (i, j) in a packed lower triangle (either order)."""
-    hi, lo = np.maximum(i, j), np.minimum(i, j)
-    return hi * (hi + 1) // 2 + lo
+    hi = np.maximum(i, j)
+    index = hi * (hi + 1)
+    index >>= 1  # halved by a shift (a product of consecutive integers is even): numpy's // is far slower
+    index += np.minimum(i, j)
+    return index
 
 
 @dataclass(frozen=True)
@@ -307,10 +310,10 @@ def _quartet_class(shells: Shells, pairs, x: int, y: int, every_chunk: bool = Fa
     if not used.any():
         return None
     chunks, bi, ki, keep = chunks[used], bi[used], ki[used], keep[used]
-    destination = _destinations(shells, bra, ket, bi.ravel(), ki.ravel(), x == y)  # (T I J, S_ab, S_cd)
-    destination[~keep.ravel()] = NOWHERE
+    destination = _destinations(shells, bra, ket, bi.ravel(), ki.ravel(), x == y)  # (S_ab, S_cd, T I J)
+    destination[..., ~keep.ravel()] = NOWHERE
     t, n = len(chunks), CHUNK
-    destination = destination.reshape(t, n, n, *destination.shape[1:]).transpose(0, 1, 3, 2, 4)
+    destination = destination.reshape(*destination.shape[:2], t, n, n).transpose(2, 3, 0, 4, 1)  # (T, I, S_ab, J, S_cd)
     return QuartetClass(x, y, chunks.astype(np.int32), np.ascontiguousarray(destination))
 
 
@@ -341,22 +344,31 @@ def one_centre_eris(mol: gto.Mole, omega: float = 0.0) -> tuple[np.ndarray, np.n
     return np.concatenate(index).astype(np.int32), np.concatenate(value)
 
 
-def _destinations(shells: Shells, bra: PairClass, ket: PairClass, bi, ki, same_class: bool) -> np.ndarray:
-    """(Q, S_a S_b, S_c S_d) s8 index of every value of every quartet; NOWHERE for the repeats."""
-    def functions(shell, components):  # (Q, S): the spherical AOs of each shell's components in turn
+def pair_rows(shells: Shells, pair: PairClass) -> tuple[np.ndarray, np.ndarray]:
+    """(S_a S_b, rows) each: the packed AO pair of every value of every row of ``pair``'s class, and
+    whether it repeats another of the row's values (a shell with itself: (mu, nu) and (nu, mu) are one
+    value; mu >= nu is kept)."""
+    def functions(shell, components):  # (rows, S): the spherical AOs of each shell's components in turn
         return np.concatenate([shells.offset[shell, c, None] + np.arange(2 * l + 1) for c, l in enumerate(components)], 1)
 
-    def aos(pair: PairClass, rows):
-        a, b = pair.first[rows], pair.second[rows]
-        mu, nu = np.broadcast_arrays(functions(a, pair.la)[:, :, None], functions(b, pair.lb)[:, None, :])  # (Q, S_a, S_b)
-        # a shell with itself: (mu, nu) and (nu, mu) are one value; keep mu >= nu
-        repeat = (a == b)[:, None, None] & (mu < nu)
-        return packed_pairs(mu, nu).reshape(len(rows), -1), repeat.reshape(len(rows), -1)
+    a, b = pair.first, pair.second
+    mu, nu = np.broadcast_arrays(functions(a, pair.la)[:, :, None], functions(b, pair.lb)[:, None, :])
+    repeat = (a == b)[:, None, None] & (mu < nu)
+    return packed_pairs(mu, nu).reshape(len(a), -1).T, repeat.reshape(len(a), -1).T
 
-    ij, repeat_bra = aos(bra, bi)
-    kl, repeat_ket = aos(ket, ki)
-    index = packed_pairs(ij[:, :, None], kl[:, None, :])
-    repeat = repeat_bra[:, :, None] | repeat_ket[:, None, :]
+
+def _destinations(shells: Shells, bra: PairClass, ket: PairClass, bi, ki, same_class: bool) -> np.ndarray:
+    """(S_a S_b, S_c S_d, Q) s8 index of every value of every quartet; NOWHERE for the repeats.
+
+    Each pair row's AO pairs are formed once and the quartets' indices along Q, the long axis:
+    numpy's loops over the few values of one quartet cost more than the arithmetic."""
+    (ij, repeat_bra), (kl, repeat_ket) = pair_rows(shells, bra), pair_rows(shells, ket)
+    # int32 while hi (hi + 1) cannot overflow it (the index itself always fits: plan_eri's check)
+    dtype = np.int32 if max(ij.max(), kl.max()) < 46340 else np.int64
+    ij = ij.astype(dtype).take(bi, axis=1)[:, None]  # (S_ab, 1, Q)
+    kl = kl.astype(dtype).take(ki, axis=1)[None]  # (1, S_cd, Q)
+    index = packed_pairs(ij, kl)
+    repeat = repeat_bra.take(bi, axis=1)[:, None] | repeat_ket.take(ki, axis=1)[None]
     if same_class:  # a pair with itself: (ij|kl) and (kl|ij) are one value; keep ij >= kl
-        repeat |= (bi == ki)[:, None, None] & (ij[:, :, None] < kl[:, None, :])
+        repeat |= (bi == ki) & (ij < kl)
     return np.where(repeat, NOWHERE, index).astype(np.int32)  # plan_eri refuses sizes beyond int32

@@ -26,7 +26,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..packed import degeneracy_weights, pair_index, row_matrix, s8_accumulate, s8_to_s4, symmetrise, tril_unpack
+from ..packed import (degeneracy_weights, host_row_matrix, pair_index, row_matrix, s8_accumulate, s8_to_s4, symmetrise,
+                      tril_unpack)
 from ..packed import PackedERI, unique_quartets, unpack_pairs
 from ..programs import compiled, on_device
 from .plan import TilePlan
@@ -97,9 +98,13 @@ def layout(shape_plan: TilePlan, real_plan: TilePlan, eri: PackedERI, dtype) -> 
     matrix, so rows follow ``shape_plan``.
     """
     if shape_plan.strategy.name == "rows":
-        # Cast on the host: half the bytes to send; unpacked on the device. Padded AOs' pairs last.
-        s8 = jnp.asarray(eri.s8.astype(dtype))[None]  # a batch of one
-        rows = _tiled_rows(s8, row_placement(shape_plan), eri.nao, shape_plan.workload.nao, np.dtype(dtype).name)
+        # Padded AOs' pairs last. On a CPU built on the host; else cast on the host (half the bytes to
+        # send) and unpacked on the device.
+        placement, npad = row_placement(shape_plan), shape_plan.workload.nao
+        if jax.default_backend() == "cpu":
+            rows = host_tiled_rows(eri.s8[None], placement, eri.nao, npad, dtype)
+        else:
+            rows = _tiled_rows(jnp.asarray(eri.s8.astype(dtype))[None], placement, eri.nao, npad, np.dtype(dtype).name)
         return jax.tree.map(lambda a: a[0], {"rows": rows, **_shared_rows_arrays(shape_plan, 1)})
     values, index = unique_quartets(eri.s8, eri.nao)
     values = (values * degeneracy_weights(index)).astype(dtype)
@@ -114,8 +119,35 @@ def rows_layout(shape_plan: TilePlan, eris: jax.Array, dtype) -> dict:
     (padded AOs' integrals zero), for a ``rows`` plan: the row blocks of all of them built on the
     device in ``dtype`` by one vmapped program; the index arrays the contraction reads are the plan's."""
     npad = shape_plan.workload.nao
-    rows = _tiled_rows(eris, row_placement(shape_plan), npad, npad, np.dtype(dtype).name)
+    if jax.default_backend() == "cpu":  # the device is the host: numpy builds the rows faster than XLA
+        rows = on_device(host_tiled_rows(np.asarray(eris), row_placement(shape_plan), npad, npad, dtype))
+    else:
+        rows = _tiled_rows(eris, row_placement(shape_plan), npad, npad, np.dtype(dtype).name)
     return {"rows": rows, **_shared_rows_arrays(shape_plan, rows.shape[0])}
+
+
+def host_tiled_rows(s8: np.ndarray, placement, nao: int, nao_padded: int, dtype) -> np.ndarray:
+    """:func:`_tiled_rows` on the host (:func:`~pyscf_ipu.packed.host_row_matrix`): the same array,
+    (B, num_ipus, T, L, npair_pad) in ``dtype``. Where the IPUs' runs fill their tiles exactly (one
+    IPU, the usual case) each conformer's row matrix is built in place; else it is cut into them."""
+    npair_pad = nao_padded * (nao_padded + 1) // 2
+    per_ipu = max(-(-count // per) for _, per, count in placement)  # T
+    slots = max(per for _, per, _ in placement)  # L
+    out = np.empty((len(s8), len(placement), per_ipu, slots, npair_pad), dtype)
+    if len(placement) == 1 and per_ipu * slots == placement[0][2]:
+        for member, one in zip(out, s8):
+            host_row_matrix(one, nao, member.reshape(2 * npair_pad, npair_pad))
+        return out
+    out[...] = 0.0
+    matrix = np.empty((2 * npair_pad, npair_pad), dtype)
+    for member, one in zip(out, s8):
+        host_row_matrix(one, nao, matrix)
+        for tiles, (start, per, count) in zip(member, placement):  # an IPU's run of rows, cut into tiles
+            full, rest = divmod(count, per)
+            tiles[:full, :per] = matrix[start : start + full * per].reshape(full, per, -1)
+            if rest:
+                tiles[full, :rest] = matrix[start + full * per : start + count]
+    return out
 
 
 @lru_cache(maxsize=8)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..buckets import SizeBucket
-from ..packed import (degeneracy_weights, pair_index, quartet_bytes, s8_accumulate, s8_to_s4, symmetrise,
+from ..packed import (degeneracy_weights, pair_index, quartet_bytes, s8_accumulate, s8_size, s8_to_s4, symmetrise,
                       unique_quartets)
 from ..padding import padded_size, pad_to, stack_members
 from ..prepare import eri_s8, schwarz_screen
@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from ..method import Method
 
 AUTO_BATCH_ON_A_CPU = 8  # conformers: a CPU's cores are as busy with 8 as with more
+# one conformer's float32 s8 ERIs from which a CPU takes one conformer per batch (about 15 heavy atoms at STO-3G):
+# its loop is then bound by memory bandwidth alone, and a batch only waits for its slowest member
+ONE_AT_A_TIME_BYTES = 16 * 2**20
 
 
 class ExactERIs:
@@ -37,7 +40,6 @@ class ExactERIs:
 
     occupied_step: ClassVar[int] = 0  # its size buckets do not depend on the occupied orbitals
     profiles: ClassVar[bool] = False  # whether ``profile`` reports how it spreads the work (``--profile``)
-    cpu_batch: ClassVar[int] = AUTO_BATCH_ON_A_CPU  # ``--batch-size auto`` on a CPU
     # what a memory error suggests first where not even one conformer fits
     memory_advice: ClassVar[str] = "--jk df (density fitting: no N^4 array), "
 
@@ -45,12 +47,18 @@ class ExactERIs:
         """``bucket`` itself: the s8 ERIs have one layout."""
         return bucket
 
+    def cpu_batch(self, bucket: SizeBucket) -> int:
+        """``--batch-size auto`` on a CPU: :data:`AUTO_BATCH_ON_A_CPU` conformers, or one where a
+        conformer's float32 s8 ERIs reach :data:`ONE_AT_A_TIME_BYTES` (``docs/decisions/batch-of-one.md``)."""
+        return 1 if 4 * s8_size(bucket.nao_padded) >= ONE_AT_A_TIME_BYTES else AUTO_BATCH_ON_A_CPU
+
     def host_eris(self, mol, bucket: SizeBucket, config: RKSConfig) -> tuple[np.ndarray, int, np.ndarray]:
         """(s8 ERIs, their count after Schwarz screening, an empty fitted factor) of ``mol`` from libcint."""
         eri = eri_s8(mol, config.eri_expcutoff)
-        if config.eri_threshold > 0:
+        threshold = config.eri_screening(eri.dtype)
+        if threshold > 0:
             nao = mol.nao_nr()
-            eri = schwarz_screen(eri, nao * (nao + 1) // 2, config.eri_threshold)
+            eri = schwarz_screen(eri, nao * (nao + 1) // 2, threshold)
         return eri, int(np.count_nonzero(eri)), np.zeros((0, 0))
 
     def eri_bytes(self, bucket: SizeBucket, held: int, fitting_bytes: int, value_bytes: int) -> tuple[int, int]:

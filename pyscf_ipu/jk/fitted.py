@@ -107,8 +107,11 @@ class FittedJK:
     name: str = "df"
     occupied_step: ClassVar[int] = OCCUPIED_STEP  # its buckets round the occupied orbitals up to this
     profiles: ClassVar[bool] = False  # ``profile`` has nothing to report
-    cpu_batch: ClassVar[int] = AUTO_FITTED_BATCH_ON_A_CPU  # ``--batch-size auto`` on a CPU
     memory_advice: ClassVar[str] = ""  # nothing smaller to suggest: no N^4 array already
+
+    def cpu_batch(self, bucket: SizeBucket) -> int:
+        """``--batch-size auto`` on a CPU: :data:`AUTO_FITTED_BATCH_ON_A_CPU` conformers, whatever the bucket."""
+        return AUTO_FITTED_BATCH_ON_A_CPU
 
     def laid_out(self, bucket: SizeBucket, method: Method) -> SizeBucket:
         """``bucket``, streaming its factor where one conformer's arrays held whole would exceed the
@@ -174,7 +177,7 @@ class FittedJK:
 def fitted_backend(config: RKSConfig) -> FittedJK:
     """:class:`FittedJK` for ``config``; :class:`~pyscf_ipu.config.ConfigError` where it asks for
     Schwarz screening, which screens the s8 ERIs that density fitting never makes."""
-    if config.eri_threshold > 0:
+    if config.eri_threshold:  # auto (None) and 0 screen nothing
         raise ConfigError(f"--eri-threshold screens the s8 ERIs, which --jk {config.jk} (density fitting) never makes")
     return FittedJK()
 

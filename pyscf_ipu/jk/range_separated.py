@@ -57,9 +57,8 @@ class RangeSeparatedJK:
     def profiles(self) -> bool:
         return False
 
-    @property
-    def cpu_batch(self) -> int:
-        return self.inner.cpu_batch
+    def cpu_batch(self, bucket):
+        return self.inner.cpu_batch(bucket)
 
     @property
     def memory_advice(self) -> str:
