@@ -268,10 +268,12 @@ def test_eri_workers_share_the_tiles_exactly():
     for workers in (2, 3):
         parts = _parts(plan, workers)
         for q in plan.quartets:
-            shares = [r for part in parts for r in part.quartets if (r.bra, r.ket) == (q.bra, q.ket)]
-            assert len(shares) == workers and len({r.chunks.shape for r in shares}) == 1  # one program for all
-            # the padding tiles write nowhere; every real tile is dealt exactly once
-            real = [r.chunks[(r.destination != NOWHERE).any((1, 2, 3, 4))] for r in shares]
+            shares = [(r, own) for part in parts for r, own in zip(part.quartets, part.dealt)
+                      if (r.bra, r.ket) == (q.bra, q.ket)]  # fmt: skip
+            assert len(shares) == workers and len({r.chunks.shape for r, _ in shares}) == 1  # one program for all
+            # the padding tiles are no share's own and have no values; every tile is dealt exactly once
+            assert not any(r.keep[~own].any() for r, own in shares)
+            real = [r.chunks[own] for r, own in shares]
             assert sorted(map(tuple, np.concatenate(real))) == sorted(map(tuple, q.chunks))
         dealt = np.concatenate([part.one_centre_index for part in parts])
         assert sorted(dealt[dealt != NOWHERE]) == sorted(plan.one_centre_index)

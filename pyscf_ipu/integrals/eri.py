@@ -188,7 +188,7 @@ def default_workers() -> int:
 
 class Share(NamedTuple):
     """The part of a plan one worker computes: its chunks of every quartet class (padded to a common
-    count with chunks that write NOWHERE), which of them are its own (not that padding), and its
+    count with chunks that have no values), which of them are its own (not that padding), and its
     one-centre integrals' positions and their places in the plan's one-centre list (the padding:
     NOWHERE, and one past the list's end)."""
 
@@ -203,8 +203,9 @@ def _parts(plan: EriPlan, workers: int) -> tuple[Share, ...]:
     and every molecule of similar size, runs one compiled program.
 
     The chunks of all classes, in order, are dealt out in turn (balanced to a chunk per class); each
-    share's class is then padded to a rounded-up common count with chunks that write NOWHERE (the
-    kernel skips them). The one-centre integrals are dealt out likewise.
+    share's class is then padded to a rounded-up common count with copies of its first chunk that are
+    not the share's own (the kernel skips them and writes nothing of them). The one-centre integrals
+    are dealt out likewise.
     """
     shares: list[list[QuartetClass]] = [[] for _ in range(workers)]
     own: list[list[np.ndarray]] = [[] for _ in range(workers)]
@@ -217,8 +218,8 @@ def _parts(plan: EriPlan, workers: int) -> tuple[Share, ...]:
             mine = owner == k
             extra = count - int(mine.sum())
             chunks = np.concatenate([q.chunks[mine], np.repeat(q.chunks[:1], extra, axis=0)])
-            nowhere = np.full((extra,) + q.destination.shape[1:], NOWHERE, np.int32)
-            shares[k].append(QuartetClass(q.bra, q.ket, chunks, np.concatenate([q.destination[mine], nowhere])))
+            nothing = np.zeros((extra,) + q.keep.shape[1:], bool)
+            shares[k].append(QuartetClass(q.bra, q.ket, chunks, np.concatenate([q.keep[mine], nothing])))
             own[k].append(np.arange(count) < count - extra)
     total = len(plan.one_centre_index)
     count = padded_size(-(-plan.one_centre_count // workers), minimum=64)
@@ -241,7 +242,7 @@ def static_tables(plan: EriPlan, omega: float | None = None, threshold: float = 
             float(threshold))  # fmt: skip
 
 
-@lru_cache(maxsize=4)  # a 6-31G* plan's destinations alone are hundreds of MB
+@lru_cache(maxsize=4)
 def eri_structure(plan: EriPlan) -> tuple:
     """The pair stage's index arrays on the device: per pair class (first shells, second shells,
     their atoms)."""
@@ -256,7 +257,7 @@ def eri_shares(plan: EriPlan, workers: int) -> tuple:
     quartet class the chunks, whether each has anything to compute in the plan's row order and
     whether it is the share's own). The kernels work out the destinations (:func:`eri_rows`)."""
     return on_device(tuple((share.one_centre_index, share.one_centre_selection,
-                            tuple((q.chunks, (q.destination != NOWHERE).any((1, 2, 3, 4)), dealt)
+                            tuple((q.chunks, q.keep.any((1, 2)), dealt)
                                   for q, dealt in zip(share.quartets, share.dealt)))
                            for share in _parts(plan, workers)))  # fmt: skip
 

@@ -12,16 +12,17 @@ Built once per basis (on the host, in numpy); :mod:`.eri_kernels` evaluates it a
   into **chunks**: squares of :data:`CHUNK` bra x :data:`CHUNK` ket pairs. The tile plan of the
   simulated IPU (:mod:`pyscf_ipu.ipu.eri_tiles`) hands out the same squares.
 - **Destinations:** the spherical values go straight into PySCF's 8-fold packed layout
-  (``mol.intor("int2e", aosym="s8")``) through indices computed here; repeats, padding and
-  one-centre quartets go to :data:`NOWHERE`.
+  (``mol.intor("int2e", aosym="s8")``), at indices the kernels work out from each pair row's AO pairs
+  (:func:`pair_rows`); repeats, padding and one-centre quartets go to :data:`NOWHERE`. The plan keeps
+  which quartets of each chunk have values (``keep``).
 - **One-centre quartets** (all four shells on one atom) do not depend on the geometry and hold the
   largest integrals, so they are constants of the plan, from libcint in float64 (:func:`one_centre_eris`).
 - **Shared shapes:** pair rows, chunks, atoms, one-centre constants and the s8 length are rounded
   up (:func:`~pyscf_ipu.padding.padded_size`), or taken from a size bucket's :class:`EriCapacity`
   (possibly a wider bucket's counts, in the bucket's own s8 layout), so that molecules of similar
   size run one compiled program.
-- **No screening:** every shell and primitive quartet is computed, so the plan depends on the basis
-  and not on the geometry (``docs/decisions/eri-screening.md``).
+- **Screening at run time:** the plan depends on the basis and not on the geometry; the kernels skip
+  chunks by their Schwarz bounds at run time (``docs/decisions/eri-screening.md``).
 """
 
 from __future__ import annotations
@@ -148,15 +149,14 @@ class QuartetClass:
     bra: int  # pair class of the bra
     ket: int  # pair class of the ket
     chunks: np.ndarray  # (T, 2) bra chunk and ket chunk of each square: rows CHUNK * chunk + (0 .. CHUNK)
-    destination: np.ndarray  # (T, CHUNK, S_a S_b, CHUNK, S_c S_d) index into the s8 array; NOWHERE for nothing
+    keep: np.ndarray  # (T, CHUNK, CHUNK) bool: whether the quartet (bra row, ket row) has values to write
 
     def quartets(self) -> tuple[np.ndarray, np.ndarray]:
         """(bra rows, ket rows) of the quartets with values to write, in kernel order."""
-        real = (self.destination != NOWHERE).any((2, 4))  # (T, I, J)
         bra = CHUNK * self.chunks[:, 0, None, None] + np.arange(CHUNK)[None, :, None]
         ket = CHUNK * self.chunks[:, 1, None, None] + np.arange(CHUNK)[None, None, :]
-        bra, ket = np.broadcast_arrays(bra, ket)
-        return bra[real], ket[real]
+        bra, ket = np.broadcast_arrays(bra, ket)  # (T, I, J)
+        return bra[self.keep], ket[self.keep]
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: device arrays are cached per plan
@@ -236,7 +236,7 @@ def eri_capacity(template: gto.Mole, computed: gto.Mole | None = None) -> EriCap
 
 def plan_eri(mol: gto.Mole, capacity: EriCapacity | None = None, atom_rank: np.ndarray | None = None,
              quartets: bool = True, omega: float = 0.0) -> EriPlan:  # fmt: skip
-    """Group ``mol``'s shell pairs and quartets into classes and chunks and work out the s8 destinations.
+    """Group ``mol``'s shell pairs and quartets into classes and chunks, and mark the quartets with values.
 
     Without ``capacity``, every count is rounded up on its own (:func:`~pyscf_ipu.padding.padded_size`)
     and chunks without a quartet to compute are left out. With the ``capacity`` of ``mol``'s size
@@ -309,12 +309,7 @@ def _quartet_class(shells: Shells, pairs, x: int, y: int, every_chunk: bool = Fa
     used = keep.any((1, 2)) | every_chunk
     if not used.any():
         return None
-    chunks, bi, ki, keep = chunks[used], bi[used], ki[used], keep[used]
-    destination = _destinations(shells, bra, ket, bi.ravel(), ki.ravel(), x == y)  # (S_ab, S_cd, T I J)
-    destination[..., ~keep.ravel()] = NOWHERE
-    t, n = len(chunks), CHUNK
-    destination = destination.reshape(*destination.shape[:2], t, n, n).transpose(2, 3, 0, 4, 1)  # (T, I, S_ab, J, S_cd)
-    return QuartetClass(x, y, chunks.astype(np.int32), np.ascontiguousarray(destination))
+    return QuartetClass(x, y, chunks[used].astype(np.int32), keep[used])
 
 
 def one_centre_eris(mol: gto.Mole, omega: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -355,20 +350,3 @@ def pair_rows(shells: Shells, pair: PairClass) -> tuple[np.ndarray, np.ndarray]:
     mu, nu = np.broadcast_arrays(functions(a, pair.la)[:, :, None], functions(b, pair.lb)[:, None, :])
     repeat = (a == b)[:, None, None] & (mu < nu)
     return packed_pairs(mu, nu).reshape(len(a), -1).T, repeat.reshape(len(a), -1).T
-
-
-def _destinations(shells: Shells, bra: PairClass, ket: PairClass, bi, ki, same_class: bool) -> np.ndarray:
-    """(S_a S_b, S_c S_d, Q) s8 index of every value of every quartet; NOWHERE for the repeats.
-
-    Each pair row's AO pairs are formed once and the quartets' indices along Q, the long axis:
-    numpy's loops over the few values of one quartet cost more than the arithmetic."""
-    (ij, repeat_bra), (kl, repeat_ket) = pair_rows(shells, bra), pair_rows(shells, ket)
-    # int32 while hi (hi + 1) cannot overflow it (the index itself always fits: plan_eri's check)
-    dtype = np.int32 if max(ij.max(), kl.max()) < 46340 else np.int64
-    ij = ij.astype(dtype).take(bi, axis=1)[:, None]  # (S_ab, 1, Q)
-    kl = kl.astype(dtype).take(ki, axis=1)[None]  # (1, S_cd, Q)
-    index = packed_pairs(ij, kl)
-    repeat = repeat_bra.take(bi, axis=1)[:, None] | repeat_ket.take(ki, axis=1)[None]
-    if same_class:  # a pair with itself: (ij|kl) and (kl|ij) are one value; keep ij >= kl
-        repeat |= (bi == ki) & (ij < kl)
-    return np.where(repeat, NOWHERE, index).astype(np.int32)  # plan_eri refuses sizes beyond int32
