@@ -1,16 +1,21 @@
 """Forces at a larger basis as a user runs them: ``pyscf-ipu run --forces`` against PySCF's gradient.
 
     python benchmarks/forces.py [--smiles S ...] [--conformers 2] [--basis def2-svp] [--precisions float32 float64]
+                                [--xc b3lyp] [--dispersion auto] [--grid-level 0] [--integrals libcint]
 
 Every conformer (RDKit ETKDG, each molecule's own) runs in fresh processes, the sides alternating:
 
-- ours: ``pyscf-ipu run --xyz F --basis B --forces --json [--precision P]``, every other option at
-  its default (``--jk auto`` picks density fitting at a non-minimal basis; the grid moves with the
-  atoms; the SCF's float64 refinement is in its seconds). The run shares one new compilation cache, so a molecule's first conformer compiles and its
-  later ones find their programs. "scf" is the run's own seconds (host preparation included),
+- ours: ``pyscf-ipu run --xyz F --basis B --xc X --dispersion D --grid-level L --integrals I --forces
+  --json [--precision P]``, every other option at its default (``--jk auto`` picks density fitting at a
+  non-minimal basis; the grid moves with the atoms; the SCF's float64 refinement is in its seconds).
+  The run shares one new compilation cache, so a molecule's first conformer compiles and its later
+  ones find their programs. "scf" is the run's own seconds (host preparation included),
   "forces" the gradient's;
-- PySCF: ``dft.RKS(mol, xc).density_fit()`` with the same functional and grid level, conv_tol 1e-10,
-  then ``nuc_grad_method()`` with ``grid_response = True`` (what ours differentiates).
+- PySCF: the same method as PySCF runs it (:func:`pyscf_ipu.reference.pyscf_method`: the functional
+  through libxc, the grid level, density fitted in the same fitting basis, ``mf.disp`` for D3(BJ)),
+  conv_tol 1e-10, then ``nuc_grad_method()`` with ``grid_response = True`` (what ours differentiates).
+  ωB97X-D's own correction is not PySCF's: run it with ``--dispersion none`` here (the correction's
+  gradient is checked against Psi4's in ``tests/test_dispersion.py``).
 
 Reported per conformer and side: seconds, the process's peak resident memory, and the largest
 |ours - PySCF| component of the gradient. Threads: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=2 for both
@@ -43,8 +48,9 @@ def peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 
-def ours(xyz: str, basis: str, precision: str) -> dict:
-    """A child process: our command line's JSON, with the process's peak memory."""
+def ours(xyz: str, basis: str, precision: str, level: list[str]) -> dict:
+    """A child process: our command line's JSON, with the process's peak memory; ``level``: the
+    functional's, dispersion's and grid's options."""
     import contextlib
     import io
 
@@ -52,7 +58,7 @@ def ours(xyz: str, basis: str, precision: str) -> dict:
 
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
-        code = main(["run", "--xyz", xyz, "--basis", basis, "--forces", "--json", "--precision", precision])
+        code = main(["run", "--xyz", xyz, "--basis", basis, *level, "--forces", "--json", "--precision", precision])
     if code:
         raise SystemExit(code)
     out = json.loads(text.getvalue())
@@ -62,13 +68,19 @@ def ours(xyz: str, basis: str, precision: str) -> dict:
             "gradient": out["gradient_hartree_per_bohr"]}  # fmt: skip
 
 
-def pyscf_side(xyz: str, basis: str, xc: str, grid_level: int) -> dict:
+def pyscf_side(xyz: str, basis: str, xc: str, dispersion: str, grid_level: int) -> dict:
     """A child process: PySCF's density-fitted SCF and its gradient with the grid's response."""
-    from pyscf import dft, gto
+    from pyscf_ipu.config import RKSConfig
+    from pyscf_ipu.geometries import read_frames
+    from pyscf_ipu.molecule import from_atom_string
+    from pyscf_ipu.reference import pyscf_method
+    from pyscf_ipu.resolution import resolve
 
-    mol = gto.M(atom=xyz, basis=basis, verbose=0)
-    mf = dft.RKS(mol, xc=xc).density_fit()
-    mf.grids.level = grid_level
+    (frame,) = read_frames(xyz)
+    molecule = from_atom_string("; ".join(f"{s} {x} {y} {z}" for s, (x, y, z) in zip(frame.symbols, frame.positions)))
+    # the integral source only lets every functional resolve: PySCF's own integrals are libcint's
+    config = RKSConfig(basis=basis, xc=xc, dispersion=dispersion, grid_level=grid_level, jk="df", integrals="auto")
+    mf = pyscf_method(molecule, resolve(config))
     mf.conv_tol = 1e-10
     start = time.perf_counter()
     mf.kernel()
@@ -108,29 +120,35 @@ def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         kind, *rest = sys.argv[2:]
         if kind == "ours":
-            out = ours(rest[0], rest[1], rest[2])
+            out = ours(rest[0], rest[1], rest[2], rest[3:])
         else:
-            out = pyscf_side(rest[0], rest[1], rest[2], int(rest[3]))
+            out = pyscf_side(rest[0], rest[1], rest[2], rest[3], int(rest[4]))
         print(json.dumps(out))
         return
+    from pyscf_ipu.config import AUTO, RKSConfig
+
+    defaults = RKSConfig()  # pyscf-ipu run's, which ours runs
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smiles", nargs="+", default=[DIAZEPAM, KETOPROFEN])
     parser.add_argument("--conformers", type=int, default=2)
     parser.add_argument("--basis", default="def2-svp")
     parser.add_argument("--precisions", nargs="+", default=["float32", "float64"])
+    parser.add_argument("--xc", default=defaults.xc)
+    parser.add_argument("--dispersion", default=AUTO)
+    parser.add_argument("--grid-level", type=int, default=defaults.grid_level)
+    parser.add_argument("--integrals", default=defaults.integrals, help="ours (range-separated functionals: auto)")
     args = parser.parse_args()
 
     import jax
     import pyscf
 
-    from pyscf_ipu.config import RKSConfig
     from pyscf_ipu.memory import default_budget
 
-    defaults = RKSConfig()
     work = Path(tempfile.mkdtemp(prefix="forces-bench-"))
     env = {**os.environ, "PYSCF_IPU_CACHE": str(work / "cache"), "PYTHONWARNINGS": "ignore"}
     print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; jax {jax.__version__}, pyscf {pyscf.__version__}; "
-          f"{defaults.xc}/{args.basis}, grid level {defaults.grid_level}; memory budget {default_budget():.1f} GB; "
+          f"{args.xc}/{args.basis}, dispersion {args.dispersion}, grid level {args.grid_level}; "
+          f"memory budget {default_budget():.1f} GB; "
           f"OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']} OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
     print("| conformer | side | SCF s | forces s | forces / SCF | peak GB | max abs(ours - PySCF) Ha/Bohr |")
     print("|---|---|---|---|---|---|---|")
@@ -140,9 +158,12 @@ def main() -> None:
             runs = {}
             for side in [*args.precisions[:1], "pyscf", *args.precisions[1:]]:
                 if side == "pyscf":
-                    runs[side] = child(["pyscf", str(path), args.basis, defaults.xc, str(defaults.grid_level)], env)
+                    runs[side] = child(["pyscf", str(path), args.basis, args.xc, args.dispersion, str(args.grid_level)],
+                                       env)  # fmt: skip
                 else:
-                    runs[side] = child(["ours", str(path), args.basis, side], env)
+                    runs[side] = child(["ours", str(path), args.basis, side, "--xc", args.xc, "--dispersion",
+                                        args.dispersion, "--grid-level", str(args.grid_level), "--integrals",
+                                        args.integrals], env)  # fmt: skip
             reference = np.array(runs["pyscf"]["gradient"])
             for side, run in runs.items():
                 error = "" if side == "pyscf" else f"{np.abs(np.array(run['gradient']) - reference).max():.1e}"
