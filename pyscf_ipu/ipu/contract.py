@@ -116,8 +116,9 @@ def layout(shape_plan: TilePlan, real_plan: TilePlan, eri: PackedERI, dtype) -> 
 
 def rows_layout(shape_plan: TilePlan, eris: jax.Array, dtype) -> dict:
     """:func:`layout` of a batch's ERIs ``eris`` (C, s8 size), the s8 arrays of the plan's padded AOs
-    (padded AOs' integrals zero), for a ``rows`` plan: the row blocks of all of them built on the
-    device in ``dtype`` by one vmapped program; the index arrays the contraction reads are the plan's."""
+    (padded AOs' integrals zero), for a ``rows`` plan: the row blocks of all of them in ``dtype``,
+    built by numpy where the device is this CPU (:func:`host_tiled_rows`), else on the device by one
+    vmapped program; the index arrays the contraction reads are the plan's."""
     npad = shape_plan.workload.nao
     if jax.default_backend() == "cpu":  # the device is the host: numpy builds the rows faster than XLA
         rows = on_device(host_tiled_rows(np.asarray(eris), row_placement(shape_plan), npad, npad, dtype))
