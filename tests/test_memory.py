@@ -29,8 +29,9 @@ def peak_of(args: list[str]) -> float:
 def test_the_estimate_bounds_the_measured_peak_from_above_and_closely():
     """Paracetamol at 6-31G (119 AOs): the J-K rows layout dominates, as it does at every larger size.
     The estimate must not fall below the real peak (a run it lets through must fit), and must not
-    exceed it by much (it would refuse runs that fit): measured 1.54 GB against 1.72 estimated (1.12
-    times, the rows built on the host; 1.31 when XLA built them), bounded at 1.35."""
+    exceed it by much (it would refuse runs that fit): 1.93 GB estimated, measured 1.73 GB with an
+    empty compilation cache (a fresh clone's CI) and 1.54 GB with a filled one (1.12 and 1.25 times;
+    the rows built on the host; 1.31 when XLA built them), bounded at 1.35."""
     config = RKSConfig(basis="6-31g", xc="b3lyp5")
     estimate = batch_memory(SizeBucket.of(from_name("paracetamol"), config.basis, config.grid_level), resolve(config), 1).total
     measured = peak_of(["run", "--mol", "paracetamol", "--basis", "6-31g", "--xc", "b3lyp5", "--jk", "ipu"])
@@ -56,7 +57,7 @@ def test_the_generator_refuses_a_batch_that_cannot_fit_before_writing_anything(t
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "a batch of 8 conformers of the largest molecules, 6-31g:H10C11 (119 AOs" in line
-    assert "above the memory budget of 5 GB" in line and "--batch-size 4 fits" in line
+    assert "above the memory budget of 5 GB" in line and "--batch-size 3 fits" in line
     assert not out.exists() or not any(out.iterdir())
 
 
