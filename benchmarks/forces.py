@@ -71,13 +71,11 @@ def ours(xyz: str, basis: str, precision: str, level: list[str]) -> dict:
 def pyscf_side(xyz: str, basis: str, xc: str, dispersion: str, grid_level: int) -> dict:
     """A child process: PySCF's density-fitted SCF and its gradient with the grid's response."""
     from pyscf_ipu.config import RKSConfig
-    from pyscf_ipu.geometries import read_frames
-    from pyscf_ipu.molecule import from_atom_string
+    from pyscf_ipu.geometries import from_xyz
     from pyscf_ipu.reference import pyscf_method
     from pyscf_ipu.resolution import resolve
 
-    (frame,) = read_frames(xyz)
-    molecule = from_atom_string("; ".join(f"{s} {x} {y} {z}" for s, (x, y, z) in zip(frame.symbols, frame.positions)))
+    molecule = from_xyz(xyz)
     # the integral source only lets every functional resolve: PySCF's own integrals are libcint's
     config = RKSConfig(basis=basis, xc=xc, dispersion=dispersion, grid_level=grid_level, jk="df", integrals="auto")
     mf = pyscf_method(molecule, resolve(config))

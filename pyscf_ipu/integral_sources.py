@@ -307,13 +307,14 @@ class JaxIntegrals:
         present = frozenset(s for m in molecules for s in m.symbols)
         if bucket.occupied:  # density fitted: the factor, not the s8 ERIs
             two_electron = self.factor.factor(molecules, placed, bucket, method)
-        elif method.functional.range_separated:  # and the long-range ERIs
-            two_electron = partial(device_range_separated_eris, dtype=self.eri_dtype(method).name, elements=elements,
-                                   omega=method.functional.omega,
-                                   threshold=method.config.eri_screening(self.eri_dtype(method)))  # fmt: skip
         else:
-            two_electron = partial(device_eris, dtype=self.eri_dtype(method).name,
-                                   threshold=method.config.eri_screening(self.eri_dtype(method)))  # fmt: skip
+            dtype = self.eri_dtype(method)
+            computed = {"dtype": dtype.name, "threshold": method.config.eri_screening(dtype)}
+            if method.functional.range_separated:  # and the long-range ERIs
+                two_electron = partial(device_range_separated_eris, elements=elements, omega=method.functional.omega,
+                                       **computed)  # fmt: skip
+            else:
+                two_electron = partial(device_eris, **computed)
         integrals = assemble_integrals(bucket_template(bucket), elements, coords, occupied, present, method.dtype, grid,
                                        two_electron)  # fmt: skip
         members = [BatchMember(m, m.nelectron // 2, aos, points) for m, (_, _, aos, points) in zip(molecules, placed)]

@@ -295,13 +295,16 @@ def row_matrix(s4: jnp.ndarray, nao: int, nao_padded: int) -> jnp.ndarray:
     return jnp.concatenate([jnp.pad(mj, pad), jnp.pad(mk, pad)])  # (2 npair_pad, npair_pad)
 
 
+HOST_BLOCK = 256  # rows of the 4-fold form mirrored at once by host_row_matrix
+
+
 def host_row_matrix(s8: np.ndarray, nao: int, out: np.ndarray) -> np.ndarray:
     """:func:`row_matrix` built on the host into ``out`` (2 npair_pad, npair_pad), in its dtype, from
     the s8 array of ``nao`` real AOs (any float dtype, rounded as it is copied); the same values, bit
-    for bit. On a CPU this is several times faster than XLA's gathers
-    (``docs/decisions/rows-layout.md``): the 4-fold form is copied row by row from the packed
-    triangle and mirrored block by block, and MK's rows for one AO i are two flat gathers from the
-    4-fold rows of the pairs (i, j), by index tables that depend on the AO count only."""
+    for bit, without XLA's element-by-element gathers (``docs/decisions/rows-layout.md``): the 4-fold
+    form is copied row by row from the packed triangle and mirrored block by block, and MK's rows for
+    one AO i are two flat gathers from the 4-fold rows of the pairs (i, j), by index tables that depend
+    on the AO count only."""
     n = nao
     npair, npair_pad = n * (n + 1) // 2, out.shape[1]
     mj, mk = out[:npair_pad], out[npair_pad:]
@@ -322,7 +325,7 @@ def host_row_matrix(s8: np.ndarray, nao: int, out: np.ndarray) -> np.ndarray:
     row = 0
     for i in range(n):  # MK's rows (i, l), l <= i: (ij|kl) + (ik|jl) at column (j, k)
         np.take(s4, pairs[i], axis=0, out=rows[:-1].reshape(n, npair))
-        # indices are in range by construction: "wrap" spares numpy's bounds checks (4x faster)
+        # the indices are in range by construction: "wrap" skips numpy's bounds checks
         np.take(rows, first[: i + 1], out=mk[row : row + i + 1, :npair], mode="wrap")
         np.take(rows, second[: i + 1], out=other[: i + 1], mode="wrap")
         mk[row : row + i + 1, :npair] += other[: i + 1]
@@ -334,9 +337,6 @@ def host_row_matrix(s8: np.ndarray, nao: int, out: np.ndarray) -> np.ndarray:
     mk[:npair, npair:] = 0.0
     mk[npair:] = 0.0
     return out
-
-
-HOST_BLOCK = 256  # rows of the 4-fold form mirrored at once by host_row_matrix
 
 
 @lru_cache(maxsize=2)

@@ -283,7 +283,7 @@ def test_rows_placement_puts_every_row_where_row_source_says(ipus):
     on ragged splits over tiles and IPUs, for one conformer and for a batch of two; built on the host
     (a CPU's way: host_tiled_rows, from float64 or float32 s8 arrays), bit for bit the same."""
     from pyscf_ipu.packed import row_matrix, s8_to_s4
-    from pyscf_ipu.ipu.contract import _tiled_rows, host_tiled_rows, row_placement, row_source, tile_shape
+    from pyscf_ipu.ipu.contract import device_tiled_rows, host_tiled_rows, row_placement, row_source, tile_shape
 
     host = prepare([from_name("water")], resolve(RKSConfig(xc="hf")))[0]
     n, npad = host.nao, host.nao + 3
@@ -291,7 +291,7 @@ def test_rows_placement_puts_every_row_where_row_source_says(ipus):
     source = row_source(p)
     s8 = np.stack([host.eri_s8, 2.0 * host.eri_s8]).astype(np.float32)
     for eri in (s8[:1], s8):  # a batch of one, and of two
-        placed = np.asarray(_tiled_rows(jnp.asarray(eri), row_placement(p), n, npad, "float32"))
+        placed = np.asarray(device_tiled_rows(jnp.asarray(eri), row_placement(p), n, npad, "float32"))
         assert placed.shape == eri.shape[:-1] + tile_shape(p) + (npad * (npad + 1) // 2,)
         for computed in (eri, eri.astype(np.float64)):
             np.testing.assert_array_equal(host_tiled_rows(computed, row_placement(p), n, npad, np.float32), placed)

@@ -195,7 +195,7 @@ class Share(NamedTuple):
     quartets: tuple[QuartetClass, ...]
     one_centre_index: np.ndarray  # (m,) int32
     one_centre_selection: np.ndarray  # (m,) int32
-    dealt: tuple[np.ndarray, ...] = ()  # per class (T,) bool
+    dealt: tuple[np.ndarray, ...]  # per class (T,) bool
 
 
 def _parts(plan: EriPlan, workers: int) -> tuple[Share, ...]:

@@ -273,18 +273,12 @@ def quartet_stage(static, quartet_arrays, one_centre, data, shifts, rows):
         rows = [(aos[:, o], repeat[:, o], atom[o], real[o]) for (aos, repeat, atom, real), o in zip(rows, order)]
     for (x, y), (chunks, active, dealt) in zip(quartet_classes, quartet_arrays):
         orders = tuple(max(kinds[c][0]) + max(kinds[c][1]) for c in (x, y))  # Hermite orders of bra, ket
-        (e_bra, p_bra, pa_bra, atom_bra, there_bra), (e_ket, p_ket, pa_ket, atom_ket, there_ket) = data[x], data[y]
+        (e_bra, *_, there_bra), (e_ket, *_, there_ket) = data[x], data[y]
         if threshold:  # a chunk's largest bounds are its first rows'
             work = dealt & (bounds[x][CHUNK * chunks[:, 0]] * bounds[y][CHUNK * chunks[:, 1]] >= threshold)
         else:  # a chunk computes where it has work and both sides hold a pair of atoms that are there
             work = active & by_chunk(there_bra, chunks[:, 0]).any(-1) & by_chunk(there_ket, chunks[:, 1]).any(-1)
-        # each chunk's pairs gathered up front: the kernel then only reads its own slice
-        bra = (by_chunk(e_bra, chunks[:, 0]), by_chunk(p_bra, chunks[:, 0]), by_chunk(pa_bra, chunks[:, 0], 1))
-        ac = shifts[by_chunk(atom_bra, chunks[:, 0])[:, None, :], by_chunk(atom_ket, chunks[:, 1])[:, :, None]]  # (T, J, I, 3)
-        ket = (by_chunk(p_ket, chunks[:, 1]), by_chunk(pa_ket, chunks[:, 1], 1), chunks[:, 1], ac)
-        # the ket's signed Hermite matrices (Y x K2k H_k per pair): indexed per chunk, not copied per chunk
-        signed = ket_signed(orders[1], e_ket)
-        signed = signed.reshape(-1, CHUNK, *signed.shape[1:])
+        bra, ket, signed = chunk_arguments(data[x], data[y], orders[1], chunks, shifts)
         shape = (CHUNK, e_bra.shape[2], CHUNK, e_ket.shape[2])
 
         def chunk(arguments, orders=orders, signed=signed, shape=shape):
@@ -299,6 +293,19 @@ def quartet_stage(static, quartet_arrays, one_centre, data, shifts, rows):
         destination = chunk_destinations(rows[x], rows[y], chunks, dealt, x == y)
         out = out.at[destination.reshape(-1)].set(values.reshape(-1), mode="drop", unique_indices=True)
     return out
+
+
+def chunk_arguments(bra_pairs, ket_pairs, ket_order: int, chunks, shifts):
+    """What :func:`chunk_of` reads for each of ``chunks`` (T, 2) of one quartet class, from its bra's
+    and ket's pair data (:func:`pair_stage`), gathered up front so that each kernel reads only its own
+    slice: per chunk the bra's (E, p, P - A) and the ket's (p, P - A, chunk, A - C (T, J, I, 3)), and
+    the ket's signed Hermite matrices by chunk (:func:`ket_signed`: indexed per chunk, not copied)."""
+    (e_bra, p_bra, pa_bra, atom_bra, _), (e_ket, p_ket, pa_ket, atom_ket, _) = bra_pairs, ket_pairs
+    b, k = chunks[:, 0], chunks[:, 1]
+    ac = shifts[by_chunk(atom_bra, b)[:, None, :], by_chunk(atom_ket, k)[:, :, None]]
+    signed = ket_signed(ket_order, e_ket)
+    return ((by_chunk(e_bra, b), by_chunk(p_bra, b), by_chunk(pa_bra, b, 1)),
+            (by_chunk(p_ket, k), by_chunk(pa_ket, k, 1), k, ac), signed.reshape(-1, CHUNK, *signed.shape[1:]))
 
 
 def chunk_destinations(bra_rows, ket_rows, chunks, dealt, same_class: bool):
@@ -334,15 +341,11 @@ def pair_bounds(kinds, data, shifts, rows, omega: float):
     diagonal of its class's own diagonal chunks; 0 for rows that are padding or whose atoms are not there
     (|(ij|kl)| <= sqrt((ij|ij) (kl|kl)) for the Coulomb and the long-range operator alike)."""
     out = []
-    for kind, (e, p, pa, atom, there), (_, _, _, real) in zip(kinds, data, rows):
+    for kind, pairs, (_, _, _, real) in zip(kinds, data, rows):
         order = max(kind[0]) + max(kind[1])
+        e, *_, there = pairs
         index = jnp.arange(e.shape[0] // CHUNK)
-        signed = ket_signed(order, e)
-        signed = signed.reshape(-1, CHUNK, *signed.shape[1:])
-        atoms = by_chunk(atom, index)  # (C, CHUNK)
-        ac = shifts[atoms[:, None, :], atoms[:, :, None]]  # (C, J, I, 3)
-        bra = (by_chunk(e, index), by_chunk(p, index), by_chunk(pa, index, 1))
-        ket = (by_chunk(p, index), by_chunk(pa, index, 1), index, ac)
+        bra, ket, signed = chunk_arguments(pairs, pairs, order, jnp.stack([index, index], 1), shifts)
 
         def diagonal(arguments, order=order, signed=signed):
             values = chunk_of(order, order, *arguments, signed, omega)  # (I, S, I, S)

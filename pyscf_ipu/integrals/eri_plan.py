@@ -108,11 +108,8 @@ def shells_of(mol: gto.Mole) -> Shells:
 
 def packed_pairs(i, j):
     """Index of (i, j) in a packed lower triangle (either order)."""
-    hi = np.maximum(i, j)
-    index = hi * (hi + 1)
-    index >>= 1  # halved by a shift (a product of consecutive integers is even): numpy's // is far slower
-    index += np.minimum(i, j)
-    return index
+    hi, lo = np.maximum(i, j), np.minimum(i, j)
+    return hi * (hi + 1) // 2 + lo
 
 
 @dataclass(frozen=True)

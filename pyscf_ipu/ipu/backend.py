@@ -9,7 +9,7 @@ from functools import lru_cache
 import jax
 import numpy as np
 
-from .contract import contract, layout, place, rows_layout
+from .contract import contract, layout, place, rows_layout, rows_on_host
 from .model import IPUModel
 from ..padding import padded_size, stack_members
 from .plan import TilePlan, Workload, plan, plan_on
@@ -67,13 +67,13 @@ class IPUJK(ExactERIs):
         ``rows`` on the device: the s8 array cast and stacked (npair^2/2 values), its s4 unpacking
         (npair^2), the row matrix (2 npair^2) and the row builder's temporaries (about 3.5 npair^2,
         measured); on a CPU, built on the host: the row matrix, its copy on the device, the s8 array
-        cast to ``value_bytes`` and the builder's buffers (5.5 npair^2 in all, measured with an empty
-        compilation cache, whose compiles add to the peak); ``s8``: the unique-quartet records."""
+        cast to ``value_bytes``, the builder's buffers and an empty cache's compiles (5.5 npair^2 in
+        all; ``docs/decisions/rows-layout.md``); ``s8``: the unique-quartet records."""
         nao = bucket.nao_padded
         shape = self.shape_plan(nao, s8_size(nao), value_bytes)
         if shape.strategy.name == "rows":
             npair = nao * (nao + 1) // 2
-            return int((5.5 if jax.default_backend() == "cpu" else 7) * npair * npair * value_bytes)
+            return int((5.5 if rows_on_host() else 7) * npair * npair * value_bytes)
         return quartet_bytes(nao, value_bytes)
 
     def resident_bytes(self, bucket, value_bytes: int) -> int:

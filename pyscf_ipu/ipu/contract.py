@@ -98,13 +98,9 @@ def layout(shape_plan: TilePlan, real_plan: TilePlan, eri: PackedERI, dtype) -> 
     matrix, so rows follow ``shape_plan``.
     """
     if shape_plan.strategy.name == "rows":
-        # Padded AOs' pairs last. On a CPU built on the host; else cast on the host (half the bytes to
-        # send) and unpacked on the device.
-        placement, npad = row_placement(shape_plan), shape_plan.workload.nao
-        if jax.default_backend() == "cpu":
-            rows = host_tiled_rows(eri.s8[None], placement, eri.nao, npad, dtype)
-        else:
-            rows = _tiled_rows(jnp.asarray(eri.s8.astype(dtype))[None], placement, eri.nao, npad, np.dtype(dtype).name)
+        # padded AOs' pairs last; cast on the host: half the bytes to send to a device
+        rows = tiled_rows(eri.s8.astype(dtype)[None], row_placement(shape_plan), eri.nao, shape_plan.workload.nao,
+                          dtype)  # fmt: skip
         return jax.tree.map(lambda a: a[0], {"rows": rows, **_shared_rows_arrays(shape_plan, 1)})
     values, index = unique_quartets(eri.s8, eri.nao)
     values = (values * degeneracy_weights(index)).astype(dtype)
@@ -116,19 +112,31 @@ def layout(shape_plan: TilePlan, real_plan: TilePlan, eri: PackedERI, dtype) -> 
 
 def rows_layout(shape_plan: TilePlan, eris: jax.Array, dtype) -> dict:
     """:func:`layout` of a batch's ERIs ``eris`` (C, s8 size), the s8 arrays of the plan's padded AOs
-    (padded AOs' integrals zero), for a ``rows`` plan: the row blocks of all of them in ``dtype``,
-    built by numpy where the device is this CPU (:func:`host_tiled_rows`), else on the device by one
-    vmapped program; the index arrays the contraction reads are the plan's."""
+    (padded AOs' integrals zero), for a ``rows`` plan: the row blocks of all of them in ``dtype``
+    (:func:`tiled_rows`); the index arrays the contraction reads are the plan's."""
     npad = shape_plan.workload.nao
-    if jax.default_backend() == "cpu":  # the device is the host: numpy builds the rows faster than XLA
-        rows = on_device(host_tiled_rows(np.asarray(eris), row_placement(shape_plan), npad, npad, dtype))
-    else:
-        rows = _tiled_rows(eris, row_placement(shape_plan), npad, npad, np.dtype(dtype).name)
+    rows = tiled_rows(eris, row_placement(shape_plan), npad, npad, dtype)
     return {"rows": rows, **_shared_rows_arrays(shape_plan, rows.shape[0])}
 
 
+def rows_on_host() -> bool:
+    """Whether :func:`tiled_rows` builds the row blocks with numpy: where the device is this CPU, whose
+    XLA gathers run one element at a time on one core (``docs/decisions/rows-layout.md``)."""
+    return jax.default_backend() == "cpu"
+
+
+def tiled_rows(s8, placement, nao: int, nao_padded: int, dtype) -> jax.Array:
+    """The row blocks (B, num_ipus, T, L, npair_pad) in ``dtype`` of a batch of s8 arrays (B, size),
+    numpy's or the device's, on the device: built on the host where :func:`rows_on_host`
+    (:func:`host_tiled_rows`), else by the device's programs (:func:`device_tiled_rows`); the same
+    values either way."""
+    if rows_on_host():
+        return on_device(host_tiled_rows(np.asarray(s8), placement, nao, nao_padded, dtype))
+    return device_tiled_rows(jnp.asarray(s8), placement, nao, nao_padded, np.dtype(dtype).name)
+
+
 def host_tiled_rows(s8: np.ndarray, placement, nao: int, nao_padded: int, dtype) -> np.ndarray:
-    """:func:`_tiled_rows` on the host (:func:`~pyscf_ipu.packed.host_row_matrix`): the same array,
+    """:func:`device_tiled_rows` on the host (:func:`~pyscf_ipu.packed.host_row_matrix`): the same array,
     (B, num_ipus, T, L, npair_pad) in ``dtype``. Where the IPUs' runs fill their tiles exactly (one
     IPU, the usual case) each conformer's row matrix is built in place; else it is cut into them."""
     npair_pad = nao_padded * (nao_padded + 1) // 2
@@ -165,7 +173,7 @@ def _shared_rows_arrays(shape_plan: TilePlan, batch: int) -> dict:
     return on_device({k: np.ascontiguousarray(np.broadcast_to(v, (batch,) + v.shape)) for k, v in shared.items()})
 
 
-def _tiled_rows(s8, placement, nao: int, nao_padded: int, dtype: str) -> jax.Array:
+def device_tiled_rows(s8, placement, nao: int, nao_padded: int, dtype: str) -> jax.Array:
     """:func:`~pyscf_ipu.packed.row_matrix` of a batch of s8 arrays (B, size), laid out
     (B, num_ipus, T, L, npair_pad) by the IPUs' row runs ``placement`` (:func:`row_placement`),
     which fix the plan's :func:`tile_shape` too: T tiles for the longest run, L rows for the fullest tile.
@@ -183,7 +191,7 @@ def _unpacked(s8, npair: int, dtype: str) -> jax.Array:
 
 @partial(compiled, static_argnums=(1, 2, 3))
 def _placed_rows(s4, placement, nao: int, nao_padded: int) -> jax.Array:
-    """The row matrices of ``s4`` (B, npair, npair) cut into the tiles' row blocks (see :func:`_tiled_rows`)."""
+    """The row matrices of ``s4`` (B, npair, npair) cut into the tiles' row blocks (see :func:`device_tiled_rows`)."""
     matrix = jax.vmap(row_matrix, in_axes=(0, None, None))(s4, nao, nao_padded)  # (B, 2 npair_pad, npair_pad)
     batch, width = matrix.shape[:-2], matrix.shape[-1]
     per_ipu = max(-(-count // per) for _, per, count in placement)  # T
