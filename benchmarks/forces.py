@@ -68,6 +68,34 @@ def ours(xyz: str, basis: str, precision: str, level: list[str]) -> dict:
             "gradient": out["gradient_hartree_per_bohr"]}  # fmt: skip
 
 
+def generated(xyz: str, basis: str, precision: str, level: list[str]) -> dict:
+    """A child process: ``qm1b generate --geometries F --forces`` (the batched path: with ``--integrals
+    jax``, the GPU's device programs) on one conformer, its stored forces as a gradient; its seconds
+    the run's whole wall time (no split into SCF and forces: ``forces`` is the summary's)."""
+    import contextlib
+    import io
+
+    from pyscf_ipu.units import HARTREE_TO_EV
+    from qm1b.cli import main
+    from qm1b.store import open_dataset
+
+    out = Path(tempfile.mkdtemp(prefix="generated-")) / "out"
+    report = out.parent / "report.json"
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = main(["generate", "--geometries", xyz, "--basis", basis, *level, "--forces", "--precision", precision,
+                     "--out", str(out), "--no-progress", "--report", str(report)])  # fmt: skip
+    seconds = time.perf_counter() - start
+    if code:
+        raise SystemExit(code)
+    (record,) = open_dataset(out).records()
+    summary = json.loads(report.read_text())[0]
+    return {"scf": seconds, "forces": summary["timings"].get("forces", 0.0), "peak_gb": peak_gb(),
+            "jk": summary["method"], "iterations": int(record["iterations"]) if "iterations" in record else 0,
+            "refined": 0, "energy": float(record["energy"]),
+            "gradient": (-np.asarray(record["forces"], float) / HARTREE_TO_EV).tolist()}  # fmt: skip
+
+
 def pyscf_side(xyz: str, basis: str, xc: str, dispersion: str, grid_level: int) -> dict:
     """A child process: PySCF's density-fitted SCF and its gradient with the grid's response."""
     from pyscf_ipu.config import RKSConfig
@@ -117,8 +145,8 @@ def conformers(smiles: str, count: int, directory: Path, tag: str) -> list[Path]
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         kind, *rest = sys.argv[2:]
-        if kind == "ours":
-            out = ours(rest[0], rest[1], rest[2], rest[3:])
+        if kind in ("ours", "generated"):
+            out = (ours if kind == "ours" else generated)(rest[0], rest[1], rest[2], rest[3:])
         else:
             out = pyscf_side(rest[0], rest[1], rest[2], rest[3], int(rest[4]))
         print(json.dumps(out))
@@ -135,6 +163,10 @@ def main() -> None:
     parser.add_argument("--dispersion", default=AUTO)
     parser.add_argument("--grid-level", type=int, default=defaults.grid_level)
     parser.add_argument("--integrals", default=defaults.integrals, help="ours (range-separated functionals: auto)")
+    parser.add_argument("--path", choices=("ours", "generated"), default="ours",
+                        help="ours: pyscf-ipu run --forces (the host's gradient); generated: qm1b generate --forces "
+                             "(with --integrals jax, the batch's device programs: the GPU's path)")
+    parser.add_argument("--bucket-step", type=int, help="--path generated: the generator's --bucket-step")
     args = parser.parse_args()
 
     import jax
@@ -159,9 +191,10 @@ def main() -> None:
                     runs[side] = child(["pyscf", str(path), args.basis, args.xc, args.dispersion, str(args.grid_level)],
                                        env)  # fmt: skip
                 else:
-                    runs[side] = child(["ours", str(path), args.basis, side, "--xc", args.xc, "--dispersion",
+                    runs[side] = child([args.path, str(path), args.basis, side, "--xc", args.xc, "--dispersion",
                                         args.dispersion, "--grid-level", str(args.grid_level), "--integrals",
-                                        args.integrals], env)  # fmt: skip
+                                        args.integrals, *(["--bucket-step", str(args.bucket_step)]
+                                                          if args.bucket_step else [])], env)  # fmt: skip
             reference = np.array(runs["pyscf"]["gradient"])
             for side, run in runs.items():
                 error = "" if side == "pyscf" else f"{np.abs(np.array(run['gradient']) - reference).max():.1e}"

@@ -6,6 +6,10 @@ share, PySCF on every host core, and the labels against PySCF.
 
 Phases, in this order, each skipped (and said so) where the time left cannot hold it:
 
+Every run prints its rate; a finished one also its split into compiling (XLA's seconds, from JAX's
+log), the programs' calls and the host's work outside them, program by program; one that its budget
+stopped, the rate of what it wrote and its compiling.
+
 - ``sto3g``: ``qm1b generate`` over distinct molecules of 9-11 heavy atoms of the built-in sample,
   SMILES to labels, QM1B's settings (B3LYP5/STO-3G, grid level 0, float32), the device's own
   integrals (``--integrals jax``: a GPU's default, forced where the device is a CPU), every other
@@ -38,8 +42,9 @@ Phases, in this order, each skipped (and said so) where the time left cannot hol
   its rate beside the default's and its labels against the same PySCF sample: which backend should
   be a device's default.
 - ``forces``: single points with forces (``--forces``), cold then restarted, at STO-3G on the STO-3G
-  phase's molecules and at def2-SVP on the def2-SVP molecule: the batch's gradients as one device
-  program.
+  phase's molecules, at def2-SVP on the def2-SVP molecule, and at the levels ML potentials train on
+  (``--preset ani1x`` and ``--preset nabladft``) on 8 of the sample's molecules: the batch's
+  gradients as device programs.
 - ``relax``: ``--relax dft --trajectory`` over at least 64 conformers of 9-11 heavy atoms (cold, then
   restarted): relaxed conformers per hour, steps, the host's CPU per step in the main process and in
   geomeTRIC's workers; then PySCF with geomeTRIC (its gradient with grid response, one process per
@@ -49,9 +54,10 @@ Phases, in this order, each skipped (and said so) where the time left cannot hol
   dispersion; density fitted, grid level 3) over 8 of
   the sample's molecules, 16 conformers each, on the device's own integrals; with ``labels``, its
   rate and labels against PySCF's density-fitted same level on a sample.
-- ``gpu4pyscf``: where GPU4PySCF imports, its SCF plus gradient (B3LYP5, grid level 0, one conformer
-  at a time on the same GPU) on a sample of the forces phases' conformers at STO-3G and def2-SVP
-  (density fitted): seconds per conformer beside ours, and the largest force difference. Its wheels
+- ``gpu4pyscf``: where GPU4PySCF imports, its SCF plus gradient (one conformer at a time on the same
+  GPU) on a sample of the forces phases' conformers: B3LYP5 at grid level 0 at STO-3G and def2-SVP
+  (density fitted), and ANI-1x's ωB97X/6-31G(d) at its grid level, density fitted: seconds per
+  conformer beside ours, and the largest force difference. Its wheels
   are larger than one call's carry: ``benchmarks/gpu4pyscf_deps.sh`` packs them in parts, one per
   call, and says how to put them together there.
 
@@ -68,6 +74,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -170,6 +177,8 @@ class Run:
     summary: dict | None  # the generator's own report (None: it did not finish)
     device: dict | None  # the GPU's utilisation through it
     error: str = ""
+    compiling: float = 0.0  # XLA's compile seconds, from its log (JAX_LOG_COMPILES): also for a stopped run
+    written: int = 0  # conformers in its dataset: also for a stopped run
 
 
 def generate(out: Path, cache: Path, smiles: Path, extra: list[str], timeout: float) -> Run:
@@ -178,39 +187,51 @@ def generate(out: Path, cache: Path, smiles: Path, extra: list[str], timeout: fl
     report = out.with_suffix(".json")
     command = [sys.executable, "-m", "qm1b.cli", "generate", "--smiles", str(smiles), "--out", str(out),
                "--no-progress", "--report", str(report), *extra]  # fmt: skip
-    env = {**os.environ, "PYSCF_IPU_CACHE": str(cache), "PYTHONPATH": os.pathsep.join(
+    env = {**os.environ, "PYSCF_IPU_CACHE": str(cache), "JAX_LOG_COMPILES": "1", "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
     start = time.perf_counter()
     with DeviceMonitor() as monitor:
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=max(1.0, timeout))
         except subprocess.TimeoutExpired as stopped:
-            text = [t.decode(errors="replace") if isinstance(t, bytes) else t or "" for t in (stopped.stdout, stopped.stderr)]
-            out.with_suffix(".log").write_text("".join(text))
+            text = "".join(t.decode(errors="replace") if isinstance(t, bytes) else t or ""
+                           for t in (stopped.stdout, stopped.stderr))  # fmt: skip
+            out.with_suffix(".log").write_text(text)
+            count = written(out)
             return Run(time.perf_counter() - start, None, monitor.summary(),
-                       f"stopped after {timeout:.0f} s, {written(out)}")
+                       f"stopped after {timeout:.0f} s, {count} conformers written", compile_seconds(text), count)
     wall = time.perf_counter() - start
-    out.with_suffix(".log").write_text(done.stdout + done.stderr)  # kept where --work keeps the datasets
+    text = done.stdout + done.stderr
+    out.with_suffix(".log").write_text(text)  # kept where --work keeps the datasets
     if done.returncode != 0:
-        return Run(wall, None, monitor.summary(), (done.stderr.strip().splitlines() or ["exit code %d" % done.returncode])[-1])
-    return Run(wall, json.loads(report.read_text())[0], monitor.summary())
+        return Run(wall, None, monitor.summary(), (done.stderr.strip().splitlines() or ["exit code %d" % done.returncode])[-1],
+                   compile_seconds(text), written(out))  # fmt: skip
+    summary = json.loads(report.read_text())[0]
+    return Run(wall, summary, monitor.summary(), "", compile_seconds(text), summary["conformers"])
 
 
-def written(out: Path) -> str:
-    """How far a stopped run got: the conformers in its dataset."""
+def compile_seconds(log: str) -> float:
+    """The sum of XLA's compile seconds that JAX logged (``JAX_LOG_COMPILES``) in a run's output."""
+    return sum(float(m) for m in re.findall(r"Finished XLA compilation of .* in ([0-9.eE+-]+) sec", log))
+
+
+def written(out: Path) -> int:
+    """How far a stopped run got: the conformers in its dataset (0 where nothing was written)."""
     from qm1b.store import open_dataset
 
     try:
         with open_dataset(out) as dataset:
-            return f"{len(dataset)} conformers written"
+            return len(dataset)
     except FileNotFoundError:  # stopped before its first batch was written
-        return "nothing written"
+        return 0
 
 
 def describe(name: str, run: Run) -> list[str]:
     """What one run printed to the console: rate, host work by stage, wall time by stage, device use."""
-    if run.summary is None:
-        return [f"{name}: did not finish ({run.error})"]
+    if run.summary is None:  # the rate of what it finished, and its compiling, which the log tells
+        rate = 3600 * run.written / run.wall if run.wall else 0.0
+        return [f"{name}: did not finish ({run.error}); {rate:,.0f} conformers per hour from what it wrote, "
+                f"{run.compiling:.1f} s of it compiling"]
     s = run.summary
     n = max(1, s["conformers"] + s["failures"])
     host = {k: 1000 * v / n for k, v in s["host"].items() if k not in s["once_seconds"]}
@@ -224,6 +245,17 @@ def describe(name: str, run: Run) -> list[str]:
              + ", ".join(f"{k} {v:.1f} s" for k, v in s["once_seconds"].items()),
              "  wall by stage per conformer: " + ", ".join(f"{k} {1000 * v / n:.1f} ms" for k, v in
                                                             sorted(s["timings"].items(), key=lambda kv: -kv[1]))]  # fmt: skip
+    programs = s.get("programs") or {}
+    if programs:  # the split: compiling (and loading), the programs' calls, the host's work outside them
+        calls = sum(p["call_seconds"] for p in programs.values())
+        loads = sum(p["load_seconds"] for p in programs.values())
+        host = sum(v for k, v in s["host"].items())
+        lines.append(f"  split: {run.compiling:.1f} s XLA compiling ({loads:.1f} s loading, tracing or compiling "
+                     f"programs, first calls whole), {calls:.1f} s in the programs' other calls (on a CPU their run "
+                     f"time, on a GPU their dispatch), {host:.1f} s host CPU outside programs; by program: "
+                     + ", ".join(f"{name} {p['load_seconds']:.1f} + {p['calls']} x {p['call_seconds'] / max(1, p['calls']):.3f} s"
+                                 for name, p in sorted(programs.items(), key=lambda kv: -(kv[1]['load_seconds'] + kv[1]['call_seconds']))
+                                 if p["load_seconds"] + p["call_seconds"] >= 0.05))  # fmt: skip
     if run.device is not None:
         d = run.device
         lines.append(f"  GPU utilisation: {d['mean_percent']:.0f}% over the run, {d['steady_mean_percent']:.0f}% over "
@@ -459,6 +491,11 @@ def run_phases(phases: set[str], size: dict, work: Path, budget: Budget, results
         extra = ["--conformers", str(size["forces"]), "--basis", "def2-svp", "--jk", "df", "--integrals", "jax",
                  "--forces"]  # fmt: skip
         cold_then_restarted(Phase("forces-def2svp", "def2-SVP forces", 60, 30), smiles, extra, work, budget, results)
+        for name in ("ani1x", "nabladft"):  # the levels ML potentials train on, 9-11 heavy atoms
+            smiles = write_smiles(work / f"forces-{name}.smi", sample[: size["preset_molecules"]])
+            extra = ["--conformers", str(size["forces"]), "--preset", name, "--integrals", "jax", "--forces"]
+            cold_then_restarted(Phase(f"forces-{name}", f"--preset {name} forces", 60, 30), smiles, extra, work,
+                                budget, results)  # fmt: skip
 
     if "relax" in phases:
         relaxed = write_smiles(work / "relax.smi", sample[: size["relax_molecules"]])
@@ -600,8 +637,10 @@ def gpu4pyscf_phase(size: dict, work: Path, budget: Budget, results: dict) -> No
     from pyscf import gto
 
     from pyscf_ipu.units import HARTREE_TO_EV
+    from qm1b.presets import PRESETS
 
-    for basis, phase in (("sto-3g", "forces-sto3g"), ("def2-svp", "forces-def2svp")):
+    for basis, phase, xc in (("sto-3g", "forces-sto3g", "b3lyp5"), ("def2-svp", "forces-def2svp", "b3lyp5"),
+                             ("6-31g*", "forces-ani1x", "wb97x")):  # fmt: skip
         ours = results.get(f"{phase}_restarted", {}).get("summary")
         if not ours or budget.left < 60:
             print(f"gpu4pyscf {basis}: skipped ({'no run of ours' if not ours else 'the budget ran out'})")
@@ -614,8 +653,8 @@ def gpu4pyscf_phase(size: dict, work: Path, budget: Budget, results: dict) -> No
             mol = gto.M(atom=[(int(z), tuple(p)) for z, p in zip(record["z"], record["pos"])], unit="Bohr",
                         basis=basis, verbose=0)  # fmt: skip
             start = time.perf_counter()
-            mf = gpu_dft.RKS(mol, xc="b3lyp5")
-            mf.grids.level = 0
+            mf = gpu_dft.RKS(mol, xc=xc)
+            mf.grids.level = PRESETS["ani1x"].settings["grid_level"] if phase == "forces-ani1x" else 0
             if basis != "sto-3g":
                 mf = mf.density_fit()
             mf.kernel()
@@ -628,7 +667,7 @@ def gpu4pyscf_phase(size: dict, work: Path, budget: Budget, results: dict) -> No
         ours_per = ours["seconds"] / max(1, ours["conformers"])
         results[f"gpu4pyscf_{phase}"] = {"seconds_per_conformer": per, "ours_seconds_per_conformer": ours_per,
                                          "largest_force_difference": worst, "count": len(records)}  # fmt: skip
-        print(f"GPU4PySCF {basis}, SCF and gradient: {per:.2f} s per conformer (median of {len(seconds)}); ours "
+        print(f"GPU4PySCF {xc}/{basis}, SCF and gradient: {per:.2f} s per conformer (median of {len(seconds)}); ours "
               f"{ours_per:.3f} s: {per / ours_per:.1f}x; forces within {worst:.1e} Hartree/Bohr", flush=True)
 
 

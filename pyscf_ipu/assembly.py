@@ -281,7 +281,7 @@ def device_factor(template: BucketTemplate, coords: np.ndarray, values: ShellVal
         factors = []
         for separation in (0.0, omega) if omega else (0.0,):
             exact, packed = fitted_factor(plan, data + fitting, shifts, assembled["fitting_present"], chunk_batch(),
-                                          np.dtype(dtype).name, separation)  # fmt: skip
+                                          np.dtype(dtype).name, separation, bool(omega))  # fmt: skip
             if template.bucket.streams_factor:
                 factors.append(StreamedFactor(rectangular_program(exact), rank))
             else:

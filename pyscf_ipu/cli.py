@@ -199,8 +199,6 @@ def run_command(args: argparse.Namespace) -> int:
             raise ValueError(f"--memory-budget is in GB and must be positive, got {args.memory_budget}")
         budget = args.memory_budget or default_budget()
         method = resolve(config, budget)
-        if args.forces:
-            method.check_forces()
         if args.fixed_grid and not args.forces:
             raise ValueError("--fixed-grid describes the forces: add --forces")
         if (args.profile or args.profile_plot) and not method.backend.profiles:
@@ -281,7 +279,7 @@ def optimize_command(args: argparse.Namespace) -> int:
         if args.memory_budget is not None and args.memory_budget <= 0:
             raise ValueError(f"--memory-budget is in GB and must be positive, got {args.memory_budget}")
         budget = args.memory_budget or default_budget()
-        method = resolve(config_from_arguments(args, RKSConfig).for_forces(), budget).check_forces()
+        method = resolve(config_from_arguments(args, RKSConfig).for_forces(), budget)
         check_memory(molecule, method, budget)
         for path in [out] + ([Path(args.trajectory)] if args.trajectory else []):
             if not path.parent.is_dir():

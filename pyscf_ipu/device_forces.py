@@ -1,57 +1,57 @@
-r"""Nuclear gradients of a whole batch as one device program per size bucket and batch width.
+r"""Nuclear gradients of a whole batch as device programs per size bucket and batch width.
 
 The gradient is the derivative of the Lagrangian at fixed density D and energy-weighted density W
-(:mod:`pyscf_ipu.forces` gives the formula and the host's per-conformer path). Here every term is
-differentiated, with ``jax.grad``, through the same bucket-shaped kernels that assemble the SCF's
-integrals (:mod:`pyscf_ipu.assembly`): a conformer is its slots' element rows and positions, so one
-compiled program serves every composition of the bucket, and the C conformers of a batch are one
-call.
+(:mod:`pyscf_ipu.forces` gives the formula and the host's per-conformer path), computed through the
+same bucket-shaped kernels that assemble the SCF's integrals (:mod:`pyscf_ipu.assembly`): a conformer
+is its slots' element rows and positions, so each compiled program serves every composition of the
+bucket, and the C conformers of a batch are one call. Three programs, each a fraction of the whole's
+compile time:
 
-- **One-electron terms**, tr D (T + V) - tr W S, through the McMurchie-Davidson kernels
-  (:func:`~pyscf_ipu.integrals.one_electron.one_electron_matrices`); their one-centre parts are
-  geometry-independent constants and contribute nothing.
-- **Nuclear repulsion**, through :func:`~pyscf_ipu.assembly.nuclear_repulsion`.
-- **Exchange-correlation with grid response**: the points move with their atoms and the Becke
-  weights are recomputed from the positions, so the result is the exact derivative of the energy as
-  the SCF computed it (PySCF's ``grid_response = True``). The grid is walked a block of points at a
-  time under ``jax.checkpoint``, so the backward pass holds one block's AO values.
-- **Two-electron terms** of exact ERIs: the dot product of the bucket plan's s8 ERIs with their
-  coefficients m_u (D_pq D_rs / 2 - a_x (D_pr D_qs + D_ps D_qr) / 8), the coefficients formed on
-  the device from the packed index (:func:`eri_coefficients`), the ERIs differentiated in the
-  integral source's precision. A density-fitted bucket's are not differentiated but computed: the
-  derivative 3-centre and metric integrals contracted with their weights
-  (:mod:`pyscf_ipu.integrals.fitting_gradient`), in float64, as the SCF's factor is.
+- **One-electron and nuclear terms** (``forces_one_electron``), tr D (T + V) - tr W S + V_NN,
+  ``jax.grad`` through the McMurchie-Davidson kernels
+  (:func:`~pyscf_ipu.integrals.one_electron.one_electron_matrices`) and
+  :func:`~pyscf_ipu.assembly.nuclear_repulsion`; the one-centre parts are geometry-independent
+  constants and contribute nothing.
+- **Exchange-correlation with the grid's response** (``forces_xc``): the points move with their atoms
+  and the Becke weights are recomputed from the positions, so the result is the exact derivative of
+  the energy as the SCF computed it (PySCF's ``grid_response = True``). The grid is walked a block of
+  points at a time under ``jax.checkpoint``, so the backward pass holds one block's AO values.
+- **Two-electron terms** (``forces_two_electron``), not differentiated but computed as derivative
+  integrals contracted with their weights, of each operator the functional has (the Coulomb
+  operator's J and a K; a range-separated functional's long-range b K_ω too): exact ERIs in the
+  integral source's precision (:mod:`pyscf_ipu.integrals.eri_gradient`), or a density-fitted
+  bucket's 3-centre and metric integrals in float64, as its factor is
+  (:mod:`pyscf_ipu.integrals.fitting_gradient`).
 
 D and W come from the finalisation's float64 orbitals on the device, so nothing returns to the
-host between the SCF and the forces. Everything but the ERIs is float64.
+host between the SCF and the forces. Everything but the exact ERIs is float64.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .assembly import (device_tables, fitting_plan, member_fitting_shells, member_one_electron, nuclear_repulsion,
                        template_layout)
-from .grid import AtomGrids, grid_coords_and_weights
+from .grid import FORCES_GRID_BLOCK, AtomGrids, grid_coords_and_weights
 from .integrals.ao_values import AOConstants, ao_kernel
-from .integrals.eri import ShellValues, chunk_batch, eri_s8, eri_structure, static_tables
-from .integrals.eri import device_tables as eri_device_tables
+from .integrals.eri import (ShellValues, at_counts, chunk_batch, computed_counts, default_workers, eri_rows,
+                            eri_shares, eri_structure, static_tables)
+from .integrals.eri_gradient import eri_weights, exact_gradient_member
 from .integrals.fitting import fitting_kinds, fitting_static, fitting_structure, plan_indices
 from .integrals.fitting_gradient import FittedGradientPlan, fitted_gradient_member
 from .numint import xc_energy
-from .packed import traced_tril_unpack
 from .programs import compiled
 from .buckets import SizeBucket
-from .templates import bucket_template
+from .templates import bucket_template, eri_bucket
 from .xc.functionals import Functional
 
 FITTED = "fitted"  # the two-electron part of a density-fitted bucket, in float64 (else: the exact ERIs' precision)
-FORCES_GRID_BLOCK = 2048  # grid points whose AO values (and their derivatives) the gradient holds at once
 PADDING_OFFSET = 0.37  # Bohr along each axis from its atom: where a padding point of the grid sits
 
 
@@ -61,19 +61,6 @@ def orbital_densities(mo_coeff, mo_energy, occupied):
     mask = jnp.arange(mo_energy.shape[0]) < occupied
     c = jnp.where(mask[None, :], mo_coeff, 0.0)
     return 2.0 * c @ c.T, 2.0 * (c * jnp.where(mask, mo_energy, 0.0)) @ c.T
-
-
-def eri_coefficients(dm, exchange: float, size: int, dtype):
-    """(size,) d E_2e / d (u) for every s8-packed ERI u at the density ``dm`` (N, N), on the device:
-    m_u (D_pq D_rs / 2 - a_x (D_pr D_qs + D_ps D_qr) / 8), m_u the number of distinct index
-    permutations of u (:func:`pyscf_ipu.two_electron_gradient.two_electron_coefficients`, traced)."""
-    u = jnp.arange(size, dtype=jnp.int64)
-    ij, kl = traced_tril_unpack(u)
-    (p, q), (r, s) = traced_tril_unpack(ij), traced_tril_unpack(kl)
-    multiplicity = 8.0 / ((1.0 + (p == q)) * (1.0 + (r == s)) * (1.0 + (ij == kl)))
-    coulomb = 0.5 * dm[p, q] * dm[r, s]
-    exact = 0.125 * exchange * (dm[p, r] * dm[q, s] + dm[p, s] * dm[q, r])
-    return (multiplicity * (coulomb - exact)).astype(dtype)
 
 
 def _xc_energy(functional: Functional, layout, tables, elements, coords, dm):
@@ -109,31 +96,53 @@ def _xc_energy(functional: Functional, layout, tables, elements, coords, dm):
     return jax.lax.scan(block, jnp.zeros((), coords.dtype), blocks)[0]
 
 
-def _member_energy(functional: Functional, grid: bool, layout, tables, elements, coords, dm, weighted):
-    """One conformer's Lagrangian less its two-electron part: tr D (T + V) - tr W S + V_NN + E_xc."""
+def _one_electron_energy(layout, tables, elements, coords, dm, weighted):
+    """One conformer's one-electron and nuclear terms of the Lagrangian: tr D (T + V) - tr W S + V_NN."""
     ints = member_one_electron(layout, tables, elements, coords)
     energy = jnp.sum(dm * (ints["kinetic"] + ints["nuclear"])) - jnp.sum(weighted * ints["overlap"])
-    energy = energy + nuclear_repulsion(tables.charges[elements], coords)
-    if grid and functional.pieces:
-        energy = energy + _xc_energy(functional, layout, tables, elements, coords, dm)
-    return energy
+    return energy + nuclear_repulsion(tables.charges[elements], coords)
 
 
-def _exact_two_electron(plan, tables, layout, elements, coords, dm, exchange: float, eri_dtype: str):
-    """sum over the batch of the exact ERIs' energy, (C,) conformers at ``coords`` (C, natm, 3)."""
-    values = _shell_values(layout, tables, elements)
-    eris = eri_s8(plan, coords.astype(eri_dtype), eri_dtype, values=values)  # (C, size)
-    weights = jax.vmap(lambda d: eri_coefficients(d, exchange, plan.size, eri_dtype))(dm)
-    return jnp.sum(weights * eris)
+def _exact_two_electron(operators: tuple, arrays, shells, coords, dm):
+    """(C, natm_computed, 3) the exact-ERI two-electron gradients of a batch, a conformer at a time, from
+    the derivative ERIs (:mod:`~pyscf_ipu.integrals.eri_gradient`) of each of the ``operators``
+    (:func:`operators`: the plan's static tables, and per operator its (ω, Coulomb weight, exchange
+    weight); two operators, a range-separated functional's, run as one kernel over both), in the
+    precision of ``coords``. Every array has the shapes of the bucket's ERI programs (:func:`_eri_inputs`),
+    so that buckets that share those share this program too: the plan's ``arrays`` (its quartet
+    classes, rows' tables and pair stage's index arrays), the conformers' ``shells`` (exponents,
+    coefficients, the atoms there), positions ``coords`` and densities ``dm``."""
+    static, terms = operators
+
+    def member(args):
+        exponents, coefficients, present, position, density = args
+
+        def operator(term):
+            omega, coulomb, exchange = term
+            weights = eri_weights(density, coulomb, exchange, static[2], position.dtype)
+            return exact_gradient_member(static, arrays, (exponents, coefficients), position, present, weights, omega)
+
+        if len(terms) == 1:
+            return operator(terms[0])
+        return jax.lax.map(operator, jnp.asarray(terms, position.dtype)).sum(0)
+
+    return jax.lax.map(member, (*shells, coords, dm))
 
 
-def _shell_values(layout, tables, elements) -> ShellValues:
-    return ShellValues(
-        jax.vmap(lambda e: layout.shell_rows.gather(tables.shell_exponents, e))(elements),
-        jax.vmap(lambda e: layout.shell_rows.gather(tables.shell_coefficients, e))(elements),
-        jax.vmap(lambda e: layout.one_centre_rows.gather(tables.one_centre_eris, e))(elements),
-        elements != 0,
-    )
+def _eri_inputs(settings: GradientSettings, layout, tables, elements, coords, dm):
+    """What :func:`_exact_two_electron` reads of a batch, in the shapes of the bucket's ERI programs
+    (those of :func:`~pyscf_ipu.templates.eri_bucket`, which buckets that differ only in hydrogens
+    share): the shells (exponents, coefficients, the atoms there) at the plan's counts, the positions
+    in the ERIs' precision and the densities, padded."""
+    plan = bucket_template(settings.bucket).plan
+    values = jax.vmap(lambda e: (layout.shell_rows.gather(tables.shell_exponents, e),
+                                 layout.shell_rows.gather(tables.shell_coefficients, e)))(elements)  # fmt: skip
+    exponents, coefficients, _, present = at_counts(ShellValues(*values, jnp.zeros((len(elements), 0)), elements != 0),
+                                                    computed_counts(plan))  # fmt: skip
+    coords = jnp.pad(coords, [(0, 0), (0, plan.padded_natm - coords.shape[1]), (0, 0)])
+    extra = eri_bucket(settings.bucket).nao_padded - dm.shape[-1]
+    dm = jnp.pad(dm, [(0, 0), (0, extra), (0, extra)])
+    return (exponents, coefficients, present), coords.astype(settings.two_electron), dm
 
 
 @dataclass(frozen=True)
@@ -157,6 +166,7 @@ def _fitted_two_electron(settings: GradientSettings, layout, tables, structure, 
     columns = settings.bucket.occupied  # the bucket's bound on the occupied orbitals
     gradient_plan = FittedGradientPlan(fitting_static(plan), kinds, (orbital_structure, fitting_arrays), indices,
                                        chunk_batch())  # fmt: skip
+    terms = functional_operators(settings.functional)
 
     def member(args):
         element, position, density, coefficients, count = args
@@ -164,36 +174,51 @@ def _fitted_two_electron(settings: GradientSettings, layout, tables, structure, 
                           layout.shell_rows.gather(tables.shell_coefficients, element))  # fmt: skip
         fitting_shells, fitting_present = member_fitting_shells(layout, tables, element)
         occupied_orbitals = jnp.where(jnp.arange(columns) < count, coefficients[:, :columns], 0.0)  # (Np, O)
-        exchange = settings.functional.hf_exchange
-        return fitted_gradient_member(gradient_plan, (orbital_shells, fitting_shells), position, element != 0,
-                                      fitting_present, density, occupied_orbitals, exchange)  # fmt: skip
+        def operator(term):
+            return fitted_gradient_member(gradient_plan, (orbital_shells, fitting_shells), position, element != 0,
+                                          fitting_present, density, occupied_orbitals, term)  # fmt: skip
+
+        if len(terms) == 1:
+            return operator(terms[0])
+        return jax.lax.map(operator, jnp.asarray(terms, position.dtype)).sum(0)  # one program, both operators
 
     return jax.lax.map(member, (elements, coords, dm, mo_coeff, occupied))
 
 
-def _batch_gradient(settings: GradientSettings, layout, tables, structure, elements, coords, orbitals):
-    """(C, natm, 3) dE/dR of a batch from its finalisation's ``orbitals`` (coefficients (C, Np, Np),
-    energies (C, Np), occupied counts (C,)); the kernel of :data:`gradient_program`. ``structure``:
-    a density-fitted bucket's plan arrays (:func:`_fitted_structure`), else empty."""
-    functional, two_electron = settings.functional, settings.two_electron
-    template = bucket_template(settings.bucket)
+def _one_electron_gradient(settings: GradientSettings, layout, tables, elements, coords, orbitals):
+    """The one-electron and nuclear terms' gradients of a batch (``jax.grad``), (C, natm, 3), from its
+    finalisation's ``orbitals`` (coefficients (C, Np, Np), energies (C, Np), occupied counts (C,));
+    and, for an exact-ERI bucket, its :func:`_eri_inputs` (else empty)."""
     dm, weighted = jax.vmap(orbital_densities)(*orbitals)
-    member_energy = partial(_member_energy, functional, settings.grid, layout, tables)
-
-    def energy(coords):
-        one = jnp.sum(jax.vmap(member_energy)(elements, coords, dm, weighted))
-        if two_electron == FITTED:  # computed as a gradient below
-            return one
-        return one + _exact_two_electron(template.plan, tables, layout, elements, coords, dm, functional.hf_exchange,
-                                         two_electron)  # fmt: skip
-
-    gradient = jax.grad(energy)(coords)
-    if two_electron == FITTED:
-        gradient = gradient + _fitted_two_electron(settings, layout, tables, structure, elements, coords, dm, orbitals)
-    return gradient
+    energy = lambda coords: jnp.sum(jax.vmap(partial(_one_electron_energy, layout, tables))(elements, coords, dm,
+                                                                                           weighted))  # noqa: E731
+    inputs = () if settings.two_electron == FITTED else _eri_inputs(settings, layout, tables, elements, coords, dm)
+    return jax.grad(energy)(coords), inputs
 
 
-gradient_program = compiled(_batch_gradient, static_argnums=0, name="forces")
+def _xc_gradient(functional: Functional, layout, tables, elements, coords, orbitals):
+    """(C, natm, 3) the exchange-correlation energy's gradients of a batch with the grid's response
+    (``jax.grad`` through :func:`_xc_energy`), at the densities of ``orbitals``."""
+    dm, _ = jax.vmap(orbital_densities)(*orbitals)
+    energy = lambda coords: jnp.sum(jax.vmap(partial(_xc_energy, functional, layout, tables))(elements, coords,
+                                                                                             dm))  # noqa: E731
+    return jax.grad(energy)(coords)
+
+
+def _fitted_gradient(settings: GradientSettings, layout, tables, structure, elements, coords, orbitals):
+    """(C, natm, 3) the density-fitted two-electron gradients of a batch (:func:`_fitted_two_electron`)."""
+    dm, _ = jax.vmap(orbital_densities)(*orbitals)
+    return _fitted_two_electron(settings, layout, tables, structure, elements, coords, dm, orbitals)
+
+
+# Programs apart, not one: each compiles in a fraction of the whole's time, the exact ERIs' is shared
+# by the buckets that share their ERI programs, and the run's report names each one's compile and run
+# seconds. XLA's quicker CPU emitters: each runs once per batch.
+one_electron_program = compiled(_one_electron_gradient, static_argnums=0, name="forces_one_electron",
+                                quick_compile=True)  # fmt: skip
+xc_program = compiled(_xc_gradient, static_argnums=0, name="forces_xc", quick_compile=True)
+exact_program = compiled(_exact_two_electron, static_argnums=0, name="forces_two_electron", quick_compile=True)
+fitted_program = compiled(_fitted_gradient, static_argnums=0, name="forces_fitted", quick_compile=True)
 
 
 def _fitted_structure(template) -> tuple:
@@ -204,19 +229,57 @@ def _fitted_structure(template) -> tuple:
     return eri_structure(template.plan), fitting_structure(plan), plan_indices(plan)
 
 
-def batch_gradients(settings: GradientSettings, elements, coords, present: frozenset[str], orbitals) -> jax.Array:
-    """(C, natm_padded, 3) dE/dR in Hartree/Bohr, by slot, of C conformers of ``settings.bucket``
-    (their slots' element rows ``elements`` (C, natm) and positions ``coords`` (C, natm, 3); the
-    elements ``present`` among them) at the finalisation's ``orbitals``: coefficients (C, Np, Np),
-    energies (C, Np) and occupied counts (C,). Dispatched, not waited for."""
+def _exact_structure(plan) -> tuple:
+    """An exact-ERI bucket's plan arrays on the device, made outside the trace: its quartet classes (one
+    share of them), its rows' tables and its pair stage's index arrays."""
+    return eri_shares(plan, 1)[0][2], eri_rows(plan), eri_structure(plan)
+
+
+def operators(functional: Functional, plan) -> tuple:
+    """The two-electron operators of ``functional`` on the ERI ``plan``: the plan's
+    :func:`~pyscf_ipu.integrals.eri.static_tables`, and per operator (ω, its Coulomb weight, its
+    exchange weight): 1/r with J and a K, and for a range-separated functional erf(ω r)/r with b K_ω."""
+    return static_tables(plan, 0.0), functional_operators(functional)
+
+
+def functional_operators(functional: Functional) -> tuple:
+    """(ω, Coulomb weight, exchange weight) of each two-electron operator of ``functional``'s energy."""
+    coulomb = ((0.0, 1.0, functional.hf_exchange),)
+    if not functional.range_separated:
+        return coulomb
+    return coulomb + ((functional.omega, 0.0, functional.long_range_exchange),)
+
+
+def batch_gradients(settings: GradientSettings, elements, coords, present: frozenset[str], orbitals) -> list:
+    """The parts of dE/dR in Hartree/Bohr, (C, natm_padded or more, 3) each by slot (the exact ERIs' also
+    the ERI programs' padding atoms), whose sum over the bucket's slots is the gradient, of C conformers of ``settings.bucket`` (their slots' element rows ``elements`` (C, natm) and
+    positions ``coords`` (C, natm, 3); the elements ``present`` among them) at the finalisation's
+    ``orbitals``: coefficients (C, Np, Np), energies (C, Np) and occupied counts (C,).
+
+    On an accelerator the programs are dispatched, not waited for. On a CPU, where a program runs on
+    the calling thread, the two-electron and exchange-correlation programs run on a thread each."""
     template = bucket_template(settings.bucket)
     mo_coeff, mo_energy, occupied = orbitals
     with jax.enable_x64(True):
+        layout, tables = template_layout(template), device_tables(template, present)
+        elements, coords = jnp.asarray(elements, jnp.int32), jnp.asarray(coords, jnp.float64)
+        orbitals = (mo_coeff, mo_energy, jnp.asarray(occupied, jnp.int32))
+        one_electron, inputs = one_electron_program(settings, layout, tables, elements, coords, orbitals)
         if settings.two_electron == FITTED:
             structure = _fitted_structure(template)
+            two_electron = partial(fitted_program, settings, layout, tables, structure, elements, coords, orbitals)
         else:
-            structure = ()
-            eri_device_tables(template.plan, 1)  # outside the trace: its caches must not keep a trace's values
-        return gradient_program(settings, template_layout(template), device_tables(template, present), structure,
-                                jnp.asarray(elements, jnp.int32), jnp.asarray(coords, jnp.float64),
-                                (mo_coeff, mo_energy, jnp.asarray(occupied, jnp.int32)))  # fmt: skip
+            arrays = _exact_structure(template.plan)
+            two_electron = partial(exact_program, operators(settings.functional, template.plan), arrays, *inputs)
+    parts = [two_electron]
+    if settings.grid and settings.functional.pieces:
+        parts.append(partial(xc_program, settings.functional, layout, tables, elements, coords, orbitals))
+
+    def run(part):
+        with jax.enable_x64(True):  # worker threads do not inherit the caller's context
+            return part()
+
+    if default_workers() == 1:
+        return [one_electron, *(run(part) for part in parts)]
+    with ThreadPoolExecutor(len(parts)) as pool:
+        return [one_electron, *pool.map(run, parts)]

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .programs import MappingBudget, compiled
-from .grid import AtomGrids, atom_grids, grid_coords_and_weights
+from .grid import FORCES_GRID_BLOCK, AtomGrids, atom_grids, grid_coords_and_weights
 from .method import Method
 from .molecule import Molecule
 from .pyscf_mole import build_mole
@@ -153,7 +153,6 @@ def _grid_and_nuclei_energy(composition: Composition, functional: Functional, co
     return total + jnp.sum(charges[first] * charges[second] / distance)
 
 
-FORCES_GRID_BLOCK = 2048  # grid points whose AO values (and their derivatives) the gradient holds at once
 
 
 def _xc_energy_in_blocks(functional: Functional, basis: PrimitiveBasis, per_point: tuple, grid, coords, dm):

@@ -15,10 +15,10 @@ Both include the grid's response: the exact derivative of the energy the SCF com
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
-import jax
 import numpy as np
 
 from .device_forces import FITTED, GradientSettings, batch_gradients
@@ -30,6 +30,8 @@ from .rks import BatchRun
 
 
 class PendingGradients(Protocol):
+    dispatch_seconds: float  # the wall time its dispatch took: on a CPU, where programs run as they are called, theirs
+
     def gradients(self, results: list[SCFResult | None]) -> list[np.ndarray | None]:
         """(natm, 3) dE/dR in Hartree/Bohr of each of the batch's first ``len(results)`` members, in
         its own atom order, given their labels; None where a result is None (not wanted)."""
@@ -44,13 +46,15 @@ class GradientSource(Protocol):
 
 @dataclass(frozen=True)
 class _DevicePending:
-    by_slot: jax.Array  # (C, natm_padded, 3)
+    parts: list  # (C, natm_padded or more, 3) each, the gradient's terms by slot, the first the bucket's slots
     slots: list[np.ndarray]  # each member's slot of each of its atoms
     molecules: list
     method: Method
+    dispatch_seconds: float = 0.0
 
     def gradients(self, results):
-        by_slot = np.asarray(self.by_slot)
+        natm = self.parts[0].shape[1]  # the bucket's slots (a part may hold padding atoms beyond them)
+        by_slot = sum(np.asarray(part)[:, :natm] for part in self.parts)
         dispersion, functional = self.method.dispersion, self.method.functional
         return [None if r is None else dispersion.gradient(m, functional, by_slot[c][slot])
                 for c, (r, slot, m) in enumerate(zip(results, self.slots, self.molecules))]  # fmt: skip
@@ -63,30 +67,31 @@ class DeviceGradients:
     name: str = "device"
 
     def dispatch(self, run, method):
-        method.check_forces()  # its program has no long-range exchange: refused there, never wrong
         final, batch = run.final, run.batch
         if final.mo_coeff is None:
             raise ValueError("device gradients need the finalisation's orbitals on the device (the JAX integrals)")
+        start = time.perf_counter()
         molecules = [member.molecule for member in batch.members]
         elements, coords, placed = bucket_inputs(molecules, batch.bucket, method.needs_grid)
         present = frozenset(s for m in molecules for s in m.symbols)
         bucket = batch.bucket
         two_electron = FITTED if bucket.occupied else method.integrals.eri_dtype(method).name
         settings = GradientSettings(method.functional, method.needs_grid, two_electron, bucket)
-        by_slot = batch_gradients(settings, elements, coords, present,
-                                  (final.mo_coeff, final.mo_energy, [m.nocc for m in batch.members]))
+        parts = batch_gradients(settings, elements, coords, present,
+                                (final.mo_coeff, final.mo_energy, [m.nocc for m in batch.members]))
         slots = []
         for molecule, (_, atoms, *_) in zip(molecules, placed):
             slot = np.empty(molecule.natom, int)
             slot[atoms[atoms >= 0]] = np.flatnonzero(atoms >= 0)
             slots.append(slot)
-        return _DevicePending(by_slot, slots, molecules, method)
+        return _DevicePending(parts, slots, molecules, method, time.perf_counter() - start)
 
 
 @dataclass(frozen=True)
 class _HostPending:
     molecules: list
     method: Method
+    dispatch_seconds: float = 0.0  # its work is done when its gradients are asked for
 
     def gradients(self, results):
         return [None if r is None else nuclear_gradient(m, r, self.method, grid_response=True)

@@ -36,6 +36,7 @@ import numpy as np
 from pyscf import dft, gto
 from pyscf.dft import radi
 
+FORCES_GRID_BLOCK = 2048  # grid points whose AO values (and their derivatives) a gradient holds at once
 
 
 @jax.tree_util.register_dataclass

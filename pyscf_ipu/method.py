@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .buckets import SizeBucket
-from .config import ConfigError, RKSConfig
+from .config import RKSConfig
 from .molecule import Molecule
 from .pyscf_mole import check_basis
 from .strategies import Dispersion, IntegralSource, JKBackend
@@ -82,15 +82,6 @@ class Method:
         if any(self.bucket(molecule) != bucket for molecule in molecules[1:]):
             raise ValueError("a batch needs molecules of one size bucket")
         return bucket
-
-    def check_forces(self) -> Method:
-        """``self``, where nuclear gradients of its energy can be computed; :class:`ConfigError` before any
-        work where not (a range-separated functional's are not available yet)."""
-        if self.functional.range_separated and self.integrals.gradients != "host":  # the device's lacks it
-            raise ConfigError(f"forces of --xc {self.functional.name} (range-separated exchange) are available with "
-                              "the host's gradients only for now (--integrals auto on a CPU): drop --forces and "
-                              "--relax dft, or choose another functional")  # fmt: skip
-        return self
 
     @property
     def loop(self) -> LoopSettings:

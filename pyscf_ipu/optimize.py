@@ -401,7 +401,6 @@ def relax(molecules: Iterable[Molecule], method: Method, *, criteria: Criteria =
     width = width or 2
     if width < 1:
         raise ValueError(f"width = {width}: need at least 1")
-    method.check_forces()  # before any work: a relaxation needs its forces
     workers = default_workers() if workers is None else workers
     pool = WorkerOptimizers(criteria, max_steps, workers) if workers else InlineOptimizers(criteria, max_steps)
     halves = [_Half([None] * (width // 2)), _Half([None] * (width - width // 2))] if width > 1 else [_Half([None])]

@@ -30,7 +30,8 @@ import stat
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -170,6 +171,8 @@ class CompiledFunction:
         self._lock = threading.Lock()
         self.traced = 0  # signatures this process traced and exported (not loaded)
         self.loaded = 0  # signatures this process read from disk
+        self.times = ProgramTimes()
+        _INSTANCES.add(self)
 
     def __call__(self, *args):
         static = tuple(args[i] for i in self.static_argnums)
@@ -184,7 +187,7 @@ class CompiledFunction:
                                      for leaf in leaves), x64)  # fmt: skip
         program = self._seen.get(quick)
         fresh = False  # the first call compiles (or loads from JAX's cache): its time is the loading's
-        start = time.thread_time()
+        start, wall = time.thread_time(), time.perf_counter()
         if program is None:
             key = (stable_repr(static), str(tree), _signature(leaves), x64)
             with self._lock:
@@ -201,15 +204,16 @@ class CompiledFunction:
         if host:  # host arrays copied before the program runs (see on_device); device arrays pass as they are
             for i, copy in zip(host, on_device([leaves[i] for i in host])):
                 leaves[i] = copy
-        ran = time.thread_time()
+        ran, wall_ran = time.thread_time(), time.perf_counter()
         try:
             return out_tree.unflatten(run(*leaves))
         finally:
-            now = time.thread_time()
+            now, wall_now = time.thread_time(), time.perf_counter()
             if fresh:
                 _THREAD_CLOCK.loading = getattr(_THREAD_CLOCK, "loading", 0.0) + now - start
             else:
                 _THREAD_CLOCK.running = getattr(_THREAD_CLOCK, "running", 0.0) + now - ran
+            self.times.add(fresh, wall_now - wall, wall_now - wall_ran)
 
     def clear(self) -> None:
         """Drop this process's compiled programs (the files stay): gives their memory back."""
@@ -229,7 +233,7 @@ class CompiledFunction:
         text = "\n".join([self.name, repr(key), source_fingerprint(), MATMUL_PRECISION, jax.__version__,
                           jax.lib.__version__, jax.default_backend(), str(jax.device_count())])  # fmt: skip
         digest = hashlib.sha256(text.encode()).hexdigest()[:32]
-        return directory / f"{self.name.rsplit('.', 1)[-1].strip('_<>')}-{digest}.program"
+        return directory / f"{self.short_name}-{digest}.program"
 
     def _load_or_export(self, key, static, tree, leaves):
         """(a jitted function of the flat arguments, the output's tree), from disk or exported now."""
@@ -270,7 +274,57 @@ class CompiledFunction:
     def _jit(self, exported):
         """``exported`` as a jitted function, compiled with the options its backend takes for it."""
         quick = self.quick_compile and jax.default_backend() == "cpu"
-        return jax.jit(exported.call, compiler_options=QUICK_COMPILE_CPU_OPTIONS if quick else None)
+
+        def call(*args):
+            return exported.call(*args)
+
+        call.__name__ = call.__qualname__ = self.short_name  # what JAX's logs and profiles name the program
+        return jax.jit(call, compiler_options=QUICK_COMPILE_CPU_OPTIONS if quick else None)
+
+    @property
+    def short_name(self) -> str:
+        """The program's name without its module: its file's prefix, and what JAX's logs show."""
+        return self.name.rsplit(".", 1)[-1].strip("_<>")
+
+
+@dataclass
+class ProgramTimes:
+    """One program's wall seconds in this process: loading, tracing and compiling its signatures (each
+    one's first call, counted whole), and its other calls: on a CPU, where a call runs the program,
+    its run time; on an accelerator only its dispatch."""
+
+    loads: int = 0
+    load_seconds: float = 0.0
+    calls: int = 0
+    call_seconds: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, fresh: bool, whole: float, running: float) -> None:
+        with self._lock:
+            if fresh:
+                self.loads, self.load_seconds = self.loads + 1, self.load_seconds + whole
+            else:
+                self.calls, self.call_seconds = self.calls + 1, self.call_seconds + running
+
+    def as_list(self) -> list:
+        return [self.loads, self.load_seconds, self.calls, self.call_seconds]
+
+
+# Every CompiledFunction of this process, for :func:`program_times` (module-level programs live as
+# long as the process; a weak set lets any other go).
+_INSTANCES: weakref.WeakSet = weakref.WeakSet()
+
+
+def program_times() -> dict[str, list]:
+    """Per program that loaded or ran in this process: [signatures loaded or compiled, their seconds,
+    other calls, their seconds] (:class:`ProgramTimes`), by the program's short name."""
+    out: dict[str, list] = {}
+    for program in list(_INSTANCES):
+        times = program.times.as_list()
+        if times[0] or times[2]:
+            previous = out.get(program.short_name, [0, 0.0, 0, 0.0])
+            out[program.short_name] = [a + b for a, b in zip(previous, times)]
+    return out
 
 
 # Each thread's CPU seconds inside compiled programs' calls ("running") and in loading, tracing and

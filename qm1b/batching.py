@@ -28,28 +28,28 @@ def batch_sizes(run: Run, method: Method, inputs: list[Input], buckets: dict) ->
     the J-K backend's ``cpu_batch`` of the bucket on a CPU; on an accelerator the largest power of two, up to the
     bucket's conformers rounded up to one, whose arrays (with the next batch's beside them) fit :data:`~pyscf_ipu.memory.DEVICE_SHARE` of its
     memory. Auto never goes above the largest batch that fits the memory budget (nor below one:
-    :func:`check_memory` then says what would fit)."""
+    :func:`check_memory` then says what would fit). With ``--forces`` (and ``--relax dft``) the batch's
+    gradients count too (:func:`~pyscf_ipu.memory.forces_bytes`)."""
     conformers = Counter()
     for entry in inputs:
         if buckets[entry.molecule_id] is not None:
             conformers[buckets[entry.molecule_id]] += run.source.expected(entry)
     if run.gen.batch_size is not None:
         return {bucket: run.gen.batch_size for bucket in conformers}
-    memory = device_memory_bytes()
+    memory, forces, budget = device_memory_bytes(), run.gen.stores_forces, run.budget_gb
     if memory is None:
         sizes = {bucket: method.backend.cpu_batch(bucket) for bucket in conformers}
     else:
-        sizes = {bucket: device_batch(bucket, method, count, memory) for bucket, count in conformers.items()}
-    budget = run.budget_gb
-    return {bucket: largest_batch(bucket, method, size, budget) or largest_batch(bucket, method, size, budget, ahead=False)
-            or 1 for bucket, size in sizes.items()}  # fmt: skip
+        sizes = {bucket: device_batch(bucket, method, count, memory, forces) for bucket, count in conformers.items()}
+    return {bucket: largest_batch(bucket, method, size, budget, True, forces)
+            or largest_batch(bucket, method, size, budget, False, forces) or 1 for bucket, size in sizes.items()}
 
 
 def prepares_ahead(run: Run, method: Method, sizes: dict[SizeBucket, int]) -> dict[SizeBucket, bool]:
     """Whether each size bucket's batches (of ``sizes``) are prepared while the one before runs: where a
     batch and the next one fit the memory budget together; else each waits for the one before."""
     budget = run.budget_gb * GB
-    return {bucket: batch_memory(bucket, method, size, prepared_ahead=size).total <= budget
+    return {bucket: batch_memory(bucket, method, size, size, run.gen.stores_forces).total <= budget
             for bucket, size in sizes.items()}  # fmt: skip
 
 
@@ -61,7 +61,7 @@ def check_memory(run: Run, method: Method, sizes: dict[SizeBucket, int]) -> None
     if largest is not None:
         size = sizes[largest]
         check_batch(largest, method, size, run.budget_gb,
-                    f"a batch of {size} conformers of the largest molecules, {largest.label()}")
+                    f"a batch of {size} conformers of the largest molecules, {largest.label()}", run.gen.stores_forces)
 
 
 def chosen(dft: RKSConfig, sizes: dict[SizeBucket, int]) -> str:

@@ -115,9 +115,7 @@ def _run_settings(args):
     try:
         gen = config_from_arguments(args, GenerateConfig)
         dft = config_from_arguments(args, RKSConfig)
-        method = resolve(dft)
-        if gen.stores_forces:
-            method.check_forces()
+        resolve(dft)  # its names and combinations checked before any input is read
     except ValueError as err:
         raise ConfigError(str(err)) from None
     return gen, dft

@@ -40,7 +40,7 @@ from pyscf_ipu.resolution import resolve
 from pyscf_ipu.molecule import MoleculeError
 from pyscf_ipu.optimize import relax
 from pyscf_ipu.padding import fill_batch
-from pyscf_ipu.programs import programs_run_on_caller, thread_program_seconds
+from pyscf_ipu.programs import program_times, programs_run_on_caller, thread_program_seconds
 from pyscf_ipu.problem import prepare_batch
 from pyscf_ipu.results import SCFResult
 from pyscf_ipu.rks import BatchRun, submit_batch
@@ -85,14 +85,12 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
     (:func:`_label_batches`) and committed by one more (:mod:`qm1b.pipeline`)."""
     from tqdm import tqdm
 
-    start, gen = time.perf_counter(), run.gen
+    start, gen, programs = time.perf_counter(), run.gen, program_times()
     enable_compilation_cache(default_cache_dir() / "jax")
     disable_numpy_huge_pages()
     clock = HostClock()
     with clock.stage("templates"):
         method = resolve(run.dft, run.budget_gb)
-        if gen.stores_forces:  # before any work, wherever the run was resolved (a Ray worker too)
-            method.check_forces()
         buckets = run.buckets(method, inputs)
         sizes = batch_sizes(run, method, inputs, buckets)
         check_memory(run, method, sizes)
@@ -133,6 +131,8 @@ def label_molecules(run: Run, inputs: list[Input], shard: tuple[int, int], resum
         bar.close()
     summary.seconds = time.perf_counter() - start
     summary.host.update(clock.seconds)
+    summary.programs = {name: [a - b for a, b in zip(times, programs.get(name, [0, 0.0, 0, 0.0]))]
+                        for name, times in program_times().items()}  # this shard's share of the process's
     if stop is not None:
         raise stop
     return summary
@@ -251,7 +251,7 @@ def _results(batch: Batch, dispatched: BatchRun, pending, clock: HostClock
     t = time.perf_counter()
     with clock.stage("forces"):
         gradients = pending.gradients(results)
-    return results, gradients, time.perf_counter() - t
+    return results, gradients, pending.dispatch_seconds + time.perf_counter() - t
 
 
 def _relax_buckets(items, buckets: dict, sizes: dict, method: Method, gen: GenerateConfig, ledger: Ledger,

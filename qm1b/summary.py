@@ -32,6 +32,9 @@ class Summary:
     steady_seconds: float = 0.0
     method: str = ""  # the basis, J-K backend and batch sizes the run used (:func:`chosen`)
     optimizer_steps: int = 0  # --relax dft: the relaxations' gradient evaluations, summed
+    # per compiled program: [signatures loaded or compiled, their wall seconds, other calls, their wall
+    # seconds] (:func:`pyscf_ipu.programs.program_times`; on an accelerator a call's seconds are its dispatch)
+    programs: dict[str, list] = field(default_factory=dict)
 
     @property
     def where(self) -> str:
@@ -55,6 +58,8 @@ class Summary:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.timings.update(other.timings)
         self.host.update(other.host)
+        for name, times in other.programs.items():
+            self.programs[name] = [a + b for a, b in zip(self.programs.get(name, [0, 0.0, 0, 0.0]), times)]
 
     def to_dict(self) -> dict:
         """The summary as JSON-able data; ``host_ms_per_conformer`` is the host's CPU time per labelled
@@ -66,6 +71,8 @@ class Summary:
                 "conformers_per_hour": self.conformers_per_hour,
                 "steady_conformers_per_hour": self.steady_conformers_per_hour, "timings": dict(self.timings),
                 "host": dict(self.host), "host_ms_per_conformer": 1000 * steady / labelled if labelled else None,
+                "programs": {name: dict(zip(("loads", "load_seconds", "calls", "call_seconds"), times))
+                             for name, times in self.programs.items()},
                 "once_seconds": {k: self.host[k] for k in ONCE_PER_RUN if k in self.host}}  # fmt: skip
 
     def lines(self) -> list[str]:
@@ -94,4 +101,10 @@ class Summary:
                          + ", ".join(f"{k} {per[k]:.1f} ms" for k in ONCE_PER_RUN if k in per)
                          + " (" + ", ".join(f"{k} {v:.2f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1])
                                             if k not in ONCE_PER_RUN) + ")")  # fmt: skip
+        if self.programs:
+            by_cost = sorted(self.programs.items(), key=lambda kv: -(kv[1][1] + kv[1][3]))
+            loading = sum(times[1] for times in self.programs.values())
+            lines.append(f"programs: {loading:.1f}s loading or compiling, then calls (on a CPU their run time): "
+                         + ", ".join(f"{name} {times[1]:.1f}s + {times[2]} x {times[3] / max(times[2], 1):.3f}s"
+                                     for name, times in by_cost if times[1] + times[3] >= 0.05))  # fmt: skip
         return lines

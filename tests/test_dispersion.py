@@ -93,7 +93,7 @@ def test_the_device_gradients_take_the_correction():
     water, benzene = from_name("water"), from_name("benzene")
     by_slot = np.arange(2 * 12 * 3, dtype=float).reshape(2, 12, 3)  # what the program gave, by slot
     slots = [np.array([2, 0, 1]), np.arange(12)[::-1]]
-    pending = _DevicePending(by_slot, slots, [water, benzene], method)
+    pending = _DevicePending([by_slot], slots, [water, benzene], method)
     for c, (molecule, gradient) in enumerate(zip([water, benzene], pending.gradients([object(), object()]))):
         correction = method.dispersion.gradient(molecule, method.functional, np.zeros((molecule.natom, 3)))
         np.testing.assert_array_equal(gradient, by_slot[c][slots[c]] + correction)

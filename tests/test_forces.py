@@ -255,7 +255,7 @@ def test_one_device_program_gives_two_compositions_pyscfs_gradients_with_grid_re
     response and the host path's (pyscf_ipu.gradients), each within the float64 tolerance (measured
     2.4e-8 Hartree/Bohr on water); the net force vanishes as the moving grid makes it. The float32
     program runs in tests/test_optimize.py, to geomeTRIC's and PySCF's minimum."""
-    from pyscf_ipu.device_forces import gradient_program
+    from pyscf_ipu.device_forces import exact_program
     from pyscf_ipu.gradients import DeviceGradients, HostGradients
     from pyscf_ipu.molecule import from_atom_string
     from pyscf_ipu.problem import prepare_batch
@@ -264,12 +264,12 @@ def test_one_device_program_gives_two_compositions_pyscfs_gradients_with_grid_re
     molecules = [from_name("water"), from_atom_string("N 0 0 0.12; H 0 0.94 -0.27; H 0.81 -0.47 -0.27; H -0.81 -0.47 -0.27")]
     method = resolve(RKSConfig(integrals="jax", **FLOAT64))
     assert method.bucket(molecules[0]) == method.bucket(molecules[1])
-    signatures = gradient_program.signatures
+    signatures = exact_program.signatures
     run = submit_batch(prepare_batch(molecules, method), method)
     results = run.results()
     device = DeviceGradients().dispatch(run, method).gradients(results)
     host = HostGradients().dispatch(run, method).gradients(results)
-    assert gradient_program.signatures == signatures + 1
+    assert exact_program.signatures == signatures + 1
     for molecule, ours, theirs in zip(molecules, device, host):
         mol = prepare([molecule], resolve(RKSConfig(**FLOAT64)))[0].mol
         ref = with_grid_response(dft.RKS(mol, xc=method.config.xc), method.config.grid_level)

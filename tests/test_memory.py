@@ -134,3 +134,23 @@ def test_a_bucket_whose_batches_fit_only_one_at_a_time_runs_them_so(tmp_path):
     check_memory(tight, method, {bucket: 1})  # not refused
     assert prepares_ahead(tight, method, {bucket: 1}) == {bucket: False}
     assert prepares_ahead(roomy, method, {bucket: 1}) == {bucket: True}
+
+
+def test_the_device_gradients_count_in_the_batch_memory_and_narrow_a_gpu_batch():
+    """With forces on the device's programs (the JAX integrals), a batch's estimate holds the gradients'
+    part (the XC block per conformer, the two-electron part of one conformer at a time) and an
+    accelerator's batch narrows to fit it; the host's gradients, a conformer at a time after the batch,
+    add nothing to the batch."""
+    from pyscf_ipu.memory import DEVICE_SHARE, PROCESS_BYTES, device_batch, forces_bytes
+
+    molecule = from_name("benzene")
+    device = resolve(RKSConfig(basis="def2-svp", jk="df", integrals="jax"))
+    host = resolve(RKSConfig(basis="def2-svp", jk="df", integrals="auto"))
+    bucket = device.bucket(molecule)
+    labels, forces = batch_memory(bucket, device, 8), batch_memory(bucket, device, 8, forces=True)
+    assert forces.total - labels.total == forces_bytes(bucket, device, 8) > 0
+    assert batch_memory(bucket, host, 8, forces=True).total == batch_memory(bucket, host, 8).total
+    # an accelerator on which 8 conformers' labels just fit: their gradients do not fit beside them
+    memory = int((batch_memory(bucket, device, 8, 8).total - PROCESS_BYTES) / DEVICE_SHARE) + 1
+    assert device_batch(bucket, device, 1024, memory) == 8
+    assert device_batch(bucket, device, 1024, memory, forces=True) == 4

@@ -170,12 +170,14 @@ def ket_signed(ket_order: int, e_ket):
     return (e_ket * sign).transpose(0, 2, 1, 3).reshape(n, y, k2 * h)
 
 
-def chunk_of(bra_order, ket_order, bra, ket, signed, omega: float = 0.0):
-    """(I, S_a S_b, J, S_c S_d) ERIs of one CHUNK x CHUNK square of quartets, from the data of its I bra
+def _ket_contracted(bra_order, ket_order, bra, ket, signed, omega: float = 0.0):
+    """(J, S_c S_d, H_b, I, K2b): one CHUNK x CHUNK square of quartets' ERIs before the bra's Hermite
+    matrices contract them (:func:`chunk_of`), from the data of its I bra
     pairs (E (I, K2b, S_ab, H_b), p (I, K2b), P - A (3, I, K2b)) and J ket pairs (p (J, K2k), P - A
     (3, J, K2k), the signed Hermite matrices of :func:`ket_signed`, and A - C (J, I, 3)).
 
-    ``omega`` > 0 gives the integrals of the long-range operator erf(ω r)/r instead of 1/r: with
+    ``omega`` > 0 gives the integrals of the long-range operator erf(ω r)/r instead of 1/r (a traced
+    ``omega`` picks the operator at run time, 0 for 1/r): with
     erf(ω r)/r = (2/√π) ∫_0^ω exp(-t² r²) dt, each primitive quartet is the Coulomb one with α replaced
     by α ω²/(α + ω²) in R and the prefactor multiplied by (ω²/(α + ω²))^{1/2} (Ahlrichs, Phys. Chem.
     Chem. Phys. 8, 3072 (2006)).
@@ -186,7 +188,7 @@ def chunk_of(bra_order, ket_order, bra, ket, signed, omega: float = 0.0):
     matrices contract in one matmul per ket pair, (Y, K2k H_k) x (K2k H_k, H_b I K2b); then the
     bra's Hermite matrices contract the result.
     """
-    e_b, p_b, pa_b = bra
+    _, p_b, pa_b = bra
     p_k, pa_k, ket_chunk, ac = ket
     m = jax.lax.dynamic_index_in_dim(signed, ket_chunk, keepdims=False)  # (J, Y, K2k H_k)
     j, kk = p_k.shape
@@ -207,7 +209,11 @@ def chunk_of(bra_order, ket_order, bra, ket, signed, omega: float = 0.0):
     product = (p_k.reshape(-1, 1) @ p_b.reshape(1, -1)).reshape(-1)
     # 1/sqrt would become rsqrt, whose float32 values run 1e-8 low on average: sqrt and a division do not
     alpha, weight = product / total, scaled(jnp.sqrt(total) / total, 2.0 * math.pi**2.5)
-    if omega:  # long-range: attenuated (a Python branch: the Coulomb program is unchanged)
+    if is_traced(omega):  # either operator, chosen at run time: one kernel serves both (the gradients')
+        squared = omega * omega
+        attenuation = jnp.where(omega > 0, squared / (alpha + squared), 1.0)
+        alpha, weight = alpha * attenuation, weight * jnp.sqrt(attenuation)
+    elif omega:  # long-range: attenuated (a Python branch: the Coulomb program is unchanged)
         attenuation = omega**2 / (alpha + omega**2)
         alpha, weight = alpha * attenuation, weight * jnp.sqrt(attenuation)
     r = hermite_coulomb(bra_order + ket_order, alpha, pq)
@@ -221,8 +227,30 @@ def chunk_of(bra_order, ket_order, bra, ket, signed, omega: float = 0.0):
         stacked = jax.lax.optimization_barrier(jnp.concatenate(r, 2))  # (J, K2k, H, I K2b)
         g = jnp.take(stacked, jnp.asarray(pairs.ravel()), axis=2)  # (J, K2k, H_k H_b, I K2b)
     t = jnp.matmul(m, g.reshape(j, kk * pairs.shape[0], -1))  # (J, Y, H_b I K2b)
-    t = t.reshape(j, -1, pairs.shape[1], i, kb)
-    return jnp.einsum("jyhik,ikxh->ixjy", t, e_b)
+    return t.reshape(j, -1, pairs.shape[1], i, kb)
+
+
+def chunk_of(bra_order, ket_order, bra, ket, signed, omega: float = 0.0):
+    """(I, S_a S_b, J, S_c S_d) ERIs of one CHUNK x CHUNK square of quartets (:func:`_ket_contracted`
+    gives the arguments and the method), the bra's Hermite matrices contracted last."""
+    t = _ket_contracted(bra_order, ket_order, bra, ket, signed, omega)  # (J, Y, H_b, I, K2b)
+    return jnp.einsum("jyhik,ikxh->ixjy", t, bra[0])
+
+
+def weighted_bra_derivative(bra_order, ket_order, bra, ket, signed, weights, omega: float = 0.0):
+    """(I, 2, 3) sum over the chunk of ``weights`` (I, S_ab, J, S_cd) times the ERIs' derivatives in
+    each bra pair's two centres, from :func:`chunk_of`'s arguments with the bra's raised Hermite
+    matrices (I, K2b, 6 S_ab, H_b) (:func:`pair_derivative_stage`): the weights contract the ket side
+    first, so the derivative values themselves, six times the chunk's ERIs, are never formed."""
+    t = _ket_contracted(bra_order, ket_order, bra, ket, signed, omega)  # (J, Y, H_b, I, K2b)
+    z = jnp.einsum("jyhik,isjy->iksh", t, weights)  # (I, K2b, S_ab, H_b)
+    e = bra[0]
+    return jnp.einsum("ikcash,iksh->ica", e.reshape(*e.shape[:2], 2, 3, -1, e.shape[-1]), z)
+
+
+def is_traced(value) -> bool:
+    """Whether ``value`` is an array (known at run time), not a Python number (known as it is traced)."""
+    return not isinstance(value, (int, float))
 
 
 def by_chunk(x, index, axis=0):
@@ -298,14 +326,21 @@ def quartet_stage(static, quartet_arrays, one_centre, data, shifts, rows):
 def chunk_arguments(bra_pairs, ket_pairs, ket_order: int, chunks, shifts):
     """What :func:`chunk_of` reads for each of ``chunks`` (T, 2) of one quartet class, from its bra's
     and ket's pair data (:func:`pair_stage`), gathered up front so that each kernel reads only its own
-    slice: per chunk the bra's (E, p, P - A) and the ket's (p, P - A, chunk, A - C (T, J, I, 3)), and
-    the ket's signed Hermite matrices by chunk (:func:`ket_signed`: indexed per chunk, not copied)."""
-    (e_bra, p_bra, pa_bra, atom_bra, _), (e_ket, p_ket, pa_ket, atom_ket, _) = bra_pairs, ket_pairs
+    slice: per chunk the bra's (E, p, P - A) and the ket's (p, P - A, chunk, A - C (T, J, I, 3))
+    (:func:`chunk_sides`), and the ket's signed Hermite matrices by chunk (:func:`ket_signed`: indexed
+    per chunk, not copied)."""
+    signed = ket_signed(ket_order, ket_pairs[0])
+    return (*chunk_sides(bra_pairs, ket_pairs, chunks, shifts), signed.reshape(-1, CHUNK, *signed.shape[1:]))
+
+
+def chunk_sides(bra_pairs, ket_pairs, chunks, shifts):
+    """The bra's and the ket's data of ``chunks`` (T, 2) as :func:`chunk_of` reads them (see
+    :func:`chunk_arguments`), each with a leading axis of T."""
+    (e_bra, p_bra, pa_bra, atom_bra, _), (_, p_ket, pa_ket, atom_ket, _) = bra_pairs, ket_pairs
     b, k = chunks[:, 0], chunks[:, 1]
     ac = shifts[by_chunk(atom_bra, b)[:, None, :], by_chunk(atom_ket, k)[:, :, None]]
-    signed = ket_signed(ket_order, e_ket)
     return ((by_chunk(e_bra, b), by_chunk(p_bra, b), by_chunk(pa_bra, b, 1)),
-            (by_chunk(p_ket, k), by_chunk(pa_ket, k, 1), k, ac), signed.reshape(-1, CHUNK, *signed.shape[1:]))
+            (by_chunk(p_ket, k), by_chunk(pa_ket, k, 1), k, ac))  # fmt: skip
 
 
 def chunk_destinations(bra_rows, ket_rows, chunks, dealt, same_class: bool):

@@ -204,14 +204,15 @@ def _stage(bra, ket, shifts, size: int, width: int, batch: int, omega: float = 0
     return scan_squares(bra, ket, shifts, batch, jnp.zeros(size, shifts.dtype), add, omega=omega)
 
 
-def fitted_integrals(static, indices, data, shifts, present, batch: int):
+def fitted_integrals(static, indices, data, shifts, present, batch: int, omega):
     """One conformer's 3-centre integrals T (Qp, npair) and metric M (Qp, Qp) in the precision of its
     pair ``data`` (float64), from the orbital and fitting pair data (the orbital plan's classes, then
     the fitting ones), the atoms' differences ``shifts`` and which fitting functions are there,
     ``present`` (Qp,); the metric of a padding function is a unit diagonal. ``static``: per side,
     each group's (members, components), then Qp, npair and the operator's range separation ω
-    (:func:`fitting_static`); ``indices``: per side, each group's destination parts."""
-    orbital, fitting, naux, npair, omega = static
+    (:func:`fitting_static`); ``indices``: per side, each group's destination parts; ``omega``: the
+    operator's (the static part's, or an array that picks the operator at run time)."""
+    orbital, fitting, naux, npair, _ = static
     orbital, fitting = groups_of(orbital, indices[0], data), groups_of(fitting, indices[1], data)
     three = _stage(orbital, fitting, shifts, naux * npair, npair, batch, omega)
     metric = _stage(fitting, fitting, shifts, naux * naux, naux, batch, omega)
@@ -224,19 +225,22 @@ def groups_of(groups, group_indices, data, atom_fields: int = 1) -> list:
             for (members, components), index in zip(groups, group_indices)]  # fmt: skip
 
 
-def factor_member(static, indices, data, shifts, present, batch: int):
-    """One conformer's factor B = L^-1 T (Qp, npair), L L^T = M, of :func:`fitted_integrals`.
+def factor_member(static, indices, data, shifts, present, omega, batch: int):
+    """One conformer's factor B = L^-1 T (Qp, npair), L L^T = M, of :func:`fitted_integrals`, of the
+    operator of range separation ``omega`` (an array known at run time, read where the static part is
+    a range-separated run's, :func:`fitting_static`; else the Coulomb operator's).
 
     The long-range operator's metric is only positive semi-definite (erf(ω r)/r cannot tell apart
     fitting functions that differ only at short range: about 1e-15 of its largest eigenvalue for water
     at 6-31G*), and then has no Cholesky factor. There, as PySCF's ``df.incore.cholesky_eri`` does when
     Cholesky fails, M = U w U^T and B = w^-1/2 U^T T over the eigenvalues above
     :data:`LONG_RANGE_LINEAR_DEPENDENCE`, the dropped directions' rows zero: B^T B = T^T M^+ T either way."""
-    three, metric = fitted_integrals(static, indices, data, shifts, present, batch)
-    omega = static[-1]  # (fitting_static)
+    separated = static[-1]  # (fitting_static)
+    omega = omega if separated else 0.0
+    three, metric = fitted_integrals(static, indices, data, shifts, present, batch, omega)
     lower = jnp.linalg.cholesky(metric)  # NaN where there is none
     solved = jax.scipy.linalg.solve_triangular(lower, three, lower=True)
-    if not omega:  # the Coulomb metric: positive definite
+    if not separated:  # the Coulomb metric: positive definite
         return solved
     w, u = jnp.linalg.eigh(metric)
     kept = w > LONG_RANGE_LINEAR_DEPENDENCE
@@ -244,22 +248,23 @@ def factor_member(static, indices, data, shifts, present, batch: int):
     return jnp.where(jnp.all(jnp.isfinite(lower)), solved, pseudo)
 
 
-def _factor_program(static, indices, data, shifts, present, batch: int, dtype: str, at_once: int):
-    """:func:`factor_member` of the batch's conformers, ``at_once`` of them together
-    (:func:`~pyscf_ipu.programs.map_members`): (the factors in float64, and rounded to ``dtype``)
-    (C, Qp, npair) each."""
-    exact = map_members(lambda member: factor_member(static, indices, *member, batch), (data, shifts, present), at_once)
+def _factor_program(static, indices, members, omega, batch: int, dtype: str, at_once: int):
+    """:func:`factor_member` of the batch's conformers (``members``: their pair data, differences and
+    fitting functions there), ``at_once`` of them together (:func:`~pyscf_ipu.programs.map_members`):
+    (the factors in float64, and rounded to ``dtype``) (C, Qp, npair) each."""
+    exact = map_members(lambda member: factor_member(static, indices, *member, omega, batch), members, at_once)
     return exact, exact.astype(dtype)
 
 
-factor_program = compiled(_factor_program, static_argnums=(0, 5, 6, 7), name="fitted_factor")
+factor_program = compiled(_factor_program, static_argnums=(0, 4, 5, 6), name="fitted_factor")
 
 
-def fitting_static(plan: FittingPlan, omega: float = 0.0) -> tuple:
-    """The compile-time part of ``plan`` (see :func:`factor_member`), for the operator of range
-    separation ``omega`` (0: Coulomb; else the long-range erf(ω r)/r, metric and 3-centre integrals alike)."""
+def fitting_static(plan: FittingPlan, separated: bool = False) -> tuple:
+    """The compile-time part of ``plan`` (see :func:`factor_member`): per side, each group's (members,
+    components), Qp, npair, and whether the program serves a range-separated run, taking the operator's
+    ω (0: Coulomb; else the long-range erf(ω r)/r) at run time, so that one program makes both factors."""
     side = lambda groups: tuple((g.members, g.components) for g in groups)  # noqa: E731
-    return side(plan.orbital_groups), side(plan.fitting_groups), plan.naux, plan.npair, float(omega)
+    return side(plan.orbital_groups), side(plan.fitting_groups), plan.naux, plan.npair, bool(separated)
 
 
 @lru_cache(maxsize=4)
@@ -268,17 +273,19 @@ def plan_indices(plan: FittingPlan) -> tuple:
     return on_device((tuple(g.index for g in plan.orbital_groups), tuple(g.index for g in plan.fitting_groups)))
 
 
-def fitted_factor(plan: FittingPlan, data, shifts, present, batch: int, dtype: str, omega: float = 0.0):
+def fitted_factor(plan: FittingPlan, data, shifts, present, batch: int, dtype: str, omega: float = 0.0,
+                  separated: bool = False):  # fmt: skip
     """The factors (C, Qp, npair) of a batch, in float64 and rounded to ``dtype``, from its pair data
     (the orbital classes', then the fitting ones'), differences ``shifts`` (C, natm, natm, 3) and fitting
-    functions ``present`` (C, Qp), of the Coulomb operator or (``omega`` > 0) the long-range erf(ω r)/r.
+    functions ``present`` (C, Qp), of the Coulomb operator or (``omega`` > 0) the long-range erf(ω r)/r;
+    ``separated``: the run's functional is range-separated (both operators' factors, one program).
     Dispatched, not waited for."""
-    # a conformer's three-centre integrals and its factor, in float64; the long range's also its
-    # Cholesky solve and its eigenvectors' (naux, naux) and product
-    values = (3 * plan.npair + 2 * plan.naux) * plan.naux if omega else 2 * plan.naux * plan.npair
+    # a conformer's three-centre integrals and its factor, in float64; a range-separated run's also
+    # its Cholesky solve and its eigenvectors' (naux, naux) and product
+    values = (3 * plan.npair + 2 * plan.naux) * plan.naux if separated else 2 * plan.naux * plan.npair
     at_once = members_at_once(present.shape[0], 8 * values)
-    return factor_program(fitting_static(plan, omega), plan_indices(plan), data, shifts, present, batch, dtype,
-                          at_once)  # fmt: skip
+    return factor_program(fitting_static(plan, separated), plan_indices(plan), (data, shifts, present),
+                          np.float64(omega), batch, dtype, at_once)  # fmt: skip
 
 
 def fitting_kinds(plan: FittingPlan) -> tuple:

@@ -30,24 +30,50 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..packed import traced_tril_unpack
-from .eri_kernels import pair_derivative_stage, pair_stage, raised
-from .fitting import fitted_integrals, groups_of, scan_squares
+from .eri_kernels import is_traced, pair_derivative_stage, pair_stage, raised
+from .fitting import LONG_RANGE_LINEAR_DEPENDENCE, fitted_integrals, groups_of, scan_squares
 
 
-def fitted_weights(three, metric, dm, occupied, exchange: float, pairs):
+def device_metric_solver(metric, omega):
+    """x -> M^-1 x for the ``metric`` (Qp, Qp) of the operator of range separation ``omega`` (a number, or
+    an array known at run time), as the SCF's factor solved it (:func:`~.fitting.factor_member`): by
+    Cholesky, or, where the long-range metric has no Cholesky factor, by its pseudo-inverse over the
+    eigenvalues above :data:`~.fitting.LONG_RANGE_LINEAR_DEPENDENCE` (the Coulomb metric always has one)."""
+    lower = jnp.linalg.cholesky(metric)  # NaN where there is none
+    cholesky = lambda x: jax.scipy.linalg.cho_solve((lower, True), x)  # noqa: E731
+    if not is_traced(omega) and not omega:  # the Coulomb metric: positive definite
+        return cholesky
+    w, u = jnp.linalg.eigh(metric)
+    kept = w > LONG_RANGE_LINEAR_DEPENDENCE
+    inverse = jnp.where(kept, 1.0 / jnp.where(kept, w, 1.0), 0.0)
+    factored = jnp.all(jnp.isfinite(lower))
+    pseudo = lambda x: u @ (inverse.reshape(-1, *(1,) * (x.ndim - 1)) * (u.T @ x))  # noqa: E731  (x: (Qp, ...))
+    return lambda x: jnp.where(factored, cholesky(x), pseudo(x))
+
+
+def _zero(weight) -> bool:
+    """Whether ``weight`` is a Python zero: its term is left out of the program."""
+    return not is_traced(weight) and not weight
+
+
+def fitted_weights(three, metric, dm, occupied, pairs, operator):
     """(W (Qp, npair), H (Qp, Qp)): the weights of the 3-centre integrals ``three`` (Qp, npair), packed
     (G_P,ij counted twice off the diagonal), and of the ``metric`` (Qp, Qp), at the density ``dm``
     (N, N) of the ``occupied`` orbitals (N, O) (zero columns allowed); ``pairs``: the packed pairs'
-    AOs (i, j), (npair,) each."""
+    AOs (i, j), (npair,) each. ``operator``: (ω, Coulomb weight, exchange weight) of the integrals'
+    operator in the energy (numbers, or arrays known at run time): c E_J + a E_K."""
+    omega, coulomb, exchange = operator
     i, j = pairs
     twice = jnp.where(i == j, 1.0, 2.0)
-    factor = jax.scipy.linalg.cho_factor(metric, lower=True)
-    fitted = jax.scipy.linalg.cho_solve(factor, three @ (dm[i, j] * twice))  # (Qp,)
-    weights = fitted[:, None] * dm[i, j][None, :]  # (Qp, npair)
-    metric_weights = -0.5 * fitted[:, None] * fitted[None, :]
-    if exchange:
+    solve = device_metric_solver(metric, omega)
+    weights, metric_weights = jnp.zeros_like(three), jnp.zeros_like(metric)
+    if not _zero(coulomb):
+        fitted = solve(three @ (dm[i, j] * twice))  # (Qp,)
+        weights = coulomb * fitted[:, None] * dm[i, j][None, :]  # (Qp, npair)
+        metric_weights = -0.5 * coulomb * fitted[:, None] * fitted[None, :]
+    if not _zero(exchange):
         n = dm.shape[0]
-        solved = jax.scipy.linalg.cho_solve(factor, three)  # (Qp, npair) M^-1 T
+        solved = solve(three)  # (Qp, npair) M^-1 T
         packed = jnp.zeros((n, n), jnp.int32).at[i, j].set(jnp.arange(len(i), dtype=jnp.int32))
         packed = jnp.maximum(packed, packed.T)  # (N, N) the packed index of (i, j) either way round
         x = jnp.einsum("ia,qij,jb->qab", occupied, solved[:, packed], occupied)  # (Qp, O, O)
@@ -93,22 +119,25 @@ class FittedGradientPlan(NamedTuple):
 
 
 def fitted_gradient_member(plan: FittedGradientPlan, shells, coords, present, fitting_present, dm, occupied,
-                           exchange: float):  # fmt: skip
+                           operator):  # fmt: skip
     """(natm, 3) one conformer's density-fitted two-electron gradient dE_2/dR in float64.
 
     ``shells``: the orbital and the fitting shells ((S, K), (S, C', K)) each (the fitting ones
     followed by each atom's companion); ``coords`` (natm, 3) Bohr, ``present`` (natm,) the atoms
     there, ``fitting_present`` (Qp,) the fitting functions there; ``dm`` (N, N) and its ``occupied``
-    orbitals (N, O); ``exchange``: a_x."""
+    orbitals (N, O); ``operator``: (ω, Coulomb weight, exchange weight) of the integrals' operator in
+    the energy (:func:`fitted_weights`; numbers, or arrays known at run time, so that one program
+    serves both operators of a range-separated functional; the plan's own ω is not read)."""
     static, kinds, structure, indices, batch = plan
-    orbital_groups, fitting_groups, naux, npair, _ = static  # the Coulomb operator's (fitting_static)
+    orbital_groups, fitting_groups, naux, npair, _ = static  # (fitting_static)
+    omega = operator[0]
     orbital_kinds, fitting_kinds = kinds
     difference = coords[:, None, :] - coords[None, :, :]  # (natm, natm, 3)
     orbital = pair_stage(orbital_kinds, structure[0], shells[0], difference, present, coords.dtype)
     fitting = pair_stage(fitting_kinds, structure[1], shells[1], difference, present, coords.dtype)
-    three, metric = fitted_integrals(static, indices, orbital + fitting, difference, fitting_present, batch)
+    three, metric = fitted_integrals(static, indices, orbital + fitting, difference, fitting_present, batch, omega)
     pairs = traced_tril_unpack(jnp.arange(npair))  # each packed pair's AOs (i, j), j <= i
-    weights, metric_weights = fitted_weights(three, metric, dm, occupied, exchange, pairs)
+    weights, metric_weights = fitted_weights(three, metric, dm, occupied, pairs, operator)
     # the derivatives' pair data, indexed as the forward data: the orbital classes', then the fitting ones'
     moved = tuple((_stacked(raised(max(la) + max(lb), e)), p, pa, atom)
                   for (la, lb, _, _), (e, p, pa, atom, _) in zip(fitting_kinds, fitting))  # fmt: skip
@@ -117,6 +146,7 @@ def fitted_gradient_member(plan: FittedGradientPlan, shells, coords, present, fi
     bra = groups_of(orbital_groups, indices[0], derivatives, atom_fields=2)
     ket = groups_of(fitting_groups, indices[1], orbital + fitting)
     gradient = scan_squares(bra, ket, difference, batch, jnp.zeros((natm, 3), coords.dtype),
-                            _contract(weights.reshape(-1), npair, 2), raised=1)  # fmt: skip
+                            _contract(weights.reshape(-1), npair, 2), raised=1, omega=omega)  # fmt: skip
     bra = groups_of(fitting_groups, indices[1], derivatives)
-    return scan_squares(bra, ket, difference, batch, gradient, _contract(metric_weights.reshape(-1), naux, 1), raised=1)
+    return scan_squares(bra, ket, difference, batch, gradient, _contract(metric_weights.reshape(-1), naux, 1),
+                        raised=1, omega=omega)  # fmt: skip

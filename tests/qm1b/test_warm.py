@@ -42,6 +42,22 @@ def test_packed_programs_spare_a_new_machine_every_trace_and_compile(tmp_path):
     assert "Compiling jit(flat)" not in run.stderr  # jit(flat): a function traced to be exported
 
 
+def test_a_warmed_forces_run_on_the_devices_path_compiles_nothing(tmp_path):
+    """``warm --forces`` with the JAX integrals (the GPU's path) builds the gradient programs too: the
+    ``generate --forces`` run after it traces nothing and finds every compile in the persistent cache."""
+    smiles = write_smiles(tmp_path / "in.smi", ["O"])
+    options = ["--smiles", str(smiles), "--conformers", "2", "--batch-size", "2", "--integrals", "jax", "--forces",
+               "--no-progress"]  # fmt: skip
+    built = qm1b("warm", *options, cache=tmp_path / "cache")
+    assert built.returncode == 0, built.stderr
+    run = qm1b("generate", *options, "--out", str(tmp_path / "out"), cache=tmp_path / "cache", log_compiles=True)
+    assert run.returncode == 0, run.stderr
+    assert "2 conformers of 1 molecules written" in run.stdout and "forces_two_electron" in run.stdout
+    compiles = run.stderr.count("Finished XLA compilation")
+    assert compiles > 0 and run.stderr.count("Persistent compilation cache hit") == compiles
+    assert "Compiling jit(flat)" not in run.stderr  # jit(flat): a function traced to be exported
+
+
 def test_an_archive_that_is_not_one_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "p.tar.gz").write_bytes(b"not an archive")
     proc = qm1b("warm", "--unpack", str(tmp_path / "p.tar.gz"), cache=tmp_path / "cache")
