@@ -147,7 +147,7 @@ def _eri_inputs(settings: GradientSettings, layout, tables, elements, coords, dm
 
 @dataclass(frozen=True)
 class GradientSettings:
-    """What the gradient program is compiled for besides its arrays' shapes."""
+    """What the gradient programs are compiled for besides their arrays' shapes."""
 
     functional: Functional
     grid: bool  # whether the functional has a part on the grid

@@ -3,7 +3,7 @@
 Two strategies behind one interface (:class:`GradientSource`), registered by name in
 :data:`GRADIENT_SOURCES` (the integral source's ``gradients``):
 
-- :class:`DeviceGradients`: one bucket-shaped program for the whole batch
+- :class:`DeviceGradients`: bucket-shaped programs for the whole batch
   (:mod:`pyscf_ipu.device_forces`), dispatched right behind the SCF and its finalisation, reading
   their orbitals where they are: nothing per conformer on the host but reading the result.
 - :class:`HostGradients`: conformer by conformer once the labels are read
@@ -62,7 +62,7 @@ class _DevicePending:
 
 @dataclass(frozen=True)
 class DeviceGradients:
-    """The batch's gradients as one device program per size bucket and batch width."""
+    """The batch's gradients as device programs per size bucket and batch width."""
 
     name: str = "device"
 

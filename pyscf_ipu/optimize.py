@@ -5,7 +5,7 @@ translation-rotation internal coordinates (TRIC), a BFGS Hessian from a model gu
 its own convergence test and step count. geomeTRIC normally drives its own loop and asks an engine
 for one energy at a time; here the loop is turned inside out. Every round, each unfinished
 optimiser proposes a geometry (:meth:`ConformerOptimizer.proposal`), the proposals are computed as
-one batched SCF and one batched gradient program on the device, each starting from its own previous
+one batched SCF and its batched gradient programs on the device, each starting from its own previous
 density, and each optimiser is told its energy and gradient (:meth:`ConformerOptimizer.tell`).
 
 The optimisers run in worker processes (:class:`WorkerOptimizers`), beside the device: the batch is
