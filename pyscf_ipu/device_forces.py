@@ -103,6 +103,15 @@ def _one_electron_energy(layout, tables, elements, coords, dm, weighted):
     return energy + nuclear_repulsion(tables.charges[elements], coords)
 
 
+def _summed_over(operator, terms: tuple, dtype):
+    """The sum of ``operator(term)`` over the functional's two-electron operators ``terms`` (ω, Coulomb
+    weight, exchange weight): one operator's numbers traced in as they are; two, a range-separated
+    functional's, as a map over their values, so that one kernel serves both."""
+    if len(terms) == 1:
+        return operator(terms[0])
+    return jax.lax.map(operator, jnp.asarray(terms, dtype)).sum(0)
+
+
 def _exact_two_electron(operators: tuple, arrays, shells, coords, dm):
     """(C, natm_computed, 3) the exact-ERI two-electron gradients of a batch, a conformer at a time, from
     the derivative ERIs (:mod:`~pyscf_ipu.integrals.eri_gradient`) of each of the ``operators``
@@ -122,9 +131,7 @@ def _exact_two_electron(operators: tuple, arrays, shells, coords, dm):
             weights = eri_weights(density, coulomb, exchange, static[2], position.dtype)
             return exact_gradient_member(static, arrays, (exponents, coefficients), position, present, weights, omega)
 
-        if len(terms) == 1:
-            return operator(terms[0])
-        return jax.lax.map(operator, jnp.asarray(terms, position.dtype)).sum(0)
+        return _summed_over(operator, terms, position.dtype)
 
     return jax.lax.map(member, (*shells, coords, dm))
 
@@ -174,13 +181,12 @@ def _fitted_two_electron(settings: GradientSettings, layout, tables, structure, 
                           layout.shell_rows.gather(tables.shell_coefficients, element))  # fmt: skip
         fitting_shells, fitting_present = member_fitting_shells(layout, tables, element)
         occupied_orbitals = jnp.where(jnp.arange(columns) < count, coefficients[:, :columns], 0.0)  # (Np, O)
+
         def operator(term):
             return fitted_gradient_member(gradient_plan, (orbital_shells, fitting_shells), position, element != 0,
                                           fitting_present, density, occupied_orbitals, term)  # fmt: skip
 
-        if len(terms) == 1:
-            return operator(terms[0])
-        return jax.lax.map(operator, jnp.asarray(terms, position.dtype)).sum(0)  # one program, both operators
+        return _summed_over(operator, terms, position.dtype)
 
     return jax.lax.map(member, (elements, coords, dm, mo_coeff, occupied))
 
