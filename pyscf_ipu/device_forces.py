@@ -162,9 +162,11 @@ class GradientSettings:
     bucket: SizeBucket
 
 
-def _fitted_two_electron(settings: GradientSettings, layout, tables, structure, elements, coords, dm, orbitals):
+def _fitted_gradient(settings: GradientSettings, layout, tables, structure, elements, coords, orbitals):
     """(C, natm, 3) the density-fitted two-electron gradients of a batch, a conformer at a time
-    (lax.map: each holds its 3-centre integrals), at densities ``dm`` (C, Np, Np) of ``orbitals``."""
+    (lax.map: each holds its 3-centre integrals), at the densities of its finalisation's ``orbitals``,
+    from the bucket's plan arrays ``structure`` (:func:`_fitted_structure`)."""
+    dm, _ = jax.vmap(orbital_densities)(*orbitals)
     template = bucket_template(settings.bucket)
     plan = fitting_plan(template)
     kinds = (static_tables(template.plan)[0], fitting_kinds(plan))
@@ -209,12 +211,6 @@ def _xc_gradient(functional: Functional, layout, tables, elements, coords, orbit
     energy = lambda coords: jnp.sum(jax.vmap(partial(_xc_energy, functional, layout, tables))(elements, coords,
                                                                                              dm))  # noqa: E731
     return jax.grad(energy)(coords)
-
-
-def _fitted_gradient(settings: GradientSettings, layout, tables, structure, elements, coords, orbitals):
-    """(C, natm, 3) the density-fitted two-electron gradients of a batch (:func:`_fitted_two_electron`)."""
-    dm, _ = jax.vmap(orbital_densities)(*orbitals)
-    return _fitted_two_electron(settings, layout, tables, structure, elements, coords, dm, orbitals)
 
 
 # Programs apart, not one: each compiles in a fraction of the whole's time, the exact ERIs' is shared

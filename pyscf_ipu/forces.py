@@ -153,8 +153,6 @@ def _grid_and_nuclei_energy(composition: Composition, functional: Functional, co
     return total + jnp.sum(charges[first] * charges[second] / distance)
 
 
-
-
 def _xc_energy_in_blocks(functional: Functional, basis: PrimitiveBasis, per_point: tuple, grid, coords, dm):
     """E_xc as a sum over blocks of :data:`FORCES_GRID_BLOCK` points, each block's grid (``grid`` of its
     slice of the ``per_point`` arrays: its (B, 3) points and (B,) weights) and AO values recomputed in

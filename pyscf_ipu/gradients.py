@@ -46,17 +46,16 @@ class GradientSource(Protocol):
 
 @dataclass(frozen=True)
 class _DevicePending:
-    parts: list  # (C, natm_padded or more, 3) each, the gradient's terms by slot, the first the bucket's slots
+    parts: list  # (C, natm_padded or more, 3) each, the gradient's terms by slot (a part may hold padding atoms)
     slots: list[np.ndarray]  # each member's slot of each of its atoms
     molecules: list
     method: Method
     dispatch_seconds: float = 0.0
 
     def gradients(self, results):
-        natm = self.parts[0].shape[1]  # the bucket's slots (a part may hold padding atoms beyond them)
-        by_slot = sum(np.asarray(part)[:, :natm] for part in self.parts)
+        parts = [np.asarray(part) for part in self.parts]
         dispersion, functional = self.method.dispersion, self.method.functional
-        return [None if r is None else dispersion.gradient(m, functional, by_slot[c][slot])
+        return [None if r is None else dispersion.gradient(m, functional, sum(part[c][slot] for part in parts))
                 for c, (r, slot, m) in enumerate(zip(results, self.slots, self.molecules))]  # fmt: skip
 
 

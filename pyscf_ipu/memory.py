@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from .buckets import SizeBucket
 from .grid import FORCES_GRID_BLOCK
 from .method import Method
+from .packed import s8_size
 
 GB = 1e9
 PROCESS_BYTES = int(0.5 * GB)  # JAX, XLA and PySCF loaded, with a small molecule's arrays
@@ -53,8 +54,8 @@ def forces_bytes(bucket: SizeBucket, method: Method, conformers: int) -> int:
     their weights (3 (Qp, npair) float64 arrays)."""
     nao = bucket.nao_padded
     xc = 20 * 8 * FORCES_GRID_BLOCK * nao if method.needs_grid else 0
-    pairs = nao * (nao + 1) // 2
-    two_electron = 3 * 8 * bucket.naux_padded * pairs if bucket.occupied else 2 * 8 * (pairs * (pairs + 1) // 2)
+    fitted = 3 * 8 * bucket.naux_padded * (nao * (nao + 1) // 2)
+    two_electron = fitted if bucket.occupied else 2 * 8 * s8_size(nao)
     return conformers * xc + two_electron
 
 

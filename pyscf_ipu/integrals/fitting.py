@@ -242,10 +242,18 @@ def factor_member(static, indices, data, shifts, present, omega, batch: int):
     solved = jax.scipy.linalg.solve_triangular(lower, three, lower=True)
     if not separated:  # the Coulomb metric: positive definite
         return solved
+    u, inverse = kept_eigen(metric)
+    pseudo = (u * jnp.sqrt(inverse)).T @ three
+    return jnp.where(jnp.all(jnp.isfinite(lower)), solved, pseudo)
+
+
+def kept_eigen(metric):
+    """(U (Qp, Qp), 1/w (Qp,)) of a metric M = U w U^T that may be singular: the reciprocal eigenvalues
+    above :data:`LONG_RANGE_LINEAR_DEPENDENCE`, 0 for the directions dropped (M's pseudo-inverse is
+    U diag(1/w) U^T), as PySCF's ``df.incore.cholesky_eri`` drops them."""
     w, u = jnp.linalg.eigh(metric)
     kept = w > LONG_RANGE_LINEAR_DEPENDENCE
-    pseudo = (u * jnp.where(kept, jax.lax.rsqrt(jnp.where(kept, w, 1.0)), 0.0)).T @ three
-    return jnp.where(jnp.all(jnp.isfinite(lower)), solved, pseudo)
+    return u, jnp.where(kept, 1.0 / jnp.where(kept, w, 1.0), 0.0)
 
 
 def _factor_program(static, indices, members, omega, batch: int, dtype: str, at_once: int):

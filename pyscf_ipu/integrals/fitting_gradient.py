@@ -31,21 +31,19 @@ import numpy as np
 
 from ..packed import traced_tril_unpack
 from .eri_kernels import is_traced, pair_derivative_stage, pair_stage, raised
-from .fitting import LONG_RANGE_LINEAR_DEPENDENCE, fitted_integrals, groups_of, scan_squares
+from .fitting import fitted_integrals, groups_of, kept_eigen, scan_squares
 
 
 def device_metric_solver(metric, omega):
     """x -> M^-1 x for the ``metric`` (Qp, Qp) of the operator of range separation ``omega`` (a number, or
     an array known at run time), as the SCF's factor solved it (:func:`~.fitting.factor_member`): by
     Cholesky, or, where the long-range metric has no Cholesky factor, by its pseudo-inverse over the
-    eigenvalues above :data:`~.fitting.LONG_RANGE_LINEAR_DEPENDENCE` (the Coulomb metric always has one)."""
+    eigenvalues kept by :func:`~.fitting.kept_eigen` (the Coulomb metric always has a Cholesky factor)."""
     lower = jnp.linalg.cholesky(metric)  # NaN where there is none
     cholesky = lambda x: jax.scipy.linalg.cho_solve((lower, True), x)  # noqa: E731
     if not is_traced(omega) and not omega:  # the Coulomb metric: positive definite
         return cholesky
-    w, u = jnp.linalg.eigh(metric)
-    kept = w > LONG_RANGE_LINEAR_DEPENDENCE
-    inverse = jnp.where(kept, 1.0 / jnp.where(kept, w, 1.0), 0.0)
+    u, inverse = kept_eigen(metric)
     factored = jnp.all(jnp.isfinite(lower))
     pseudo = lambda x: u @ (inverse.reshape(-1, *(1,) * (x.ndim - 1)) * (u.T @ x))  # noqa: E731  (x: (Qp, ...))
     return lambda x: jnp.where(factored, cholesky(x), pseudo(x))
