@@ -1,15 +1,18 @@
 """Batched DFT geometry optimisation against PySCF with geomeTRIC, from the same starting geometries.
 
-    python benchmarks/relax.py [--smiles S ...] [--conformers 2] [--basis sto-3g] [--out DIR] [--sides pyscf ours]
-                               [--generate-options "--integrals jax"]
+    python benchmarks/relax.py [--smiles S ...] [--conformers 2] [--preset qm1b] [--basis B] [--out DIR]
+                               [--sides pyscf ours] [--generate-options "--integrals jax"]
 
 Each molecule's ETKDG conformers (the generator's embedding, seed 1) are the starting geometries of
-both sides, written to ``DIR/start.xyz``. At B3LYP5, grid level 0, STO-3G (or ``--basis``, where both
-sides fit the density: PySCF's ``density_fit()``, and our ``--jk auto``):
+both sides, written to ``DIR/start.xyz``. At a preset's level (``qm1b``: B3LYP5, grid level 0,
+STO-3G; ``--basis`` another basis), where both sides fit the density beyond a minimal basis (PySCF's
+``density_fit()`` in the same fitting basis, and our ``--jk auto``):
 
-- PySCF: each conformer in a fresh process, ``dft.RKS`` (``conv_tol`` its default) and its gradient
-  with ``grid_response = True``, relaxed by ``pyscf.geomopt.geometric_solver`` at geomeTRIC's default
-  criteria and step limit (100). The process's wall time is the conformer's.
+- PySCF: each conformer in a fresh process, the same method as PySCF runs it
+  (:func:`pyscf_ipu.reference.pyscf_method`: the functional through libxc, the grid level, its
+  dispersion; ``conv_tol`` its default) and its gradient with ``grid_response = True``, relaxed by
+  ``pyscf.geomopt.geometric_solver`` at geomeTRIC's default criteria and step limit (100). The
+  process's wall time is the conformer's.
 - ours: one fresh ``qm1b generate --geometries DIR/start.xyz --relax dft --trajectory`` for all of
   them, every other option at the generator's default (or as ``--generate-options`` sets it: the
   GPU's path forced on a CPU is ``--integrals jax``); a conformer's time is the process's wall time
@@ -61,20 +64,28 @@ def write_xyz(molecules, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def pyscf_side(xyz_frame: str, basis: str) -> dict:
-    """A child process: one conformer relaxed by PySCF with geomeTRIC (density fitted, as ours is by
-    default, at a basis beyond the minimal ones)."""
+def level_config(preset: str, basis: str):
+    """The run's :class:`~pyscf_ipu.config.RKSConfig`: ``preset``'s level at ``basis``, the density
+    fitted where ours is by default (``--jk auto``)."""
+    from pyscf_ipu.config import RKSConfig
+    from qm1b.presets import preset_settings
+
+    return RKSConfig(**{**preset_settings(preset), "basis": basis, "jk": "auto", "integrals": "auto"})
+
+
+def pyscf_side(xyz_frame: str, preset: str, basis: str) -> dict:
+    """A child process: one conformer relaxed by PySCF with geomeTRIC at ``preset``'s level (density
+    fitted, as ours is by default, at a basis beyond the minimal ones)."""
     import logging
 
-    from pyscf import dft, gto
     from pyscf.geomopt import geometric_solver
 
+    from pyscf_ipu.molecule import from_atom_string
+    from pyscf_ipu.reference import pyscf_method
+    from pyscf_ipu.resolution import resolve
+
     logging.getLogger("geometric").setLevel(logging.ERROR)
-    mol = gto.M(atom=xyz_frame, basis=basis, unit="Angstrom", verbose=0)
-    mf = dft.RKS(mol, xc="b3lyp5")
-    if not basis.lower().replace("-", "").startswith("sto"):
-        mf = mf.density_fit()
-    mf.grids.level = 0
+    mf = pyscf_method(from_atom_string(xyz_frame), resolve(level_config(preset, basis)))
     gradient = mf.nuc_grad_method()
     gradient.grid_response = True
     steps = []
@@ -83,17 +94,18 @@ def pyscf_side(xyz_frame: str, basis: str) -> dict:
             "positions_angstrom": final.atom_coords(unit="Angstrom").tolist()}  # fmt: skip
 
 
-def child(side: str, argument: str, basis: str) -> dict:
+def child(side: str, argument: str, preset: str, basis: str) -> dict:
     """Run ``side`` in a fresh process; its JSON answer and wall seconds."""
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, __file__, "--child", side, argument, basis], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, __file__, "--child", side, argument, preset, basis], capture_output=True,
+                         text=True)  # fmt: skip
     seconds = time.perf_counter() - start
     if out.returncode:
         raise RuntimeError(f"{side} failed:\n{out.stderr[-3000:]}")
     return {**json.loads(out.stdout.strip().splitlines()[-1]), "seconds": seconds}
 
 
-def ours_side(directory: Path, count: int, basis: str, options: list[str]) -> list[dict]:
+def ours_side(directory: Path, count: int, options: list[str]) -> list[dict]:
     """One fresh generator run over every starting geometry (the file's frames in order are its
     conformers in (molecule id, conformer id) order); per conformer its relaxed record, or for a
     failure its last frame."""
@@ -104,7 +116,7 @@ def ours_side(directory: Path, count: int, basis: str, options: list[str]) -> li
         shutil.rmtree(out)
     start = time.perf_counter()
     command = [sys.executable, "-m", "qm1b.cli", "generate", "--geometries", str(directory / "start.xyz"),
-               "--relax", "dft", "--trajectory", "--out", str(out), "--no-progress", "--basis", basis, *options]  # fmt: skip
+               "--relax", "dft", "--trajectory", "--out", str(out), "--no-progress", *options]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode:
@@ -131,14 +143,13 @@ def ours_side(directory: Path, count: int, basis: str, options: list[str]) -> li
     return [{**rows[k], "seconds": seconds / count} for k in keys]
 
 
-def profile(molecules, basis: str, count: int) -> None:
+def profile(molecules, config, count: int) -> None:
     """Where a step's time goes: ``relax`` on the first ``count`` conformers in this process, geomeTRIC
     in it too, each part of a step timed (run it after the benchmark, whose compilation cache it then
     finds)."""
     import collections
 
     from pyscf_ipu import forces, optimize
-    from pyscf_ipu.config import RKSConfig
     from pyscf_ipu.jk import exact
     from pyscf_ipu.resolution import resolve
     from pyscf_ipu.runtime import default_cache_dir, enable_compilation_cache
@@ -163,7 +174,7 @@ def profile(molecules, basis: str, count: int) -> None:
     timed(forces, "one_electron_gradient", "one-electron gradient")
     timed(forces, "grid_and_nuclei_gradient", "XC and nuclear-repulsion gradient")
     timed(optimize.ConformerOptimizer, "tell", "geomeTRIC's step")
-    method = resolve(RKSConfig(basis=basis, xc="b3lyp5", jk="auto", integrals="auto").for_forces())
+    method = resolve(config.for_forces())
     start = time.perf_counter()
     relaxations = optimize.relax(molecules[:count], method, workers=0)  # geomeTRIC here, where it can be timed
     wall = time.perf_counter() - start
@@ -203,20 +214,26 @@ def main() -> None:
     parser.add_argument("--conformers", type=int, default=2)
     parser.add_argument("--out", default="/tmp/relax_benchmark")
     parser.add_argument("--sides", nargs="+", default=["pyscf", "ours"], choices=["pyscf", "ours"])
-    parser.add_argument("--basis", default="sto-3g")
+    parser.add_argument("--preset", default="qm1b", help="the level of theory of both sides (qm1b.presets)")
+    parser.add_argument("--basis", help="another basis than the preset's")
     parser.add_argument("--generate-options", default="", help="more options for our side's qm1b generate")
     parser.add_argument("--profile", type=int, metavar="K", help="time the parts of a step on the first K conformers")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _, argument, basis = args.child
-        print(json.dumps(pyscf_side(argument, basis)))
+        _, argument, preset, basis = args.child
+        print(json.dumps(pyscf_side(argument, preset, basis)))
         return
+    from qm1b.presets import PRESETS
+
+    if args.preset not in PRESETS:
+        parser.error(f"unknown --preset {args.preset!r}: choose one of {', '.join(PRESETS)}")
+    basis = args.basis or PRESETS[args.preset].settings["basis"]
     directory = Path(args.out)
     directory.mkdir(parents=True, exist_ok=True)
     molecules = starting_geometries(args.smiles, args.conformers)
     if args.profile:
-        return profile(molecules, args.basis, args.profile)
+        return profile(molecules, level_config(args.preset, basis), args.profile)
     write_xyz(molecules, directory / "start.xyz")
     results_file = directory / "results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {"pyscf": {}, "ours": None}
@@ -225,12 +242,13 @@ def main() -> None:
             if str(i) in results["pyscf"]:
                 continue
             frame = "; ".join(f"{s} {x} {y} {z}" for s, (x, y, z) in zip(m.symbols, m.positions * BOHR_ANGSTROM))
-            results["pyscf"][str(i)] = child("pyscf", frame, args.basis)
+            results["pyscf"][str(i)] = child("pyscf", frame, args.preset, basis)
             print(f"pyscf {i}: {results['pyscf'][str(i)]['steps']} steps, {results['pyscf'][str(i)]['seconds']:.1f} s",
                   flush=True)  # fmt: skip
             results_file.write_text(json.dumps(results))
     if "ours" in args.sides:
-        results["ours"] = ours_side(directory, len(molecules), args.basis, shlex.split(args.generate_options))
+        options = ["--preset", args.preset, "--basis", basis, *shlex.split(args.generate_options)]
+        results["ours"] = ours_side(directory, len(molecules), options)
         results_file.write_text(json.dumps(results))
     report(molecules, results)
 

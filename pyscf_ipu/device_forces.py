@@ -112,7 +112,21 @@ def _summed_over(operator, terms: tuple, dtype):
     return jax.lax.map(operator, jnp.asarray(terms, dtype)).sum(0)
 
 
-def _exact_two_electron(operators: tuple, arrays, shells, coords, dm):
+def _map_wanted(member, args, wanted):
+    """``member`` of each conformer of ``args`` (leading axis C), a conformer at a time (lax.map), and
+    zeros for those not ``wanted`` (C,) bool: a filled batch's copies are branched around, not
+    computed."""
+
+    def one(both):
+        values, want = both
+        shape = jax.eval_shape(member, values)
+        zeros = lambda _: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape)  # noqa: E731
+        return jax.lax.cond(want, member, zeros, values)
+
+    return jax.lax.map(one, (args, wanted))
+
+
+def _exact_two_electron(operators: tuple, arrays, shells, coords, dm, wanted):
     """(C, natm_computed, 3) the exact-ERI two-electron gradients of a batch, a conformer at a time, from
     the derivative ERIs (:mod:`~pyscf_ipu.integrals.eri_gradient`) of each of the ``operators``
     (:func:`operators`: the plan's static tables, and per operator its (ω, Coulomb weight, exchange
@@ -120,7 +134,8 @@ def _exact_two_electron(operators: tuple, arrays, shells, coords, dm):
     precision of ``coords``. Every array has the shapes of the bucket's ERI programs (:func:`_eri_inputs`),
     so that buckets that share those share this program too: the plan's ``arrays`` (its quartet
     classes, rows' tables and pair stage's index arrays), the conformers' ``shells`` (exponents,
-    coefficients, the atoms there), positions ``coords`` and densities ``dm``."""
+    coefficients, the atoms there), positions ``coords`` and densities ``dm``; zeros where not
+    ``wanted`` (C,)."""
     static, terms = operators
 
     def member(args):
@@ -133,7 +148,7 @@ def _exact_two_electron(operators: tuple, arrays, shells, coords, dm):
 
         return _summed_over(operator, terms, position.dtype)
 
-    return jax.lax.map(member, (*shells, coords, dm))
+    return _map_wanted(member, (*shells, coords, dm), wanted)
 
 
 def _eri_inputs(settings: GradientSettings, layout, tables, elements, coords, dm):
@@ -162,10 +177,10 @@ class GradientSettings:
     bucket: SizeBucket
 
 
-def _fitted_gradient(settings: GradientSettings, layout, tables, structure, elements, coords, orbitals):
+def _fitted_gradient(settings: GradientSettings, layout, tables, structure, elements, coords, orbitals, wanted):
     """(C, natm, 3) the density-fitted two-electron gradients of a batch, a conformer at a time
     (lax.map: each holds its 3-centre integrals), at the densities of its finalisation's ``orbitals``,
-    from the bucket's plan arrays ``structure`` (:func:`_fitted_structure`)."""
+    from the bucket's plan arrays ``structure`` (:func:`_fitted_structure`); zeros where not ``wanted``."""
     dm, _ = jax.vmap(orbital_densities)(*orbitals)
     template = bucket_template(settings.bucket)
     plan = fitting_plan(template)
@@ -190,7 +205,7 @@ def _fitted_gradient(settings: GradientSettings, layout, tables, structure, elem
 
         return _summed_over(operator, terms, position.dtype)
 
-    return jax.lax.map(member, (elements, coords, dm, mo_coeff, occupied))
+    return _map_wanted(member, (elements, coords, dm, mo_coeff, occupied), wanted)
 
 
 def _one_electron_gradient(settings: GradientSettings, layout, tables, elements, coords, orbitals):
@@ -252,11 +267,12 @@ def functional_operators(functional: Functional) -> tuple:
     return coulomb + ((functional.omega, 0.0, functional.long_range_exchange),)
 
 
-def batch_gradients(settings: GradientSettings, elements, coords, present: frozenset[str], orbitals) -> list:
+def batch_gradients(settings: GradientSettings, elements, coords, present: frozenset[str], orbitals, wanted) -> list:
     """The parts of dE/dR in Hartree/Bohr, (C, natm_padded or more, 3) each by slot (the exact ERIs' also
     the ERI programs' padding atoms), whose sum over the bucket's slots is the gradient, of C conformers of ``settings.bucket`` (their slots' element rows ``elements`` (C, natm) and
     positions ``coords`` (C, natm, 3); the elements ``present`` among them) at the finalisation's
-    ``orbitals``: coefficients (C, Np, Np), energies (C, Np) and occupied counts (C,).
+    ``orbitals``: coefficients (C, Np, Np), energies (C, Np) and occupied counts (C,). The two-electron
+    part, the costliest, skips the conformers not ``wanted`` (C,) bool (a filled batch's copies).
 
     On an accelerator the programs are dispatched, not waited for. On a CPU, where a program runs on
     the calling thread, the two-electron and exchange-correlation programs run on a thread each."""
@@ -265,14 +281,17 @@ def batch_gradients(settings: GradientSettings, elements, coords, present: froze
     with jax.enable_x64(True):
         layout, tables = template_layout(template), device_tables(template, present)
         elements, coords = jnp.asarray(elements, jnp.int32), jnp.asarray(coords, jnp.float64)
+        wanted = jnp.asarray(wanted, bool)
         orbitals = (mo_coeff, mo_energy, jnp.asarray(occupied, jnp.int32))
         one_electron, inputs = one_electron_program(settings, layout, tables, elements, coords, orbitals)
         if settings.two_electron == FITTED:
             structure = _fitted_structure(template)
-            two_electron = partial(fitted_program, settings, layout, tables, structure, elements, coords, orbitals)
+            two_electron = partial(fitted_program, settings, layout, tables, structure, elements, coords, orbitals,
+                                   wanted)  # fmt: skip
         else:
             arrays = _exact_structure(template.plan)
-            two_electron = partial(exact_program, operators(settings.functional, template.plan), arrays, *inputs)
+            two_electron = partial(exact_program, operators(settings.functional, template.plan), arrays, *inputs,
+                                   wanted)  # fmt: skip
     parts = [two_electron]
     if settings.grid and settings.functional.pieces:
         parts.append(partial(xc_program, settings.functional, layout, tables, elements, coords, orbitals))

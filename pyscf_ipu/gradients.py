@@ -16,6 +16,7 @@ Both include the grid's response: the exact derivative of the energy the SCF com
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,22 +41,25 @@ class PendingGradients(Protocol):
 class GradientSource(Protocol):
     name: str
 
-    def dispatch(self, run: BatchRun, method: Method) -> PendingGradients:
-        """Start the gradients of ``run``'s conformers (on the device, where the strategy can)."""
+    def dispatch(self, run: BatchRun, method: Method, wanted: Sequence[bool]) -> PendingGradients:
+        """Start the gradients of ``run``'s conformers whose entry of ``wanted`` (one per batch member) is
+        true (on the device, where the strategy can); the others (a filled batch's copies) get None, and
+        the costliest of their work is skipped."""
 
 
 @dataclass(frozen=True)
 class _DevicePending:
     parts: list  # (C, natm_padded or more, 3) each, the gradient's terms by slot (a part may hold padding atoms)
     slots: list[np.ndarray]  # each member's slot of each of its atoms
-    molecules: list
+    molecules: list  # each member's molecule; None where its gradient was not wanted (the device skipped it)
     method: Method
     dispatch_seconds: float = 0.0
 
     def gradients(self, results):
         parts = [np.asarray(part) for part in self.parts]
         dispersion, functional = self.method.dispersion, self.method.functional
-        return [None if r is None else dispersion.gradient(m, functional, sum(part[c][slot] for part in parts))
+        return [None if r is None or m is None
+                else dispersion.gradient(m, functional, sum(part[c][slot] for part in parts))
                 for c, (r, slot, m) in enumerate(zip(results, self.slots, self.molecules))]  # fmt: skip
 
 
@@ -65,7 +69,7 @@ class DeviceGradients:
 
     name: str = "device"
 
-    def dispatch(self, run, method):
+    def dispatch(self, run, method, wanted):
         final, batch = run.final, run.batch
         if final.mo_coeff is None:
             raise ValueError("device gradients need the finalisation's orbitals on the device (the JAX integrals)")
@@ -77,23 +81,25 @@ class DeviceGradients:
         two_electron = FITTED if bucket.occupied else method.integrals.eri_dtype(method).name
         settings = GradientSettings(method.functional, method.needs_grid, two_electron, bucket)
         parts = batch_gradients(settings, elements, coords, present,
-                                (final.mo_coeff, final.mo_energy, [m.nocc for m in batch.members]))
+                                (final.mo_coeff, final.mo_energy, [m.nocc for m in batch.members]),
+                                np.asarray(wanted, bool))  # fmt: skip
         slots = []
         for molecule, (_, atoms, *_) in zip(molecules, placed):
             slot = np.empty(molecule.natom, int)
             slot[atoms[atoms >= 0]] = np.flatnonzero(atoms >= 0)
             slots.append(slot)
-        return _DevicePending(parts, slots, molecules, method, time.perf_counter() - start)
+        wanted_molecules = [m if w else None for m, w in zip(molecules, wanted)]
+        return _DevicePending(parts, slots, wanted_molecules, method, time.perf_counter() - start)
 
 
 @dataclass(frozen=True)
 class _HostPending:
-    molecules: list
+    molecules: list  # each member's molecule; None where its gradient was not wanted
     method: Method
     dispatch_seconds: float = 0.0  # its work is done when its gradients are asked for
 
     def gradients(self, results):
-        return [None if r is None else nuclear_gradient(m, r, self.method, grid_response=True)
+        return [None if r is None or m is None else nuclear_gradient(m, r, self.method, grid_response=True)
                 for m, r in zip(self.molecules, results)]  # fmt: skip
 
 
@@ -103,8 +109,8 @@ class HostGradients:
 
     name: str = "host"
 
-    def dispatch(self, run, method):
-        return _HostPending([member.molecule for member in run.batch.members], method)
+    def dispatch(self, run, method, wanted):
+        return _HostPending([m.molecule if w else None for m, w in zip(run.batch.members, wanted)], method)
 
 
 GRADIENT_SOURCES: dict[str, GradientSource] = {source.name: source for source in (DeviceGradients(), HostGradients())}

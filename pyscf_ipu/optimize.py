@@ -490,7 +490,7 @@ def _dispatch(half: _Half, method: Method) -> None:
             guess = carried_guess(integrals.guess, previous.final.density, np.maximum(source, 0), source >= 0)
             integrals = dataclasses.replace(integrals, guess=guess)
     half.run = submit_batch(batch_of(integrals, batch_members, timings, bucket, method), method)
-    half.pending = gradient_source(method).dispatch(half.run, method)
+    half.pending = gradient_source(method).dispatch(half.run, method, [m is not None for m in evaluated])
     half.evaluated = evaluated
 
 

@@ -211,20 +211,24 @@ def _label_batches(items, buckets: _Buckets, method: Method, gen: GenerateConfig
         try:
             with clock.stage("dispatch"):
                 dispatched = submit_batch(batch, method)
-                # the gradients queued right behind the labels, where the integral source computes them on the device
-                pending = gradient_source(method).dispatch(dispatched, method) if gen.forces else None
+                # the gradients queued right behind the labels, where the integral source computes them on
+                # the device; a filled batch's copies are not wanted, and the device skips their gradients
+                wanted = [k < len(item.molecules) for k in range(len(batch.members))]
+                pending = gradient_source(method).dispatch(dispatched, method, wanted) if gen.forces else None
         finally:
             if first:
                 loads.end()
-        return item, dispatched, pending
+        return item, dispatched, pending, first
 
     def label(dispatched):
         if isinstance(dispatched, Settled):
             return ledger.settle(dispatched)
+        item, run, pending, first = dispatched
         loading = thread_program_seconds()[1]
-        outcome = _results(*dispatched, clock)  # the host's gradients may load a program per composition
-        steady = loads.none_since(ledger.last_commit) and thread_program_seconds()[1] == loading
-        ledger.label(dispatched[0], *outcome, steady=steady)
+        outcome = _results(item, run, pending, clock)  # the host's gradients may load a program per composition
+        # steady: neither this batch nor anything since the last batch loaded a program
+        steady = not first and loads.none_since(ledger.last_commit) and thread_program_seconds()[1] == loading
+        ledger.label(item, *outcome, steady=steady)
 
     def weight(item):  # a batch that does not fit beside another runs alone
         return 0 if isinstance(item, Settled) else 1 if buckets.ahead.get(bucket_of(item), True) else 2

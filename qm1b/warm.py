@@ -109,7 +109,7 @@ def _label_once(molecules: list, method, forces: bool) -> None:
     """One batch through the generator's programs (``qm1b.generate``'s stages in a row), with its
     gradients where the run stores forces."""
     dispatched = submit_batch(prepare_batch(molecules, method), method)
-    pending = gradient_source(method).dispatch(dispatched, method) if forces else None
+    pending = gradient_source(method).dispatch(dispatched, method, [True] * len(molecules)) if forces else None
     results = dispatched.results()
     if pending is not None:
         pending.gradients(results)
