@@ -32,28 +32,18 @@ import numpy as np
 
 from .integral_sources import eri_plan
 from .integrals.eri import device_tables, eri_s8, eri_shares
-from .packed import degeneracy_weights, tril_unpack
+from .integrals.eri_gradient import eri_weights
+from .packed import s8_size
 from .prepare import fitting_moles
 from .programs import usable_cores
-
-
-def two_electron_coefficients(dm: np.ndarray, exchange: float, coulomb: float = 1.0) -> np.ndarray:
-    """(size,) float64: d E_2e / d (u) for every s8-packed ERI u, at the density ``dm`` (N, N), of the
-    energy ``coulomb`` E_J + ``exchange`` E_K (the long range's exchange alone: ``coulomb`` 0)."""
-    npair = dm.shape[0] * (dm.shape[0] + 1) // 2
-    ij, kl = tril_unpack(np.arange(npair * (npair + 1) // 2))  # packed quartet u -> (ij, kl), ij >= kl
-    (p, q), (r, s) = tril_unpack(ij), tril_unpack(kl)
-    multiplicity = 8.0 * degeneracy_weights(np.stack([p, q, r, s], axis=1))  # distinct permutations of u
-    hartree = 0.5 * coulomb * dm[p, q] * dm[r, s]
-    exact = 0.125 * exchange * (dm[p, r] * dm[q, s] + dm[p, s] * dm[q, r])
-    return multiplicity * (hartree - exact)
 
 
 def exact_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange: float, dtype: str = "float64",
                                 omega: float = 0.0) -> np.ndarray:  # fmt: skip
     """(natm, 3) the exact-ERI two-electron energy's derivative at the density of ``occupied`` (N, nocc)
     (``omega`` > 0: of the long-range erf(ω r)/r's exchange energy alone, ``exchange`` E_K^ω):
-    ``jax.grad`` of the s8 ERIs' dot product with :func:`two_electron_coefficients`, computed in
+    ``jax.grad`` of the s8 ERIs' dot product with their weights (:func:`~.integrals.eri_gradient.eri_weights`,
+    the device gradient's), computed in
     ``dtype`` (the SCF's precision: in float32 within a few 1e-6 Hartree/Bohr of float64, at half the
     time), the quartets shared out over one thread per core, each differentiating its share with the
     one program that serves them all (compiled here first, so that the threads do not each compile it)."""
@@ -65,7 +55,7 @@ def exact_two_electron_gradient(mol, basis: str, occupied: np.ndarray, exchange:
     shares = eri_shares(plan, workers)
     with jax.enable_x64(True):
         dm = 2.0 * occupied @ occupied.T
-        coefficients = jnp.asarray(two_electron_coefficients(dm, exchange, 0.0 if omega else 1.0), dtype)
+        coefficients = eri_weights(jnp.asarray(dm), 0.0 if omega else 1.0, exchange, s8_size(len(dm)), dtype)
         coords = jnp.asarray(mol.atom_coords(), dtype)
         gradient = _share_gradient(plan, jnp.dtype(dtype).name, coefficients.shape, coords.shape, workers)
 
