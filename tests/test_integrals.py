@@ -20,6 +20,7 @@ from pyscf_ipu.integrals.basis import cartesian_powers, primitive_basis
 from pyscf_ipu.integrals.boys import MAX_ORDER, boys, boys_family
 from pyscf_ipu.integrals.eri import eri_s8
 from pyscf_ipu.integrals.eri_plan import plan_eri
+from pyscf_ipu.integrals.hermite import hermite_coulomb, hermite_coulomb_stacked, hermite_indices
 from pyscf_ipu.integrals.one_electron import one_electron_at
 from pyscf_ipu.molecule import from_name
 from pyscf_ipu.qm9 import qm9_molecules
@@ -90,6 +91,34 @@ def test_boys_gradient_is_finite_and_right():
         t = jnp.asarray([0.0, 0.3, 0.5, 0.7, 10.0, 59.9, 80.0])
         grad = jax.vmap(jax.grad(lambda x: boys(2, x)))(t)
         np.testing.assert_allclose(np.asarray(grad), -boys_reference(3, np.asarray(t)), rtol=1e-10)  # dF_m/dT = -F_{m+1}
+
+
+@pytest.mark.parametrize("order", [1, 4])
+def test_hermite_coulomb_integrals_are_derivatives_of_the_boys_function(order):
+    """R_tuv(p, P - C) = d^t/dX^t d^u/dY^u d^v/dZ^v F_0(p |P - C|^2) (Helgaker, Jorgensen and Olsen,
+    9.9.13): both recursions (unrolled per element, and whole arrays) against forward-mode
+    derivatives of F_0, in float64. Measured: 1e-15 of the largest at order 4; bound 1e-10."""
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(3)
+        p = jnp.asarray(rng.uniform(0.2, 3.0, 5))
+        pc = [jnp.asarray(rng.uniform(-1.5, 1.5, 5)) for _ in range(3)]
+
+        def derivative(t, u, v):
+            f = lambda x, y, z: boys(0, p * (x * x + y * y + z * z))  # noqa: E731
+            for axis, count in enumerate((t, u, v)):
+                for _ in range(count):
+                    f = partial(lambda g, axis, *xyz: jax.jvp(lambda w: g(*(w if k == axis else c for k, c in
+                                                                             enumerate(xyz))), (xyz[axis],),
+                                                              (jnp.ones_like(xyz[axis]),))[1], f, axis)  # fmt: skip
+            return f(*pc)
+
+        indices = hermite_indices(order)
+        expected = np.stack([np.asarray(derivative(*h)) for h in indices])
+        unrolled = hermite_coulomb(order, p, pc)
+        scale = np.abs(expected).max()
+        np.testing.assert_allclose(np.stack([np.broadcast_to(unrolled[h], (5,)) for h in indices]), expected,
+                                   atol=1e-10 * scale)  # fmt: skip
+        np.testing.assert_allclose(np.asarray(hermite_coulomb_stacked(order, p, pc)), expected, atol=1e-10 * scale)
 
 
 def test_cartesian_order_is_pyscfs():

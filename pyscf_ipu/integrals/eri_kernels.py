@@ -36,7 +36,8 @@ from ..programs import MappingBudget, compiled, map_members
 from .basis import cartesian_powers
 from .boys import scaled
 from .eri_plan import CHUNK, NOWHERE, cartesian_functions, cartesian_to_spherical
-from .hermite import PairFactors, hermite_coefficients, hermite_coulomb, hermite_indices, stack_hermite
+from .hermite import (PairFactors, hermite_coefficients, hermite_coulomb, hermite_coulomb_stacked, hermite_indices,
+                      stack_hermite)
 
 
 @lru_cache(maxsize=None)
@@ -170,7 +171,37 @@ def ket_signed(ket_order: int, e_ket):
     return (e_ket * sign).transpose(0, 2, 1, 3).reshape(n, y, k2 * h)
 
 
-def _ket_contracted(bra_order, ket_order, bra, ket, signed, omega: float = 0.0):
+def unrolled_coulomb(bra_order: int, ket_order: int, alpha, pq, weight, shape: tuple):
+    """(G (J, K2k, H_k H_b, I K2b), the (H_k, H_b) positions of h + g): a chunk's Hermite Coulomb
+    integrals R_{h+g} times ``weight``, from ``alpha`` (M,) and P - Q (3, M), M = J K2k I K2b
+    (``shape``: (J, K2k, I K2b)), by :func:`~.hermite.hermite_coulomb`'s recursion unrolled per
+    element, which XLA fuses into the values' consumers: the quicker to run."""
+    j, kk, _ = shape
+    r = hermite_coulomb(bra_order + ket_order, alpha, pq)
+    indices = hermite_indices(bra_order + ket_order)
+    r = [jnp.broadcast_to(r[h] * weight, alpha.shape).reshape(j, kk, 1, -1) for h in indices]
+    pairs = _coulomb_pairs(bra_order, ket_order)  # (H_k, H_b)
+    if bra_order + ket_order < GATHERED_ORDER:
+        # laid out by concatenation, which XLA fuses better than a gather of the (h + g) positions
+        return jnp.concatenate([r[n] for n in pairs.ravel()], 2), pairs  # (J, K2k, H_k H_b, I K2b)
+    # R materialised once, then gathered: fused into thousands of slices, each would repeat its recursion
+    stacked = jax.lax.optimization_barrier(jnp.concatenate(r, 2))  # (J, K2k, H, I K2b)
+    return jnp.take(stacked, jnp.asarray(pairs.ravel()), axis=2), pairs
+
+
+def stacked_coulomb(bra_order: int, ket_order: int, alpha, pq, weight, shape: tuple):
+    """:func:`unrolled_coulomb`'s values by :func:`~.hermite.hermite_coulomb_stacked`'s whole-array
+    recursions and one gather: a fraction of the compile time, each step slower (its stages are
+    written out, not fused), so for the short stages of high angular momenta
+    (``docs/decisions/device-forces.md``)."""
+    j, kk, rest = shape
+    r = hermite_coulomb_stacked(bra_order + ket_order, alpha, pq) * weight  # (H, M)
+    r = r.reshape(-1, j, kk, rest).transpose(1, 2, 0, 3)  # (J, K2k, H, I K2b)
+    pairs = _coulomb_pairs(bra_order, ket_order)  # (H_k, H_b)
+    return jnp.take(r, jnp.asarray(pairs.ravel()), axis=2), pairs
+
+
+def _ket_contracted(bra_order, ket_order, bra, ket, signed, omega: float = 0.0, coulomb=unrolled_coulomb):
     """(J, S_c S_d, H_b, I, K2b): one CHUNK x CHUNK square of quartets' ERIs before the bra's Hermite
     matrices contract them (:func:`chunk_of`), from the data of its I bra
     pairs (E (I, K2b, S_ab, H_b), p (I, K2b), P - A (3, I, K2b)) and J ket pairs (p (J, K2k), P - A
@@ -186,7 +217,8 @@ def _ket_contracted(bra_order, ket_order, bra, ket, signed, omega: float = 0.0):
     only, and this one is long. R (with the prefactor) is laid out as G[(l, g), (h, i, k)] =
     R_{h+g}(ket primitive pair l, bra pair i, bra primitive pair k), which the ket's signed Hermite
     matrices contract in one matmul per ket pair, (Y, K2k H_k) x (K2k H_k, H_b I K2b); then the
-    bra's Hermite matrices contract the result.
+    bra's Hermite matrices contract the result. ``coulomb`` lays out R (:func:`unrolled_coulomb` or
+    :func:`stacked_coulomb`).
     """
     _, p_b, pa_b = bra
     p_k, pa_k, ket_chunk, ac = ket
@@ -216,24 +248,15 @@ def _ket_contracted(bra_order, ket_order, bra, ket, signed, omega: float = 0.0):
     elif omega:  # long-range: attenuated (a Python branch: the Coulomb program is unchanged)
         attenuation = omega**2 / (alpha + omega**2)
         alpha, weight = alpha * attenuation, weight * jnp.sqrt(attenuation)
-    r = hermite_coulomb(bra_order + ket_order, alpha, pq)
-    indices = hermite_indices(bra_order + ket_order)
-    r = [jnp.broadcast_to(r[h] * weight, alpha.shape).reshape(j, kk, 1, -1) for h in indices]
-    pairs = _coulomb_pairs(bra_order, ket_order)  # (H_k, H_b)
-    if bra_order + ket_order < GATHERED_ORDER:
-        # laid out by concatenation, which XLA fuses better than a gather of the (h + g) positions
-        g = jnp.concatenate([r[n] for n in pairs.ravel()], 2)  # (J, K2k, H_k H_b, I K2b)
-    else:  # R materialised once, then gathered: fused into thousands of slices, each would repeat its recursion
-        stacked = jax.lax.optimization_barrier(jnp.concatenate(r, 2))  # (J, K2k, H, I K2b)
-        g = jnp.take(stacked, jnp.asarray(pairs.ravel()), axis=2)  # (J, K2k, H_k H_b, I K2b)
+    g, pairs = coulomb(bra_order, ket_order, alpha, pq, weight, (j, kk, i * kb))
     t = jnp.matmul(m, g.reshape(j, kk * pairs.shape[0], -1))  # (J, Y, H_b I K2b)
     return t.reshape(j, -1, pairs.shape[1], i, kb)
 
 
-def chunk_of(bra_order, ket_order, bra, ket, signed, omega: float = 0.0):
+def chunk_of(bra_order, ket_order, bra, ket, signed, omega: float = 0.0, coulomb=unrolled_coulomb):
     """(I, S_a S_b, J, S_c S_d) ERIs of one CHUNK x CHUNK square of quartets (:func:`_ket_contracted`
     gives the arguments and the method), the bra's Hermite matrices contracted last."""
-    t = _ket_contracted(bra_order, ket_order, bra, ket, signed, omega)  # (J, Y, H_b, I, K2b)
+    t = _ket_contracted(bra_order, ket_order, bra, ket, signed, omega, coulomb)  # (J, Y, H_b, I, K2b)
     return jnp.einsum("jyhik,ikxh->ixjy", t, bra[0])
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,7 @@ import numpy as np
 from pyscf.df import incore
 
 from ..programs import compiled, map_members, members_at_once, on_device
-from .eri_kernels import by_chunk, chunk_of, ket_signed
+from .eri_kernels import by_chunk, chunk_of, ket_signed, stacked_coulomb, unrolled_coulomb
 from .eri_plan import CHUNK, NOWHERE, EriPlan, PairClass, packed_pairs
 from ..padding import padded_size
 
@@ -147,15 +148,28 @@ def hermite_order(components) -> int:
     return max(components[0]) + max(components[1])
 
 
-def scan_squares(bra, ket, shifts, batch: int, carry, consume, raised: int = 0, omega: float = 0.0):
+class SquareKernel(NamedTuple):
+    """What a stage's kernels compute: distributions ``raised`` orders above the bra's (a
+    derivative's are one up), of the operator of range separation ``omega`` (0: 1/r; else the
+    long-range erf(ω r)/r, :func:`~.eri_kernels.chunk_of`), R laid out by
+    :func:`~.eri_kernels.stacked_coulomb` in pairs of groups of at most ``compact_chunks`` squares
+    (a fraction of the compile time, each square slower), else by
+    :func:`~.eri_kernels.unrolled_coulomb`."""
+
+    raised: int = 0
+    omega: float | jax.Array = 0.0
+    compact_chunks: int = 0
+
+
+def scan_squares(bra, ket, shifts, batch: int, carry, consume, kernel: SquareKernel = SquareKernel()):
     """Every (bra group | ket group) of one stage, ``batch`` CHUNK x CHUNK squares of rows at a time,
     handed to ``consume(carry, values, rows, columns, valid, bra atoms, ket atoms) -> carry``: the
     values (B, I, Y_a, J, Y_b), each row's and column's destination parts (B, I, S_a) and (B, J, S_b),
     whether a value has a destination (B, I, S_a, J, S_b), and each side's atoms (per atom field,
     (B, I) or (B, J)). ``bra`` and ``ket``: per group (its components, its flattened data: (E, p,
-    P - A, atom fields...), its destination parts); the bra's Hermite order is its components' plus
-    ``raised`` (a derivative's distributions are one order up); ``omega`` > 0: the integrals of the
-    long-range erf(ω r)/r (:func:`~.eri_kernels.chunk_of`). Only one step's values are ever held."""
+    P - A, atom fields...), its destination parts); ``kernel``: what the values are
+    (:class:`SquareKernel`). Only one step's values are ever held."""
+    raised, omega, compact_chunks = kernel
     for (bra_components, (e_bra, p_bra, pa_bra, *atoms_bra), bra_index) in bra:
         for (ket_components, (e_ket, p_ket, pa_ket, *atoms_ket), ket_index) in ket:
             orders = (hermite_order(bra_components) + raised, hermite_order(ket_components))
@@ -164,11 +178,12 @@ def scan_squares(bra, ket, shifts, batch: int, carry, consume, raised: int = 0, 
             chunks = np.stack(np.meshgrid(np.arange(len(bra_index) // CHUNK), np.arange(len(ket_index) // CHUNK),
                                           indexing="ij"), -1).reshape(-1, 2)  # fmt: skip
             steps = -(-len(chunks) // batch)
+            coulomb = stacked_coulomb if len(chunks) <= compact_chunks else unrolled_coulomb
             real = np.arange(steps * batch) < len(chunks)  # padding steps repeat chunk 0, and add nothing
             chunks = np.concatenate([chunks, np.zeros((steps * batch - len(chunks), 2), chunks.dtype)])
 
             def step(carry, xs, bra=(e_bra, p_bra, pa_bra, atoms_bra, bra_index),
-                     ket=(p_ket, pa_ket, atoms_ket, ket_index), signed=signed, orders=orders):  # fmt: skip
+                     ket=(p_ket, pa_ket, atoms_ket, ket_index), signed=signed, orders=orders, coulomb=coulomb):  # fmt: skip
                 (e_b, p_b, pa_b, atoms_b, bra_index), (p_k, pa_k, atoms_k, ket_index) = bra, ket
                 chunks, real = xs  # (B, 2), (B,)
                 first, second = chunks[:, 0], chunks[:, 1]
@@ -178,7 +193,7 @@ def scan_squares(bra, ket, shifts, batch: int, carry, consume, raised: int = 0, 
                 ac = shifts[atoms_b[0][:, None, :], atoms_k[0][:, :, None]]
                 right = (by_chunk(p_k, second), by_chunk(pa_k, second, 1), second, ac)
                 # (B, I, Y_a, J, Y_b)
-                values = jax.vmap(lambda l, r: chunk_of(*orders, l, r, signed, omega))(left, right)
+                values = jax.vmap(lambda l, r: chunk_of(*orders, l, r, signed, omega, coulomb))(left, right)
                 rows = by_chunk(bra_index, first)  # (B, I, S_a)
                 columns = by_chunk(ket_index, second)  # (B, J, S_b)
                 valid = ((rows != NOWHERE)[:, :, :, None, None] & (columns != NOWHERE)[:, None, None, :, :]
@@ -190,7 +205,7 @@ def scan_squares(bra, ket, shifts, batch: int, carry, consume, raised: int = 0, 
     return carry
 
 
-def _stage(bra, ket, shifts, size: int, width: int, batch: int, omega: float = 0.0):
+def _stage(bra, ket, shifts, size: int, width: int, batch: int, kernel: SquareKernel):
     """Every (bra group | ket group) of one stage (:func:`scan_squares`), added into a flat (size,)
     array: the value of bra row i's function s and ket row j's function t goes to ket_index[j, t] *
     width + bra_index[i, s] (a contracted pair's or function's primitives add up there)."""
@@ -201,21 +216,23 @@ def _stage(bra, ket, shifts, size: int, width: int, batch: int, omega: float = 0
         destination = jnp.where(valid, columns[:, None, None, :, :] * width + rows[:, :, :, None, None], size)
         return out.at[destination.reshape(-1)].add(values.reshape(-1), mode="drop")
 
-    return scan_squares(bra, ket, shifts, batch, jnp.zeros(size, shifts.dtype), add, omega=omega)
+    return scan_squares(bra, ket, shifts, batch, jnp.zeros(size, shifts.dtype), add, kernel)
 
 
-def fitted_integrals(static, indices, data, shifts, present, batch: int, omega):
+def fitted_integrals(static, indices, data, shifts, present, batch: int, omega, compact_chunks: int = 0):
     """One conformer's 3-centre integrals T (Qp, npair) and metric M (Qp, Qp) in the precision of its
     pair ``data`` (float64), from the orbital and fitting pair data (the orbital plan's classes, then
     the fitting ones), the atoms' differences ``shifts`` and which fitting functions are there,
     ``present`` (Qp,); the metric of a padding function is a unit diagonal. ``static``: per side,
     each group's (members, components), then Qp, npair and the operator's range separation ω
     (:func:`fitting_static`); ``indices``: per side, each group's destination parts; ``omega``: the
-    operator's (the static part's, or an array that picks the operator at run time)."""
+    operator's (the static part's, or an array that picks the operator at run time); ``compact_chunks``: see
+    :func:`scan_squares`."""
     orbital, fitting, naux, npair, _ = static
     orbital, fitting = groups_of(orbital, indices[0], data), groups_of(fitting, indices[1], data)
-    three = _stage(orbital, fitting, shifts, naux * npair, npair, batch, omega)
-    metric = _stage(fitting, fitting, shifts, naux * naux, naux, batch, omega)
+    kernel = SquareKernel(0, omega, compact_chunks)
+    three = _stage(orbital, fitting, shifts, naux * npair, npair, batch, kernel)
+    metric = _stage(fitting, fitting, shifts, naux * naux, naux, batch, kernel)
     return three.reshape(naux, npair), metric.reshape(naux, naux) + jnp.diag(jnp.where(present, 0.0, 1.0))
 
 

@@ -18,7 +18,8 @@ translation invariance: the integral does not change when every centre moves tog
 values are contracted with the weights of their destinations at once and added to their atoms, so
 no derivative tensor is ever held, and nothing is differentiated by ``jax.grad``: the program is the
 forward stages' size, where differentiating them took minutes to compile
-(``docs/decisions/device-forces.md``).
+(``docs/decisions/device-forces.md``). Its short stages, those of high angular momenta, compute R by
+whole-array recursions (:data:`COMPACT_CHUNKS`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ import numpy as np
 
 from ..packed import traced_tril_unpack
 from .eri_kernels import is_traced, pair_derivative_stage, pair_stage, raised
-from .fitting import fitted_integrals, groups_of, kept_eigen, scan_squares
+from .fitting import SquareKernel, fitted_integrals, groups_of, kept_eigen, scan_squares
+
+# Pairs of groups of at most this many squares lay R out by whole-array recursions: the high angular
+# momenta's few squares, whose unrolled kernels dominated the program's compile time
+# (docs/decisions/device-forces.md)
+COMPACT_CHUNKS = 256
 
 
 def device_metric_solver(metric, omega):
@@ -133,7 +139,8 @@ def fitted_gradient_member(plan: FittedGradientPlan, shells, coords, present, fi
     difference = coords[:, None, :] - coords[None, :, :]  # (natm, natm, 3)
     orbital = pair_stage(orbital_kinds, structure[0], shells[0], difference, present, coords.dtype)
     fitting = pair_stage(fitting_kinds, structure[1], shells[1], difference, present, coords.dtype)
-    three, metric = fitted_integrals(static, indices, orbital + fitting, difference, fitting_present, batch, omega)
+    three, metric = fitted_integrals(static, indices, orbital + fitting, difference, fitting_present, batch, omega,
+                                     COMPACT_CHUNKS)  # fmt: skip
     pairs = traced_tril_unpack(jnp.arange(npair))  # each packed pair's AOs (i, j), j <= i
     weights, metric_weights = fitted_weights(three, metric, dm, occupied, pairs, operator)
     # the derivatives' pair data, indexed as the forward data: the orbital classes', then the fitting ones'
@@ -141,10 +148,11 @@ def fitted_gradient_member(plan: FittedGradientPlan, shells, coords, present, fi
                   for (la, lb, _, _), (e, p, pa, atom, _) in zip(fitting_kinds, fitting))  # fmt: skip
     derivatives = pair_derivative_stage(orbital_kinds, structure[0], shells[0], difference) + moved
     natm = coords.shape[0]
+    derivative = SquareKernel(1, omega, COMPACT_CHUNKS)
     bra = groups_of(orbital_groups, indices[0], derivatives, atom_fields=2)
     ket = groups_of(fitting_groups, indices[1], orbital + fitting)
     gradient = scan_squares(bra, ket, difference, batch, jnp.zeros((natm, 3), coords.dtype),
-                            _contract(weights.reshape(-1), npair, 2), raised=1, omega=omega)  # fmt: skip
+                            _contract(weights.reshape(-1), npair, 2), derivative)  # fmt: skip
     bra = groups_of(fitting_groups, indices[1], derivatives)
     return scan_squares(bra, ket, difference, batch, gradient, _contract(metric_weights.reshape(-1), naux, 1),
-                        raised=1, omega=omega)  # fmt: skip
+                        derivative)  # fmt: skip
