@@ -172,9 +172,9 @@ def ket_signed(ket_order: int, e_ket):
 
 
 def unrolled_coulomb(bra_order: int, ket_order: int, alpha, pq, weight, shape: tuple):
-    """(G (J, K2k, H_k H_b, I K2b), the (H_k, H_b) positions of h + g): a chunk's Hermite Coulomb
-    integrals R_{h+g} times ``weight``, from ``alpha`` (M,) and P - Q (3, M), M = J K2k I K2b
-    (``shape``: (J, K2k, I K2b)), by :func:`~.hermite.hermite_coulomb`'s recursion unrolled per
+    """G (J, K2k, H_k H_b, I K2b): a chunk's Hermite Coulomb integrals R_{h+g} times ``weight``, at
+    the (H_k, H_b) positions of :func:`_coulomb_pairs`, from ``alpha`` (M,) and P - Q (3, M),
+    M = J K2k I K2b (``shape``: (J, K2k, I K2b)), by :func:`~.hermite.hermite_coulomb`'s recursion unrolled per
     element, which XLA fuses into the values' consumers: the quicker to run."""
     j, kk, _ = shape
     r = hermite_coulomb(bra_order + ket_order, alpha, pq)
@@ -183,10 +183,10 @@ def unrolled_coulomb(bra_order: int, ket_order: int, alpha, pq, weight, shape: t
     pairs = _coulomb_pairs(bra_order, ket_order)  # (H_k, H_b)
     if bra_order + ket_order < GATHERED_ORDER:
         # laid out by concatenation, which XLA fuses better than a gather of the (h + g) positions
-        return jnp.concatenate([r[n] for n in pairs.ravel()], 2), pairs  # (J, K2k, H_k H_b, I K2b)
+        return jnp.concatenate([r[n] for n in pairs.ravel()], 2)  # (J, K2k, H_k H_b, I K2b)
     # R materialised once, then gathered: fused into thousands of slices, each would repeat its recursion
     stacked = jax.lax.optimization_barrier(jnp.concatenate(r, 2))  # (J, K2k, H, I K2b)
-    return jnp.take(stacked, jnp.asarray(pairs.ravel()), axis=2), pairs
+    return jnp.take(stacked, jnp.asarray(pairs.ravel()), axis=2)
 
 
 def stacked_coulomb(bra_order: int, ket_order: int, alpha, pq, weight, shape: tuple):
@@ -197,8 +197,7 @@ def stacked_coulomb(bra_order: int, ket_order: int, alpha, pq, weight, shape: tu
     j, kk, rest = shape
     r = hermite_coulomb_stacked(bra_order + ket_order, alpha, pq) * weight  # (H, M)
     r = r.reshape(-1, j, kk, rest).transpose(1, 2, 0, 3)  # (J, K2k, H, I K2b)
-    pairs = _coulomb_pairs(bra_order, ket_order)  # (H_k, H_b)
-    return jnp.take(r, jnp.asarray(pairs.ravel()), axis=2), pairs
+    return jnp.take(r, jnp.asarray(_coulomb_pairs(bra_order, ket_order).ravel()), axis=2)
 
 
 def _ket_contracted(bra_order, ket_order, bra, ket, signed, omega: float = 0.0, coulomb=unrolled_coulomb):
@@ -248,7 +247,8 @@ def _ket_contracted(bra_order, ket_order, bra, ket, signed, omega: float = 0.0, 
     elif omega:  # long-range: attenuated (a Python branch: the Coulomb program is unchanged)
         attenuation = omega**2 / (alpha + omega**2)
         alpha, weight = alpha * attenuation, weight * jnp.sqrt(attenuation)
-    g, pairs = coulomb(bra_order, ket_order, alpha, pq, weight, (j, kk, i * kb))
+    g = coulomb(bra_order, ket_order, alpha, pq, weight, (j, kk, i * kb))  # (J, K2k, H_k H_b, I K2b)
+    pairs = _coulomb_pairs(bra_order, ket_order)  # (H_k, H_b)
     t = jnp.matmul(m, g.reshape(j, kk * pairs.shape[0], -1))  # (J, Y, H_b I K2b)
     return t.reshape(j, -1, pairs.shape[1], i, kb)
 
